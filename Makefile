@@ -1,0 +1,52 @@
+# The README's two commands: `make demo` and `make test`. Each sets up a fresh machine by itself:
+# .venv when missing, torch==2.13.0 first (a CPU wheel; an unpinned torch would pull a CUDA
+# build of several GB), then the project with its test extras, then etcd for the tests.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.trainmaster-installed
+TORCH := torch==2.13.0
+DEMO_DIR ?= demo-run
+
+.PHONY: demo test lint unit install system-deps clean
+
+install: $(STAMP)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+# Debian's etcd (3.4, serves the v2 API that torch's etcd rendezvous needs with --enable-v2).
+system-deps:
+	@if command -v etcd >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing etcd-server (apt)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; \
+	else echo "note: etcd not found; the etcd tests will be skipped (sudo apt-get install -y etcd-server)"; fi
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+unit: $(STAMP) system-deps
+	$(BIN)/pytest -q
+
+test: lint unit
+
+# What works today, on the built-in corpus: a job file, its resolved values, shards, checks.
+demo: $(STAMP)
+	@mkdir -p $(DEMO_DIR)
+	$(BIN)/trainmaster init --preset local-cpu --force --out $(DEMO_DIR)/job.toml
+	$(BIN)/trainmaster config show $(DEMO_DIR)/job.toml --storage $(DEMO_DIR)/storage
+	$(BIN)/trainmaster data prepare --builtin pydoc --storage $(DEMO_DIR)/storage --overwrite
+	$(BIN)/trainmaster data verify $(DEMO_DIR)/storage/datasets/pydoc
+	$(BIN)/trainmaster data inspect $(DEMO_DIR)/storage/datasets/pydoc --examples 2
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,60 @@
+"""The Python API that the CLI is a thin layer over; scripts can use it directly.
+
+    from trainmaster import api
+    cfg = api.load_job("job.toml", ["train.batch_size=8"])
+    print(api.describe(cfg)["derived"]["grad_accum"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from trainmaster import jobfile
+from trainmaster.config import JobConfig
+from trainmaster.presets import JOB_PRESETS
+from trainmaster.storage import Storage, dataset_path
+
+__all__ = ["JOB_PRESETS", "describe", "init_job", "load_job", "preset_job", "render_job"]
+
+
+def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
+    """Read, override and validate a job file (ConfigError on any problem)."""
+    return jobfile.load(path, overrides)
+
+
+def preset_job(name: str, overrides: list[str] | None = None) -> JobConfig:
+    return jobfile.preset(name, overrides)
+
+
+def render_job(cfg: JobConfig, title: str) -> str:
+    return jobfile.render(cfg, title)
+
+
+def init_job(preset: str, overrides: list[str] | None = None) -> str:
+    """The text of a commented job file for a preset (what `trainmaster init` writes)."""
+    cfg = preset_job(preset, overrides)
+    return render_job(cfg, f"trainmaster job file (preset {preset}); see README 'The job file'")
+
+
+def describe(cfg: JobConfig, storage: str | None = None) -> dict[str, Any]:
+    """Resolved values, derived values and the hash, as plain data (`config show --json`)."""
+    d = cfg.derived
+    root = Storage.at(storage, cfg.job.storage)
+    inst = dataclasses.asdict(d.instance)
+    return {
+        "config": cfg.model_dump(mode="json"),
+        "derived": {
+            "world_size": d.world_size,
+            "min_world_size": d.min_world_size,
+            "grad_accum": d.grad_accum,
+            "tokens_per_step": d.tokens_per_step,
+            "model": {k: cfg.model.size(k) for k in
+                      ("num_layers", "hidden_size", "num_heads", "intermediate_size")},
+            "instance": inst,
+            "storage": str(root.root),
+            "dataset_path": str(dataset_path(root, cfg.data.dataset)),
+            "config_hash": d.config_hash,
+        },
+    }

@@ -1,0 +1,97 @@
+"""Instance types: one data table, every figure with its source.
+
+The launcher, the Kubernetes builder, the cluster planner and the reports read hardware
+facts from here only. Sources (checked 2026-12; list prices change, so `[cluster]
+price_per_hour` can override the price):
+  [trn1]   AWS blog "Scaling distributed training with AWS Trainium and Amazon EKS" instance
+           table; aws-neuron-sdk about-neuron/arch/neuron-hardware/trn1-arch.rst (16 Trainium
+           chips x 2 NeuronCore-v2, 190 TF bf16/chip, 3,040 TF per trn1.32xlarge).
+  [trn2]   aws-neuron-sdk about-neuron/arch/neuron-hardware/trainium2.rst, trn2-arch.rst
+           (16 Trainium2 x 8 NeuronCore-v3, 96 GiB/chip, 667 TF dense bf16/chip; LNC=2 default
+           exposes 64 logical cores); EC2 trn2 page (192 vCPU, 2 TiB, 3.2 Tbps EFAv3).
+  [p4d]    EC2 P4 page: 8 x A100-40GB, 96 vCPU, 1152 GiB, 400 Gbps, 4 EFA; A100 312 TF bf16.
+  [p5]     EC2 P5 page: 8 x H100-80GB / H200-141GB (p5e), 192 vCPU, 2 TiB, 3200 Gbps, 32 EFA;
+           H100/H200 SXM 989.4 TF dense bf16 (performance-anchors 4.1).
+  [eks]    aws-neuron-eks-samples: efa per trn1.32xlarge 8, trn1n 16; device plugin resources
+           aws.amazon.com/neuron (devices) and vpc.amazonaws.com/efa.
+  [price]  EC2 on-demand, us-east-1, Linux; P4d/P5 after the June 2025 reduction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from trainmaster.errors import ConfigError
+
+Accelerator = Literal["trainium1", "trainium2", "a100", "h100", "h200", "cpu"]
+DeviceKind = Literal["xla", "cuda", "cpu"]
+
+NEURON = "aws.amazon.com/neuron"
+EFA = "vpc.amazonaws.com/efa"
+NVIDIA_GPU = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    accelerator: Accelerator
+    devices: int  # accelerator chips (0 for a CPU host)
+    cores_per_device: int  # NeuronCores per chip; 1 for a GPU
+    default_workers: int  # worker processes per node (one per NeuronCore / GPU)
+    efa_interfaces: int
+    vcpu: int
+    memory_gib: int
+    accelerator_memory_gib: int
+    network_gbps: float
+    peak_bf16_tflops: float  # dense, whole instance; 0 when unknown (CPU: measured instead)
+    price_per_hour: float  # USD on-demand
+
+    @property
+    def device_kind(self) -> DeviceKind:
+        if self.accelerator.startswith("trainium"):
+            return "xla"
+        return "cpu" if self.accelerator == "cpu" else "cuda"
+
+    @property
+    def max_workers(self) -> int:
+        """Most worker processes a node can host: one per core, or per vCPU on a CPU host."""
+        return self.devices * self.cores_per_device if self.devices else self.vcpu
+
+    @property
+    def device_resource(self) -> str | None:
+        """The Kubernetes extended resource of the accelerator (device plugin name)."""
+        if self.device_kind == "xla":
+            return NEURON
+        return NVIDIA_GPU if self.device_kind == "cuda" else None
+
+    @property
+    def peak_tflops_per_worker(self) -> float:
+        return self.peak_bf16_tflops / self.max_workers if self.peak_bf16_tflops else 0.0
+
+
+_TYPES = [
+    #            name              accel        dev cores wrk efa  vcpu  mem  accmem  gbps  peakTF  $/h
+    InstanceType("trn1.2xlarge", "trainium1", 1, 2, 2, 0, 8, 32, 32, 12.5, 190.0, 1.34375),  # [trn1]
+    InstanceType("trn1.32xlarge", "trainium1", 16, 2, 32, 8, 128, 512, 512, 800, 3040.0, 21.50),
+    InstanceType("trn1n.32xlarge", "trainium1", 16, 2, 32, 16, 128, 512, 512, 1600, 3040.0, 24.78),
+    InstanceType("trn2.48xlarge", "trainium2", 16, 4, 64, 16, 192, 2048, 1536, 3200, 10672.0, 44.70),
+    InstanceType("p4d.24xlarge", "a100", 8, 1, 8, 4, 96, 1152, 320, 400, 2496.0, 21.96),  # [p4d]
+    InstanceType("p5.48xlarge", "h100", 8, 1, 8, 32, 192, 2048, 640, 3200, 7915.2, 55.04),  # [p5]
+    InstanceType("p5e.48xlarge", "h200", 8, 1, 8, 32, 192, 2048, 1128, 3200, 7915.2, 66.00),
+    # A generic CPU host: what the local backend runs on, and CPU node groups (e.g. m7i.8xlarge
+    # shape). Its peak is measured by the benchmark, not looked up.
+    InstanceType("cpu", "cpu", 0, 0, 1, 0, 32, 128, 0, 12.5, 0.0, 1.61),
+]
+# trn2: 8 physical NeuronCore-v3 per chip are grouped 2 by 2 (LNC=2), so 4 logical cores per
+# chip is what a worker sees; 16 x 4 = 64 workers.
+
+CATALOG: dict[str, InstanceType] = {t.name: t for t in _TYPES}
+
+
+def get(name: str, *, where: str = "instance_type") -> InstanceType:
+    try:
+        return CATALOG[name]
+    except KeyError:
+        known = ", ".join(CATALOG)
+        raise ConfigError(f"unknown instance type {name!r}; known: {known}", where=where) from None

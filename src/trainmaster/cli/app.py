@@ -1,0 +1,75 @@
+"""The `trainmaster` command: the typer app and the one place where errors become exit codes.
+
+Bad input (UserError) -> one line on stderr, exit 2, no traceback (`--debug` shows it);
+a failed job or tool -> exit 1; usage errors (unknown option, missing argument) -> exit 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from trainmaster import __version__
+from trainmaster.cli.config_cmd import config_app, init
+
+# TMP from trainmaster.cli.data_cmd import data_app
+from trainmaster.errors import EXIT_BAD_INPUT, EXIT_FAILED, JobFailed, UserError
+
+app = typer.Typer(
+    name="trainmaster",
+    help="Multi-node BERT pretraining on EKS (Trainium, GPUs) and on one machine, from one job file.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.command()(init)
+app.add_typer(config_app, name="config")
+# TMP app.add_typer(data_app, name="data")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"trainmaster {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit"),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors"),
+) -> None:
+    """trainmaster: one job file, the same torchrun command line locally and on Kubernetes."""
+
+
+def _err(message: str) -> None:
+    sys.stderr.write(f"error: {' '.join(message.split())}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    try:
+        result = app(args=args, prog_name="trainmaster", standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except typer.TyperException as exc:  # usage errors: unknown option, missing argument, ...
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        _err(f"{message} (see `trainmaster --help`)")
+        return int(getattr(exc, "exit_code", EXIT_BAD_INPUT))
+    except (typer.Abort, KeyboardInterrupt):
+        _err("interrupted")
+        return 130
+    except UserError as exc:
+        if debug:
+            raise
+        _err(str(exc))
+        return EXIT_BAD_INPUT
+    except JobFailed as exc:
+        if debug:
+            raise
+        _err(str(exc))
+        return EXIT_FAILED

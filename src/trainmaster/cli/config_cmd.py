@@ -1,0 +1,85 @@
+"""`trainmaster init` and `trainmaster config validate|show`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from trainmaster import api
+from trainmaster.cli.options import JobFileArg, SetOpt, StorageOpt
+from trainmaster.errors import UserError
+
+config_app = typer.Typer(help="Check a job file and show its resolved and derived values.",
+                         no_args_is_help=True)
+out = Console()
+
+
+def init(
+    preset: Annotated[str, typer.Option(help=f"One of: {', '.join(api.JOB_PRESETS)}")] = "local-cpu",
+    out_file: Annotated[Path | None, typer.Option("--out", metavar="FILE",
+                                                  help="Write here instead of stdout")] = None,
+    force: Annotated[bool, typer.Option(help="Replace FILE if it exists")] = False,
+    overrides: SetOpt = None,
+) -> None:
+    """Write a commented job file for a preset (every key, with its meaning)."""
+    text = api.init_job(preset, overrides)
+    if out_file is None:
+        typer.echo(text, nl=False)
+        return
+    if out_file.exists() and not force:
+        raise UserError("exists; pass --force to replace it", where=str(out_file))
+    out_file.write_text(text, encoding="utf-8")
+    typer.echo(f"wrote {out_file} (preset {preset}); next: trainmaster config show {out_file}", err=True)
+
+
+@config_app.command()
+def validate(file: JobFileArg, overrides: SetOpt = None) -> None:
+    """Check a job file; exit 0 when it is valid, 2 with the field and the fix when not."""
+    cfg = api.load_job(file, overrides)
+    d = cfg.derived
+    typer.echo(f"{file}: valid (world size {d.world_size}, gradient accumulation {d.grad_accum}, "
+               f"hash {d.config_hash})")
+
+
+@config_app.command()
+def show(
+    file: JobFileArg,
+    overrides: SetOpt = None,
+    storage: StorageOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print as JSON")] = False,
+) -> None:
+    """Print the resolved job: every value, the derived values and the config hash."""
+    info = api.describe(api.load_job(file, overrides), storage)
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    for section, values in info["config"].items():
+        table = Table(title=escape(f"[{section}]"), title_justify="left", show_header=False, box=None)
+        for key, value in values.items():
+            table.add_row(key, "[dim]unset[/dim]" if value is None else json.dumps(value))
+        out.print(table)
+    d = info["derived"]
+    inst = d["instance"]
+    table = Table(title="derived", title_justify="left", show_header=False, box=None)
+    rows = [
+        ("world size", f"{d['world_size']} ({info['config']['job']['nnodes']} nodes x "
+                       f"{info['config']['job']['nproc_per_node']} workers)"),
+        ("gradient accumulation", str(d["grad_accum"])),
+        ("global batch", f"{info['config']['train']['global_batch_size']} sequences, "
+                         f"{d['tokens_per_step']} tokens per step"),
+        ("model", ", ".join(f"{k} {v}" for k, v in d["model"].items())),
+        ("node type", f"{inst['name']}: {inst['devices']} x {inst['accelerator']}, "
+                      f"{inst['vcpu']} vCPU, {inst['memory_gib']} GiB, ${inst['price_per_hour']}/h"),
+        ("storage", d["storage"]),
+        ("dataset", d["dataset_path"]),
+        ("config hash", d["config_hash"]),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    out.print(table)

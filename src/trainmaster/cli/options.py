@@ -1,0 +1,19 @@
+"""Options shared by several commands, declared once."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", metavar="SECTION.KEY=VALUE",
+                 help="Override a job-file value, typed as TOML (repeatable), e.g. --set train.batch_size=8"),
+]
+StorageOpt = Annotated[
+    str | None,
+    typer.Option("--storage", metavar="PATH",
+                 help="Storage root; else job.storage, else $TRAINMASTER_STORAGE, else ./trainmaster-data"),
+]
+JobFileArg = Annotated[str, typer.Argument(metavar="FILE", help="A job file (TOML); make one with `trainmaster init`")]

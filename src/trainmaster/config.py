@@ -1,0 +1,260 @@
+"""The job file (DESIGN 3.2): typed sections, validation, derived values and the config hash.
+
+A job is described once, here, and everything else (trainer, launchers, manifests, cluster
+plan) reads the resolved `JobConfig`. Models are strict (a string is not an int) and forbid
+unknown keys, so a typo in a job file fails before anything runs. Loading, --set overrides
+and presets live in `jobfile.py`; this module has no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainmaster import catalog
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+# Job names become Kubernetes object names and pod names (job-name + "-worker-N-0" ...),
+# so they follow DNS-1123 labels and leave room for suffixes.
+JOB_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
+CACHESET = r"^[A-Za-z0-9_-]+$"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+class JobSection(Section):
+    name: str = Field("demo", pattern=JOB_NAME, description="job id: lower-case letters, digits and '-', at most 40 characters")
+    backend: Literal["local", "kubernetes"] = Field("local", description="where the job runs: local (this machine) or kubernetes (Volcano on EKS)")
+    nnodes: PositiveInt = Field(1, description="nodes (torchrun agents / pods); the most nodes of an elastic job")
+    min_nnodes: PositiveInt | None = Field(None, description="elastic jobs: fewest nodes to go on with (unset = not elastic)")
+    nproc_per_node: PositiveInt = Field(1, description="worker processes per node (one per NeuronCore or GPU)")
+    storage: str | None = Field(None, description="storage root (local folder, or /data on the cluster); unset = --storage, $TRAINMASTER_STORAGE, ./trainmaster-data")
+    max_restarts: NonNegativeInt = Field(3, description="restarts of failed workers before the job fails; each resumes from the last checkpoint")
+
+
+class RendezvousSection(Section):
+    backend: Literal["c10d", "etcd", "etcd-v2"] = Field("c10d", description="torchrun rendezvous: c10d (no extra service), etcd or etcd-v2")
+    endpoint: str | None = Field(None, description="host:port; unset = a free loopback port / private etcd (local), the job's service / etcd-server:2379 (kubernetes)")
+    timeout: PositiveInt = Field(600, description="seconds to wait for all nodes to join")
+
+
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    # (layers, hidden, heads, intermediate): Google's BERT release (bert-tiny/mini from
+    # "Well-Read Students Learn Better", Turc et al. 2019) and bert-base/large (Devlin et al.).
+    "bert-tiny": {"num_layers": 2, "hidden_size": 128, "num_heads": 2, "intermediate_size": 512},
+    "bert-mini": {"num_layers": 4, "hidden_size": 256, "num_heads": 4, "intermediate_size": 1024},
+    "bert-base": {"num_layers": 12, "hidden_size": 768, "num_heads": 12, "intermediate_size": 3072},
+    "bert-large": {"num_layers": 24, "hidden_size": 1024, "num_heads": 16, "intermediate_size": 4096},
+}
+DEFAULT_VOCAB = 30522  # bert-*-uncased; NVIDIA's and the tutorial's shards carry no vocabulary
+
+
+class ModelSection(Section):
+    preset: Literal["bert-tiny", "bert-mini", "bert-base", "bert-large"] | None = Field("bert-tiny", description="bert-tiny | bert-mini | bert-base | bert-large; explicit sizes below override it")
+    num_layers: PositiveInt | None = Field(None, description="transformer layers")
+    hidden_size: PositiveInt | None = Field(None, description="hidden size")
+    num_heads: PositiveInt | None = Field(None, description="attention heads (must divide hidden_size)")
+    intermediate_size: PositiveInt | None = Field(None, description="feed-forward size")
+    vocab_size: PositiveInt | None = Field(None, description="unset = from the dataset's vocab.txt, else 30522")
+    max_position_embeddings: PositiveInt = Field(512, description="longest sequence the model can take")
+
+    def size(self, key: str) -> int:
+        """An explicit size, else the preset's."""
+        value = getattr(self, key)
+        if value is None:
+            assert self.preset is not None  # checked by the validator
+            value = MODEL_PRESETS[self.preset][key]
+        return int(value)
+
+    @model_validator(mode="after")
+    def _complete(self) -> ModelSection:
+        keys = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+        missing = [k for k in keys if getattr(self, k) is None]
+        if self.preset is None and missing:
+            raise ValueError(f"without a preset, set {', '.join(missing)}")
+        if self.size("hidden_size") % self.size("num_heads"):
+            raise ValueError("num_heads must divide hidden_size")
+        return self
+
+
+class DataSection(Section):
+    dataset: str = Field("pydoc", description="a name under STORAGE/datasets/ or a path to a folder of *_training_*.hdf5 shards")
+    seq_len: Annotated[int, Field(ge=16, le=4096)] = Field(128, description="tokens per example; must equal the shards'")
+    max_pred: PositiveInt = Field(20, description="masked positions per example; must equal the shards'")
+
+    @model_validator(mode="after")
+    def _pred_fits(self) -> DataSection:
+        if self.max_pred >= self.seq_len:
+            raise ValueError("max_pred must be below seq_len")
+        return self
+
+
+class TrainSection(Section):
+    device: Literal["auto", "cpu", "cuda", "xla"] = Field("auto", description="auto | cpu (gloo) | cuda (nccl) | xla (Trainium)")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="fp32 | bf16 (autocast on cpu/cuda, bf16 weights with stochastic rounding on Neuron)")
+    batch_size: PositiveInt = Field(16, description="micro-batch per worker")
+    global_batch_size: PositiveInt = Field(32, description="sequences per optimizer step; fixed when nodes change (accumulation is derived)")
+    optimizer: Literal["adamw", "lamb"] = Field("adamw", description="adamw (linear decay) | lamb (polynomial 0.5 decay)")
+    lr: PositiveFloat = Field(1e-3, description="peak learning rate")
+    weight_decay: Annotated[float, Field(ge=0)] = Field(0.01, description="not applied to bias and LayerNorm")
+    warmup_steps: NonNegativeInt = Field(20, description="linear warm-up steps")
+    max_steps: PositiveInt = Field(200, description="optimizer steps of the whole schedule")
+    steps_this_run: PositiveInt | None = Field(None, description="stop after this many steps in this run (unset = until max_steps)")
+    checkpoint_every: PositiveInt = Field(50, description="optimizer steps between checkpoints")
+    keep_checkpoints: PositiveInt = Field(2, description="checkpoints kept (the newest)")
+    seed: NonNegativeInt = Field(12345, description="seed of weights, data order and dropout")
+    compile: bool = Field(False, description="torch.compile (cpu/cuda) or the Neuron compile cache (xla)")
+    cacheset: str = Field("default", pattern=CACHESET, description="compile cache under STORAGE/cache/")
+
+    @model_validator(mode="after")
+    def _schedule(self) -> TrainSection:
+        if self.warmup_steps >= self.max_steps:
+            raise ValueError("warmup_steps must be below max_steps")
+        if self.global_batch_size % self.batch_size:
+            raise ValueError("global_batch_size must be a multiple of batch_size")
+        return self
+
+
+class KubernetesSection(Section):
+    namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="namespace of the Volcano Job")
+    queue: str = Field("trainmaster", min_length=1, description="Volcano queue (created by `cluster up`)")
+    image: str | None = Field(None, description="training image, e.g. ACCOUNT.dkr.ecr.REGION.amazonaws.com/trainmaster:TAG")
+    instance_type: str = Field("trn1.32xlarge", description="node type the pods run on (see the catalog)")
+    pvc: str = Field("fsx-claim", description="PersistentVolumeClaim of the shared storage")
+    mount: str = Field("/data", description="where the shared storage is mounted in the pods")
+    tolerations: list[dict[str, str]] = Field(default_factory=list, description="extra tolerations (device taints are added for you)")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="extra node labels to match")
+    service_account: str | None = Field(None, description="service account of the pods")
+
+
+class ClusterSection(Section):
+    name: str = Field("trainmaster", pattern=r"^[A-Za-z][A-Za-z0-9-]{0,99}$", description="EKS cluster name")
+    region: str = Field("us-west-2", pattern=r"^[a-z]{2}(-[a-z]+)+-\d$", description="AWS region")
+    kubernetes_version: str = Field("1.33", pattern=r"^1\.\d+$", description="EKS Kubernetes version")
+    instance_type: str | None = Field(None, description="accelerator node type; unset = kubernetes.instance_type")
+    nodes: PositiveInt | None = Field(None, description="accelerator nodes; unset = job.nnodes")
+    zones: list[str] = Field(default_factory=list, description="availability zones; empty = looked up where the type is offered")
+    price_per_hour: PositiveFloat | None = Field(None, description="override the catalog's on-demand price (USD per node-hour)")
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Values computed once from the config; nobody recomputes them elsewhere."""
+
+    world_size: int
+    min_world_size: int
+    grad_accum: int
+    tokens_per_step: int
+    instance: catalog.InstanceType
+    config_hash: str
+
+
+class JobConfig(Section):
+    job: JobSection = Field(default_factory=JobSection)
+    rendezvous: RendezvousSection = Field(default_factory=RendezvousSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    kubernetes: KubernetesSection = Field(default_factory=KubernetesSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+
+    @cached_property
+    def derived(self) -> Derived:
+        """Checked and computed on first use; `jobfile.load` touches it so errors come early."""
+        return derive(self)
+
+
+def _check(ok: bool, where: str, message: str) -> None:
+    from trainmaster.errors import ConfigError
+
+    if not ok:
+        raise ConfigError(message, where=where)
+
+
+def instance_of(cfg: JobConfig) -> catalog.InstanceType:
+    """The node type: the cluster's for kubernetes jobs, a generic CPU host for local ones."""
+    if cfg.job.backend == "kubernetes":
+        return catalog.get(cfg.kubernetes.instance_type, where="kubernetes.instance_type")
+    return catalog.CATALOG["cpu"]
+
+
+def derive(cfg: JobConfig) -> Derived:
+    """Cross-section checks and derived values; raises ConfigError naming the field."""
+    job, train = cfg.job, cfg.train
+    inst = instance_of(cfg)
+    # Validate the types the job names even when another backend runs it now.
+    k8s_inst = catalog.get(cfg.kubernetes.instance_type, where="kubernetes.instance_type")
+    if cfg.cluster.instance_type is not None:
+        catalog.get(cfg.cluster.instance_type, where="cluster.instance_type")
+        _check(cfg.cluster.instance_type == k8s_inst.name, "cluster.instance_type",
+               f"{cfg.cluster.instance_type} differs from kubernetes.instance_type "
+               f"{k8s_inst.name}: the job's pods would never be scheduled")
+    if job.backend == "kubernetes":
+        _check(job.nproc_per_node <= inst.max_workers, "job.nproc_per_node",
+               f"{job.nproc_per_node} workers per node, but {inst.name} has {inst.max_workers} "
+               f"{'cores' if inst.devices else 'vCPUs'}; use at most {inst.max_workers}")
+    min_nodes = job.min_nnodes or job.nnodes
+    _check(min_nodes <= job.nnodes, "job.min_nnodes",
+           f"{min_nodes} is above job.nnodes {job.nnodes}")
+    world = job.nnodes * job.nproc_per_node
+    # Accumulation must divide exactly for every node count the job may run with, so that the
+    # global batch (and with it the meaning of lr and max_steps) never silently changes.
+    for nodes in range(min_nodes, job.nnodes + 1):
+        w = nodes * job.nproc_per_node
+        per_step = train.batch_size * w
+        _check(train.global_batch_size % per_step == 0, "train.global_batch_size",
+               f"{train.global_batch_size} is not a multiple of batch_size x world size "
+               f"({train.batch_size} x {w} = {per_step}"
+               f"{f' with {nodes} nodes' if min_nodes != job.nnodes else ''}); "
+               f"use a multiple of {per_step}")
+    _check(cfg.model.max_position_embeddings >= cfg.data.seq_len, "model.max_position_embeddings",
+           f"{cfg.model.max_position_embeddings} is below data.seq_len {cfg.data.seq_len}")
+    return Derived(
+        world_size=world,
+        min_world_size=min_nodes * job.nproc_per_node,
+        grad_accum=train.global_batch_size // (train.batch_size * world),
+        tokens_per_step=train.global_batch_size * cfg.data.seq_len,
+        instance=inst,
+        config_hash=config_hash(cfg),
+    )
+
+
+def config_hash(cfg: JobConfig) -> str:
+    """Hash of what decides the training result (model, data, schedule, seed, precision).
+
+    Left out on purpose: where and how the job runs (backend, nodes, workers, micro-batch,
+    steps_this_run, checkpoint cadence, compile, kubernetes, cluster). A job resumed with more
+    steps, on more nodes or after a restart keeps its hash; a checkpoint of another model or
+    schedule is refused.
+    """
+    model: dict[str, int | None] = {
+        k: cfg.model.size(k) for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+    }
+    model |= {"vocab_size": cfg.model.vocab_size,
+              "max_position_embeddings": cfg.model.max_position_embeddings}
+    t = cfg.train
+    identity = {
+        "name": cfg.job.name,
+        "model": model,
+        "data": cfg.data.model_dump(),
+        "train": {"global_batch_size": t.global_batch_size, "optimizer": t.optimizer, "lr": t.lr,
+                  "weight_decay": t.weight_decay, "warmup_steps": t.warmup_steps,
+                  "max_steps": t.max_steps, "seed": t.seed, "precision": t.precision},
+    }
+    blob = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def is_valid_job_name(name: str) -> bool:
+    return re.fullmatch(JOB_NAME, name) is not None

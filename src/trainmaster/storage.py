@@ -1,0 +1,111 @@
+"""The storage layout (DESIGN 3.3): every path under STORAGE is computed here and nowhere else.
+
+Storage is a directory: a local folder on one machine, the FSx for Lustre volume mounted at
+/data in the cluster's pods. Which one is used: --storage, else the job file's job.storage,
+else $TRAINMASTER_STORAGE, else ./trainmaster-data.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainmaster.errors import UserError
+
+ENV_VAR = "TRAINMASTER_STORAGE"
+DEFAULT_ROOT = "trainmaster-data"
+SHARD_GLOB = "*_training_*.hdf5"
+
+
+def resolve_root(cli: str | os.PathLike[str] | None = None, job: str | None = None) -> Path:
+    """Pick the storage root by the documented precedence."""
+    for candidate in (cli, job, os.environ.get(ENV_VAR)):
+        if candidate:
+            return Path(candidate).expanduser()
+    return Path(DEFAULT_ROOT)
+
+
+@dataclass(frozen=True)
+class Storage:
+    root: Path
+
+    @classmethod
+    def at(cls, cli: str | os.PathLike[str] | None = None, job: str | None = None) -> Storage:
+        return cls(resolve_root(cli, job))
+
+    # datasets/NAME/: NAME_training_K.hdf5 ..., vocab.txt, dataset.json
+    def dataset_dir(self, name: str) -> Path:
+        return self.root / "datasets" / name
+
+    # cache/CACHESET/: compiler caches, fingerprint.json, .lock
+    def cache_dir(self, cacheset: str) -> Path:
+        return self.root / "cache" / cacheset
+
+    # runs/JOB/: job.toml, state.json, logs/, checkpoints/, tensorboard/, metrics.jsonl, ...
+    def run_dir(self, job: str) -> Path:
+        return self.root / "runs" / job
+
+    def ensure_writable(self) -> Path:
+        """Create the root if needed and prove we can write to it (fail early, not hours in)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".write-probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise UserError(
+                f"storage is not writable ({exc.strerror}); pass --storage PATH or set ${ENV_VAR}",
+                where=str(self.root),
+            ) from None
+        return self.root
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Files of one run (runs/JOB/)."""
+
+    dir: Path
+
+    @property
+    def job_toml(self) -> Path:
+        return self.dir / "job.toml"
+
+    @property
+    def state(self) -> Path:
+        return self.dir / "state.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.dir / "logs"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.dir / "checkpoints"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.dir / "tensorboard"
+
+    @property
+    def metrics(self) -> Path:
+        return self.dir / "metrics.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.dir / "summary.json"
+
+    @property
+    def rank0(self) -> Path:
+        return self.dir / "rank0.json"
+
+    @property
+    def report_png(self) -> Path:
+        return self.dir / "report.png"
+
+
+def dataset_path(storage: Storage, dataset: str) -> Path:
+    """A dataset is a name under STORAGE/datasets, or a path (absolute, or containing '/')."""
+    if os.sep in dataset or dataset.startswith("."):
+        return Path(dataset).expanduser()
+    return storage.dataset_dir(dataset)
