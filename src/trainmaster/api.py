@@ -13,10 +13,14 @@ from typing import Any
 
 from trainmaster import jobfile
 from trainmaster.config import JobConfig
+from trainmaster.errors import UserError
+from trainmaster.launch import local, state
+from trainmaster.monitor import runinfo
 from trainmaster.presets import JOB_PRESETS
 from trainmaster.storage import Storage, dataset_path
 
-__all__ = ["JOB_PRESETS", "describe", "init_job", "load_job", "preset_job", "render_job"]
+__all__ = ["JOB_PRESETS", "cancel_job", "describe", "init_job", "job_status", "launch", "load_job",
+           "plan_launch", "preset_job", "render_job", "start_launch"]
 
 
 def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
@@ -58,3 +62,37 @@ def describe(cfg: JobConfig, storage: str | None = None) -> dict[str, Any]:
             "config_hash": d.config_hash,
         },
     }
+
+
+def plan_launch(path: str | Path, overrides: list[str] | None, storage: str | None, *,
+                backend: str | None = None, resume: bool = False
+                ) -> tuple[JobConfig, Storage, local.Plan]:
+    """Load and check a job and everything it needs; nothing is started."""
+    extra = [f'job.backend="{backend}"'] if backend else []
+    cfg = load_job(path, [*(overrides or []), *extra])
+    if cfg.job.backend != "local":
+        raise UserError("only the local backend is available in this version; use --backend local",
+                        where="job.backend")
+    store = Storage.at(storage, cfg.job.storage)
+    store.ensure_writable()
+    return cfg, store, local.plan(cfg, store, resume=resume)
+
+
+def start_launch(cfg: JobConfig, store: Storage, plan: local.Plan) -> state.RunState:
+    return local.start(cfg, store, plan)
+
+
+def launch(path: str | Path, overrides: list[str] | None = None, storage: str | None = None,
+           *, resume: bool = False) -> state.RunState:
+    """Start a job locally and return at once; follow it with `status`."""
+    cfg, store, plan = plan_launch(path, overrides, storage, resume=resume)
+    return start_launch(cfg, store, plan)
+
+
+def cancel_job(job: str, storage: str | None = None, grace_s: float = 10.0) -> state.RunState:
+    run = runinfo.run_paths(Storage.at(storage), job)
+    return local.cancel(run, grace_s)
+
+
+def job_status(job: str, storage: str | None = None) -> runinfo.Status:
+    return runinfo.status(Storage.at(storage), job)

@@ -11,6 +11,7 @@ import sys
 import typer
 
 from trainmaster import __version__
+from trainmaster.cli import job_cmd
 from trainmaster.cli.config_cmd import config_app, init
 
 # TMP from trainmaster.cli.data_cmd import data_app
@@ -26,6 +27,11 @@ app = typer.Typer(
 )
 app.command()(init)
 app.add_typer(config_app, name="config")
+app.command()(job_cmd.launch)
+app.command("list")(job_cmd.list_jobs)
+app.command()(job_cmd.status)
+app.command()(job_cmd.logs)
+app.command()(job_cmd.cancel)
 # TMP app.add_typer(data_app, name="data")
 
 

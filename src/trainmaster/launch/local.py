@@ -1,0 +1,136 @@
+"""The local backend: N torchrun agents on this machine, one process group per node.
+
+`launch` checks everything it can before starting anything (storage writable, job name free,
+rendezvous usable, shards present), writes runs/JOB/job.toml and state.json, and starts a
+detached supervisor (`python -m trainmaster.launch.supervise RUN_DIR`) that owns the agents,
+records how they end, and outlives the launching shell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainmaster import jobfile
+from trainmaster.config import JobConfig
+from trainmaster.errors import UserError
+from trainmaster.launch import rendezvous, state
+from trainmaster.launch.torchrun import Rendezvous, command
+from trainmaster.storage import SHARD_GLOB, RunPaths, Storage, dataset_path
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a local launch will start (printed by --dry-run)."""
+
+    run: RunPaths
+    rdzv: Rendezvous
+    private_etcd: bool
+    commands: list[list[str]]
+
+
+def _rendezvous(cfg: JobConfig) -> tuple[Rendezvous, bool]:
+    r = cfg.rendezvous
+    if r.backend == "c10d":
+        if r.endpoint is None:
+            return Rendezvous("c10d", f"{rendezvous.LOOPBACK}:{rendezvous.free_port()}"), False
+        host, port = rendezvous.split_endpoint(r.endpoint, "rendezvous.endpoint")
+        if rendezvous.port_in_use(host, port):
+            raise UserError(f"port {port} on {host} is in use; free it or leave rendezvous.endpoint "
+                            "unset for a free port", where="rendezvous.endpoint")
+        return Rendezvous("c10d", r.endpoint), False
+    if r.endpoint is None:
+        rendezvous.etcd_binary()  # installed? (says how to install it when not)
+        return Rendezvous(r.backend, "<private etcd>"), True
+    rendezvous.split_endpoint(r.endpoint, "rendezvous.endpoint")
+    rendezvous.check_etcd(r.endpoint, deadline_s=min(float(r.timeout), 30.0))
+    return Rendezvous(r.backend, r.endpoint), False
+
+
+def agent_commands(cfg: JobConfig, rdzv: Rendezvous, run: RunPaths, storage: Path) -> list[list[str]]:
+    cmd = command(cfg, rdzv, job_file=str(run.job_toml.resolve()), storage=str(storage.resolve()),
+                  python=sys.executable)
+    return [cmd for _ in range(cfg.job.nnodes)]
+
+
+def check_shards(cfg: JobConfig, store: Storage) -> None:
+    folder = dataset_path(store, cfg.data.dataset)
+    shards = sorted(folder.glob(SHARD_GLOB))
+    world = cfg.derived.world_size
+    if not shards:
+        raise UserError(f"no {SHARD_GLOB} shards in {folder}; make them with "
+                        f"`trainmaster data prepare --builtin pydoc --storage {store.root}`",
+                        where="data.dataset")
+    if len(shards) < world:
+        raise UserError(f"{len(shards)} shards in {folder} for {world} workers; every worker reads "
+                        f"its own shard: prepare at least {world} (data prepare --shards {world})",
+                        where="data.dataset")
+
+
+def plan(cfg: JobConfig, store: Storage, *, resume: bool = False) -> Plan:
+    """Every check that needs no side effect; raises UserError before anything starts."""
+    run = RunPaths(store.run_dir(cfg.job.name))
+    if run.state.exists():
+        current = state.observed(run.state)
+        if current.phase in ("pending", "running"):
+            raise UserError(f"job {cfg.job.name} is {current.phase}; see `trainmaster status "
+                            f"{cfg.job.name}` or cancel it first", where="job.name")
+        if not resume:
+            raise UserError(f"job {cfg.job.name} exists ({run.dir}, {current.phase}); pass --resume "
+                            "to continue it from its last checkpoint, or choose another job.name",
+                            where="job.name")
+    check_shards(cfg, store)
+    rdzv, private = _rendezvous(cfg)
+    return Plan(run, rdzv, private, agent_commands(cfg, rdzv, run, store.root))
+
+
+def start(cfg: JobConfig, store: Storage, p: Plan) -> state.RunState:
+    """Write the run folder and start the supervisor; return the recorded state."""
+    run = p.run
+    run.dir.mkdir(parents=True, exist_ok=True)
+    run.logs.mkdir(exist_ok=True)
+    run.job_toml.write_text(jobfile.render(cfg, f"resolved job {cfg.job.name} (written by launch)"))
+    st = state.RunState(
+        job=cfg.job.name, backend="local", config_hash=cfg.derived.config_hash,
+        nnodes=cfg.job.nnodes, nproc_per_node=cfg.job.nproc_per_node,
+        rendezvous={"backend": p.rdzv.backend, "endpoint": p.rdzv.endpoint,
+                    "private_etcd": str(p.private_etcd).lower(), "storage": str(store.root.resolve())},
+        nodes=[state.NodeState(index=i, log=str(run.logs / f"node{i}.log")) for i in range(cfg.job.nnodes)],
+    )
+    state.write_atomic(run.state, st.model_dump_json(indent=2))
+    with (run.logs / "supervisor.log").open("ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "trainmaster.launch.supervise", str(run.dir)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return state.update(run.state, supervisor_pid=proc.pid)
+
+
+def cancel(run: RunPaths, grace_s: float = 10.0) -> state.RunState:
+    """SIGTERM every node's process group, SIGKILL what is left after the grace period.
+
+    The trainer checkpoints atomically, so whatever a signal interrupts, the last complete
+    checkpoint stays loadable.
+    """
+    st = state.update(run.state, cancel_requested=True)
+    groups = [n.pid for n in st.nodes if n.pid] + ([st.etcd_pid] if st.etcd_pid else [])
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        live = [g for g in groups if state.pid_alive(g)]
+        for pgid in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
+        end = time.monotonic() + wait
+        while any(state.pid_alive(g) for g in live) and time.monotonic() < end:
+            time.sleep(0.1)  # waiting for processes to exit after a signal (bounded)
+    # The supervisor records the end when it sees its agents exit; if it is gone, record it here.
+    if not state.pid_alive(st.supervisor_pid):
+        return state.update(run.state, phase="cancelled", finished_at=time.time())
+    end = time.monotonic() + 10.0
+    while state.read(run.state).phase not in state.FINAL and time.monotonic() < end:
+        time.sleep(0.1)
+    return state.update(run.state, phase="cancelled", finished_at=time.time())

@@ -1,0 +1,89 @@
+"""The supervisor of one local run: `python -m trainmaster.launch.supervise RUN_DIR`.
+
+Started detached by `launch`, it starts the private etcd (if any) and one torchrun agent per
+node, each in its own process group, waits for them, records exit codes and the final phase
+in state.json, and stops etcd. SIGTERM (from `cancel`) is passed on to every agent's group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainmaster import jobfile
+from trainmaster.launch import rendezvous, state
+from trainmaster.launch.local import agent_commands
+from trainmaster.launch.torchrun import Rendezvous
+from trainmaster.storage import RunPaths
+
+
+def _signal_groups(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+
+
+def _final_phase(run: RunPaths, codes: list[int], elastic: bool, cancelled: bool) -> str:
+    if cancelled:
+        return "cancelled"
+    if all(c == 0 for c in codes):
+        return "succeeded"
+    # An elastic job may lose a node and still finish: the survivors' agents exit 0.
+    if elastic and any(c == 0 for c in codes) and run.summary.exists():
+        return "succeeded"
+    return "failed"
+
+
+def supervise(run_dir: Path) -> int:
+    run = RunPaths(run_dir)
+    st = state.read(run.state)
+    cfg = jobfile.load(run.job_toml)
+    etcd: subprocess.Popen[bytes] | None = None
+    rdzv = Rendezvous(st.rendezvous["backend"], st.rendezvous["endpoint"])
+    agents: list[subprocess.Popen[bytes]] = []
+
+    def on_term(signum: int, _frame: object) -> None:
+        state.update(run.state, cancel_requested=True)
+        _signal_groups([a.pid for a in agents], signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        if st.rendezvous.get("private_etcd") == "true":
+            etcd, endpoint = rendezvous.start_private_etcd(run.dir / "etcd", run.logs / "etcd.log",
+                                                           timeout_s=30.0)
+            rdzv = Rendezvous(rdzv.backend, endpoint)
+            state.update(run.state, etcd_pid=etcd.pid,
+                         rendezvous=st.rendezvous | {"endpoint": endpoint})
+        storage = Path(st.rendezvous["storage"])
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for i, cmd in enumerate(agent_commands(cfg, rdzv, run, storage)):
+            with (run.logs / f"node{i}.log").open("ab") as log:
+                agents.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL, start_new_session=True,
+                                               env={**env, "TRAINMASTER_NODE_INDEX": str(i)}))
+        nodes = [n.model_copy(update={"pid": a.pid}) for n, a in zip(st.nodes, agents, strict=True)]
+        state.update(run.state, phase="running", started_at=time.time(), nodes=nodes)
+        codes = [a.wait() for a in agents]
+    except Exception as exc:  # record why, then let the traceback reach supervisor.log
+        _signal_groups([a.pid for a in agents], signal.SIGKILL)
+        state.update(run.state, phase="failed", finished_at=time.time(), message=str(exc))
+        raise
+    finally:
+        if etcd is not None:
+            etcd.terminate()
+            etcd.wait(timeout=30)
+    final = state.read(run.state)
+    nodes = [n.model_copy(update={"exit_code": c}) for n, c in zip(final.nodes, codes, strict=True)]
+    elastic = bool(cfg.job.min_nnodes and cfg.job.min_nnodes < cfg.job.nnodes)
+    phase = _final_phase(run, codes, elastic, final.cancel_requested)
+    state.update(run.state, phase=phase, nodes=nodes, finished_at=time.time())
+    return 0 if phase == "succeeded" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(supervise(Path(sys.argv[1])))

@@ -1,0 +1,64 @@
+"""The one torchrun command line that every backend runs (DESIGN 1).
+
+A pure function of the job config and of where the rendezvous is: the local backend runs it
+once per node as a process group on this machine, the Kubernetes backend once per pod. Keeping
+one builder means a job debugged locally is the job the cluster runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainmaster.config import JobConfig
+
+# The trainer's entry point (python -m trainmaster.train); torchrun starts it on every worker.
+TRAIN_MODULE = "trainmaster.train"
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the agents meet: backend and host:port (resolved by the backend)."""
+
+    backend: str  # c10d | etcd | etcd-v2
+    endpoint: str
+
+
+def nnodes_arg(cfg: JobConfig) -> str:
+    """`N`, or `MIN:MAX` for an elastic job (the job goes on with fewer nodes)."""
+    lo, hi = cfg.job.min_nnodes or cfg.job.nnodes, cfg.job.nnodes
+    return str(hi) if lo == hi else f"{lo}:{hi}"
+
+
+def torchrun_args(cfg: JobConfig, rdzv: Rendezvous) -> list[str]:
+    """Arguments of `python -m torch.distributed.run`, without the program."""
+    args = [
+        f"--nnodes={nnodes_arg(cfg)}",
+        f"--nproc-per-node={cfg.job.nproc_per_node}",
+        f"--rdzv-backend={rdzv.backend}",
+        f"--rdzv-endpoint={rdzv.endpoint}",
+        # The job name is the rendezvous id: agents of one job meet, two jobs never mix.
+        f"--rdzv-id={cfg.job.name}",
+        f"--rdzv-conf=join_timeout={cfg.rendezvous.timeout},timeout={cfg.rendezvous.timeout}",
+        f"--max-restarts={cfg.job.max_restarts}",
+        # Tee every worker's output (prefixed with its local rank) into the agent's stream:
+        # the node log locally, the pod log on Kubernetes.
+        "--tee=3",
+        # Seconds between health checks of the workers; a dead worker is noticed this fast.
+        "--monitor-interval=1",
+    ]
+    if cfg.job.min_nnodes and cfg.job.min_nnodes != cfg.job.nnodes:
+        # Wait a little for late nodes after the minimum has joined, so that a full start
+        # does not begin with fewer nodes only because one pod was slower.
+        args[5] += ",last_call_timeout=5"
+    return args
+
+
+def program_args(job_file: str, storage: str) -> list[str]:
+    return ["-m", TRAIN_MODULE, "--job", job_file, "--storage", storage]
+
+
+def command(cfg: JobConfig, rdzv: Rendezvous, *, job_file: str, storage: str,
+            python: str = "python3") -> list[str]:
+    """The full command line of one node's agent."""
+    return [python, "-m", "torch.distributed.run", *torchrun_args(cfg, rdzv),
+            *program_args(job_file, storage)]

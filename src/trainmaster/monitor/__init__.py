@@ -1,0 +1,1 @@
+"""Looking at runs: status, logs, list (from the run folder and the backend)."""

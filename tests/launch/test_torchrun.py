@@ -1,0 +1,39 @@
+"""The one torchrun command line (golden) and what it must contain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.golden import check
+from trainmaster import api
+from trainmaster.launch.torchrun import Rendezvous, command, nnodes_arg
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.mark.parametrize(("preset", "rdzv"), [
+    ("local-cpu", Rendezvous("c10d", "127.0.0.1:29400")),
+    ("trn1-bert-large", Rendezvous("etcd", "etcd-server:2379")),
+    ("p5-bert-large", Rendezvous("c10d", "bert-large-p5-worker-0-0.bert-large-p5:29400")),
+])
+def test_golden_command(preset: str, rdzv: Rendezvous) -> None:
+    cfg = api.preset_job(preset)
+    cmd = command(cfg, rdzv, job_file=f"/data/runs/{cfg.job.name}/job.toml", storage="/data")
+    check(GOLDEN / f"torchrun-{preset}.txt", " \\\n  ".join(cmd) + "\n")
+
+
+def test_command_carries_the_job() -> None:
+    cfg = api.preset_job("trn1-bert-large")
+    cmd = command(cfg, Rendezvous("etcd", "etcd-server:2379"), job_file="/j.toml", storage="/data")
+    assert cmd[:3] == ["python3", "-m", "torch.distributed.run"]
+    for arg in ("--nnodes=2", "--nproc-per-node=32", "--rdzv-backend=etcd", "--max-restarts=3",
+                "--rdzv-endpoint=etcd-server:2379", "--rdzv-id=bert-large-trn1"):
+        assert arg in cmd
+    assert cmd[-6:] == ["-m", "trainmaster.train", "--job", "/j.toml", "--storage", "/data"]
+
+
+def test_elastic_range() -> None:
+    assert nnodes_arg(api.preset_job("local-cpu", ["job.min_nnodes=1"])) == "1:2"
+    assert nnodes_arg(api.preset_job("local-cpu")) == "2"
