@@ -13,8 +13,8 @@ import typer
 from trainmaster import __version__
 from trainmaster.cli import job_cmd
 from trainmaster.cli.config_cmd import config_app, init
-
-# TMP from trainmaster.cli.data_cmd import data_app
+from trainmaster.cli.data_cmd import data_app
+from trainmaster.cli.demo_cmd import demo
 from trainmaster.errors import EXIT_BAD_INPUT, EXIT_FAILED, JobFailed, UserError
 
 app = typer.Typer(
@@ -25,6 +25,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+app.command()(demo)
 app.command()(init)
 app.add_typer(config_app, name="config")
 app.command()(job_cmd.launch)
@@ -32,7 +33,7 @@ app.command("list")(job_cmd.list_jobs)
 app.command()(job_cmd.status)
 app.command()(job_cmd.logs)
 app.command()(job_cmd.cancel)
-# TMP app.add_typer(data_app, name="data")
+app.add_typer(data_app, name="data")
 
 
 def _version(value: bool) -> None:
@@ -56,6 +57,9 @@ def _err(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    # `--dry-run=server` (kubectl's spelling) selects the API server's dry run.
+    args = ["--dry-run-server" if a == "--dry-run=server" else "--dry-run" if a == "--dry-run=client" else a
+            for a in args]
     debug = "--debug" in args
     try:
         result = app(args=args, prog_name="trainmaster", standalone_mode=False)

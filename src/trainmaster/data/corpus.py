@@ -1,0 +1,186 @@
+"""Input text: files, folders, .gz files and the built-in corpus, as documents of lines.
+
+The format is Google's: one sentence (or paragraph) per line, documents separated by blank
+lines. Everything is read and checked up front, so a bad file fails the run before any work
+or output, with its name in the message.
+
+Work is split into chunks of whole documents whose boundaries depend only on the input, never
+on the number of workers: that is what makes the output identical for any --workers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainmaster.errors import DataError
+
+BUILTINS = ("pydoc",)
+Document = list[str]  # lines: sentences or paragraphs
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+_DECORATION = re.compile(r"[\W_]+")  # "*****", "=====": headings' underlines, not prose
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    name: str  # the path as given, or "builtin:pydoc"
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Corpus:
+    documents: list[Document]
+    sources: list[SourceInfo]
+
+    @property
+    def chars(self) -> int:
+        return sum(len(line) for doc in self.documents for line in doc)
+
+    def lines(self) -> list[str]:
+        return [line for doc in self.documents for line in doc]
+
+
+def split_sentences(line: str) -> list[str]:
+    """A long line is usually a paragraph: split it after . ! ? followed by a capital."""
+    return _SENTENCE_END.split(line)
+
+
+def documents_from_text(text: str) -> list[Document]:
+    docs: list[Document] = []
+    current: Document = []
+    for raw in text.split("\n"):
+        line = raw.strip()
+        if line:
+            current.append(line)
+        elif current:
+            docs.append(current)
+            current = []
+    if current:
+        docs.append(current)
+    return docs
+
+
+def pydoc_documents() -> list[Document]:
+    """Python's reference docs shipped with CPython: one document per topic, sorted.
+
+    The topics are wrapped at ~70 columns, so a line is not a sentence: paragraphs are joined
+    into one line each (the sentence splitter cuts them later) and headings' underlines go.
+    """
+    from pydoc_data.topics import topics
+
+    docs: list[Document] = []
+    for key in sorted(topics):
+        paragraphs = []
+        for block in _PARAGRAPH_BREAK.split(topics[key]):
+            words = [ln for ln in block.split("\n") if ln.strip() and not _DECORATION.fullmatch(ln.strip())]
+            text = " ".join(" ".join(words).split())
+            if text:
+                paragraphs.append(text)
+        if paragraphs:
+            docs.append(paragraphs)
+    return docs
+
+
+def expand_inputs(inputs: list[Path]) -> list[Path]:
+    """Files as given; folders recursively, sorted, skipping hidden files (.DS_Store, .git)."""
+    files: list[Path] = []
+    for p in inputs:
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file()
+                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
+            if not found:
+                raise DataError("folder holds no files; give text files or folders of them",
+                                where=str(p))
+            files.extend(found)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise DataError("no such file or folder; check the INPUT path", where=str(p))
+    return files
+
+
+def read_text(path: Path) -> str:
+    """UTF-8 text of a file (.gz decompressed); DataError for anything binary."""
+    try:
+        raw = path.read_bytes()
+        if path.suffix == ".gz":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise DataError(f"cannot read ({reason}); inputs must be text or gzip'd text",
+                        where=str(path)) from None
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise DataError(f"binary file (NUL byte at offset {nul}); inputs must be UTF-8 text",
+                        where=str(path))
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 text (bad byte at offset {exc.start}); convert it with "
+                        "iconv or drop it", where=str(path)) from None
+
+
+def read_corpus(inputs: list[Path], builtin: str | None = None) -> Corpus:
+    if builtin is not None and builtin not in BUILTINS:
+        raise DataError(f"unknown built-in corpus {builtin!r}; choose one of: {', '.join(BUILTINS)}",
+                        where="--builtin")
+    if not inputs and builtin is None:
+        raise DataError("no input: give text files or folders, or --builtin pydoc")
+    documents: list[Document] = []
+    sources: list[SourceInfo] = []
+    if builtin == "pydoc":
+        docs = pydoc_documents()
+        documents.extend(docs)
+        sources.append(SourceInfo("builtin:pydoc", sum(len(ln.encode()) for d in docs for ln in d)))
+    for path in expand_inputs(inputs):
+        documents.extend(documents_from_text(read_text(path)))
+        sources.append(SourceInfo(str(path), path.stat().st_size))
+    if not documents:
+        names = ", ".join(s.name for s in sources)
+        raise DataError(f"no text in {names}; give lines of text, documents separated by "
+                        "blank lines")
+    return Corpus(documents, sources)
+
+
+def chunk_size(total_chars: int) -> int:
+    """Characters per work chunk: at least 64 chunks, 32 KiB to 1 MiB each.
+
+    Small chunks spread work across cores; large ones give the random second segment more
+    documents to come from (it is drawn within the chunk, as NVIDIA draws within a shard).
+    """
+    return min(1 << 20, max(1 << 15, total_chars // 64))
+
+
+def make_chunks(documents: list[Document]) -> list[list[Document]]:
+    """Consecutive whole documents per chunk; documents above the size are cut at lines."""
+    size = chunk_size(sum(len(line) for doc in documents for line in doc))
+    chunks: list[list[Document]] = []
+    current: list[Document] = []
+    current_chars = 0
+    for doc in documents:
+        for part in _cut(doc, size):
+            current.append(part)
+            current_chars += sum(map(len, part))
+            if current_chars >= size:
+                chunks.append(current)
+                current, current_chars = [], 0
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _cut(doc: Document, size: int) -> list[Document]:
+    parts: list[Document] = [[]]
+    chars = 0
+    for line in doc:
+        if chars >= size:
+            parts.append([])
+            chars = 0
+        parts[-1].append(line)
+        chars += len(line)
+    return parts

@@ -1,0 +1,121 @@
+"""The shard format (DESIGN 3.4): HDF5 files NVIDIA's and the AWS tutorial's loaders read.
+
+Writing is reproducible to the byte: no timestamps in the HDF5 object headers
+(track_times=False), fixed chunk shapes, a fixed compression level, and a dataset.json that
+holds no date. A shard only ever appears under its final name complete: it is written as
+`.NAME_training_K.hdf5.tmp` (which SHARD_GLOB does not match), fsync'd, then renamed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from trainmaster.storage import SHARD_GLOB
+
+FORMAT = "trainmaster-bert-shards"
+FORMAT_VERSION = 1
+MANIFEST = "dataset.json"
+VOCAB = "vocab.txt"
+TMP_SUFFIX = ".tmp"
+# The NVIDIA dtypes; readers must accept any integer dtype (the tutorial's are int64).
+DTYPES: dict[str, type[np.integer[Any]]] = {
+    "input_ids": np.int32,
+    "input_mask": np.int8,
+    "segment_ids": np.int8,
+    "masked_lm_positions": np.int32,
+    "masked_lm_ids": np.int32,
+    "next_sentence_labels": np.int8,
+}
+KEYS = tuple(DTYPES)
+# Level 1 with the byte-shuffle filter: 1.6x faster to write than NVIDIA's level 4 without it,
+# and still ~35% smaller; every HDF5 build has both filters.
+GZIP_LEVEL = 1
+_CHUNK_BYTES = 1 << 19
+_SHARD_NAME = re.compile(r"^(?P<name>.+)_training_(?P<k>\d+)\.hdf5$")
+
+
+def shard_name(name: str, k: int | str) -> str:
+    return f"{name}_training_{k}.hdf5"
+
+
+def temp_name(final: str) -> str:
+    """Hidden and ending in .tmp: never taken for a shard by SHARD_GLOB or by a loader."""
+    return f".{final}{TMP_SUFFIX}"
+
+
+def list_shards(folder: Path) -> list[Path]:
+    """Shards in their natural order (…_2 before …_10), as NVIDIA's loader sorts them."""
+    def key(p: Path) -> tuple[str, int]:
+        m = _SHARD_NAME.match(p.name)
+        return (m["name"], int(m["k"])) if m else (p.name, -1)
+    return sorted((p for p in folder.glob(SHARD_GLOB) if p.is_file()), key=key)
+
+
+def stray_temps(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob(f".*{TMP_SUFFIX}") if p.is_file())
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_shard(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write one complete shard at path (a temporary name) and make it durable."""
+    n = len(arrays["input_ids"])
+    with h5py.File(path, "w", libver="earliest") as f:
+        for key in KEYS:
+            data = np.ascontiguousarray(arrays[key], dtype=DTYPES[key])
+            row_bytes = max(1, data[0].nbytes if n else 1)
+            rows = max(1, min(n, _CHUNK_BYTES // row_bytes))
+            f.create_dataset(key, data=data, chunks=(rows, *data.shape[1:]), compression="gzip",
+                             compression_opts=GZIP_LEVEL, shuffle=True, track_times=False)
+    fsync_path(path)
+
+
+def read_arrays(path: Path, rows: slice | None = None) -> dict[str, np.ndarray]:
+    """The six arrays as stored (any integer dtype), whole or a block of rows."""
+    sel = rows if rows is not None else slice(None)
+    with h5py.File(path, "r") as f:
+        return {key: np.asarray(f[key][sel]) for key in KEYS if key in f}
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(temp_name(path.name))
+    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        json.dump(data, f, indent=2, sort_keys=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """dataset.json, or None when the folder has none (e.g. NVIDIA's shards).
+
+    Raises ValueError when it exists but is not a JSON object: callers report that.
+    """
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError("dataset.json is not a JSON object")
+    return data
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make renames in a folder durable (a no-op where directories cannot be opened)."""
+    with contextlib.suppress(OSError):
+        fsync_path(folder)

@@ -1,0 +1,68 @@
+"""The fast tokeniser path gives exactly HF's pieces; vocabularies load and train as BERT's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainmaster.data.corpus import pydoc_documents, split_sentences
+from trainmaster.data.vocab import load_vocab, parse_vocab, train_vocab
+from trainmaster.data.wordpiece import Encoder
+from trainmaster.errors import DataError
+
+TRICKY = [
+    "Hello, World! x_y == 3.14 -- (a[b]) {c}; 'q' \"r\" `s` ~t^ @u #v $w %x &y *z +1 <2> =3 ?4 |5 \\6 /7",
+    "Tabs\tand\r\nnewlines stay whitespace",
+    "Control\x01chars\x7fjoin words",  # BERT deletes them: "controlchars" is one word
+    "Form\x0cfeed and vertical\x0btab are control characters to BERT",
+    "File\x1cseparators\x1fare too",
+    "Curly “quotes” and — dashes… stay punctuation",
+    "Café, naïve, résumé: accents go when lower-casing",
+    "Ünïcödé ΣΊΣΥΦΟΣ and 中文字符 and emoji 🙂 and\u00a0nbsp\u2009thin",
+    "[CLS] [SEP] [MASK] [PAD] in the text are ordinary pieces, never the special ids",
+    "x" * 150 + " is longer than a word may be",
+    "",
+    "   ",
+]
+
+
+@pytest.mark.parametrize("lower_case", [True, False])
+def test_fast_path_equals_hf(pydoc_vocab: Path, lower_case: bool) -> None:
+    vocab = load_vocab(pydoc_vocab)
+    enc = Encoder(vocab, lower_case)
+    sentences = [s for d in pydoc_documents() for line in d for s in split_sentences(line)]
+    sentences += TRICKY
+    flat, lengths = enc.encode(sentences)
+    exact = enc.encode_exact(sentences)
+    assert lengths.tolist() == [len(e) for e in exact]
+    assert np.array_equal(flat, np.array([i for e in exact for i in e], dtype=np.int32))
+    again, _ = enc.encode(sentences)  # now from the word cache
+    assert np.array_equal(again, flat)
+
+
+def test_special_tokens_in_text_are_not_special(pydoc_vocab: Path) -> None:
+    vocab = load_vocab(pydoc_vocab)
+    flat, _ = Encoder(vocab, True).encode(["a [SEP] b [CLS] c [MASK]"])
+    sp = vocab.special
+    assert not set(flat.tolist()) & {sp.cls, sp.sep, sp.mask, sp.pad}
+
+
+def test_trained_vocab_is_bert_shaped() -> None:
+    lines = [line for d in pydoc_documents()[:20] for line in d]
+    v = train_vocab(lines, vocab_size=2000)
+    assert v.tokens[:5] == ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+    assert len(v) <= 2000 and len(set(v.tokens)) == len(v)
+    assert any(t.startswith("##") and len(t) > 3 for t in v.tokens)  # real continuation pieces
+    assert "the" in v.ids
+    assert train_vocab(lines, vocab_size=2000).tokens == v.tokens
+
+
+def test_vocab_rules() -> None:
+    ok = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\n"
+    assert len(parse_vocab(ok, "v.txt")) == 6
+    with pytest.raises(DataError, match=r"v.txt: \[PAD\] is on line 2"):
+        parse_vocab("word\n" + ok, "v.txt")
+    with pytest.raises(DataError, match="line 7 repeats the token 'the' of line 6"):
+        parse_vocab(ok + "the\n", "v.txt")
