@@ -64,18 +64,15 @@ def describe(cfg: JobConfig, storage: str | None = None) -> dict[str, Any]:
     }
 
 
-def plan_launch(path: str | Path, overrides: list[str] | None, storage: str | None, *,
-                backend: str | None = None, resume: bool = False
-                ) -> tuple[JobConfig, Storage, local.Plan]:
-    """Load and check a job and everything it needs; nothing is started."""
-    extra = [f'job.backend="{backend}"'] if backend else []
-    cfg = load_job(path, [*(overrides or []), *extra])
+def plan_launch(cfg: JobConfig, storage: str | None, *, resume: bool = False
+                ) -> tuple[Storage, local.Plan]:
+    """Check a local job and everything it needs (storage, name, rendezvous, shards); start nothing."""
     if cfg.job.backend != "local":
-        raise UserError("only the local backend is available in this version; use --backend local",
-                        where="job.backend")
+        raise UserError("this function plans local jobs; use --backend local, or "
+                        "trainmaster.launch.volcano / .kubernetes for a cluster", where="job.backend")
     store = Storage.at(storage, cfg.job.storage)
     store.ensure_writable()
-    return cfg, store, local.plan(cfg, store, resume=resume)
+    return store, local.plan(cfg, store, resume=resume)
 
 
 def start_launch(cfg: JobConfig, store: Storage, plan: local.Plan) -> state.RunState:
@@ -85,7 +82,8 @@ def start_launch(cfg: JobConfig, store: Storage, plan: local.Plan) -> state.RunS
 def launch(path: str | Path, overrides: list[str] | None = None, storage: str | None = None,
            *, resume: bool = False) -> state.RunState:
     """Start a job locally and return at once; follow it with `status`."""
-    cfg, store, plan = plan_launch(path, overrides, storage, resume=resume)
+    cfg = load_job(path, overrides)
+    store, plan = plan_launch(cfg, storage, resume=resume)
     return start_launch(cfg, store, plan)
 
 

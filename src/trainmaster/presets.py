@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# AWS's documentation account id: presets name images with it; a real launch refuses it.
+EXAMPLE_ACCOUNT = "123456789012"
+
 JOB_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # The demo's shape: bert-tiny on the built-in corpus, 2 local nodes x 1 worker, c10d.
     "local-cpu": {
@@ -34,7 +37,9 @@ JOB_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                   "global_batch_size": 32768, "optimizer": "adamw", "lr": 4e-4,
                   "warmup_steps": 2000, "max_steps": 28125, "checkpoint_every": 500,
                   "keep_checkpoints": 3, "compile": True, "cacheset": "bert-large"},
-        "kubernetes": {"instance_type": "trn1.32xlarge", "queue": "trainmaster"},
+        # 123456789012 is AWS's documentation account: put yours (`cluster plan` prints the URI).
+        "kubernetes": {"instance_type": "trn1.32xlarge", "queue": "trainmaster",
+                       "image": f"{EXAMPLE_ACCOUNT}.dkr.ecr.us-west-2.amazonaws.com/trainmaster:0.1.0-neuron"},
         "cluster": {"name": "trainmaster-trn1", "region": "us-west-2"},
     },
     # The same model on 2 x p5.48xlarge (8 x H100 each), NCCL, c10d through the job's service.
@@ -49,7 +54,8 @@ JOB_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                   "global_batch_size": 16384, "optimizer": "adamw", "lr": 4e-4,
                   "warmup_steps": 2000, "max_steps": 28125, "checkpoint_every": 500,
                   "keep_checkpoints": 3, "cacheset": "bert-large-p5"},
-        "kubernetes": {"instance_type": "p5.48xlarge", "queue": "trainmaster"},
+        "kubernetes": {"instance_type": "p5.48xlarge", "queue": "trainmaster",
+                       "image": f"{EXAMPLE_ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/trainmaster:0.1.0-cuda"},
         "cluster": {"name": "trainmaster-p5", "region": "us-east-1"},
     },
 }

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from trainmaster.cli.options import StorageOpt
+from trainmaster.cli.options import ContextOpt, KubeconfigOpt, NamespaceOpt, SetOpt, StorageOpt
 from trainmaster.errors import EXIT_FAILED, UserError
 from trainmaster.storage import Storage, dataset_path
 
@@ -178,3 +178,35 @@ def inspect(
         out.print(f"\n[bold]{escape(ex.shard)} row {ex.row}[/bold] ({kind})")
         out.print(f"  input:    {escape(ex.text)}", soft_wrap=True)
         out.print(f"  original: {escape(ex.original)}", soft_wrap=True)
+
+
+@data_app.command()
+def stage(
+    src: Annotated[str, typer.Argument(metavar="SRC", help="s3://bucket/prefix/, s3://.../data.tar, or a local folder")],
+    name: Annotated[str, typer.Option("--name", help="Dataset name: lands in MOUNT/datasets/NAME")],
+    job: Annotated[str, typer.Option("--job", metavar="FILE", help="Job file giving the cluster side (image, PVC, mount, namespace)")],
+    overrides: SetOpt = None,
+    image: Annotated[str | None, typer.Option(help="Image of the stage pod (else kubernetes.image)")] = None,
+    no_sign_request: Annotated[bool, typer.Option(help="Public S3 data (the tutorial's bucket)")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the stage pod; create nothing")] = False,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Copy a dataset onto the cluster's shared storage through a short-lived pod, verify it there."""
+    from trainmaster import jobfile
+    from trainmaster.launch import stage as stage_mod
+
+    extra = [f'kubernetes.namespace="{namespace}"'] if namespace else []
+    cfg = jobfile.load(job, [*(overrides or []), *extra])
+    pod = stage_mod.build_stage_pod(cfg, src, name, image=image, no_sign_request=no_sign_request)
+    if dry_run:
+        from trainmaster.launch.volcano import render_yaml
+
+        typer.echo(render_yaml([pod]), nl=False)
+        return
+    from trainmaster.launch import kubernetes
+
+    cluster = kubernetes.connect(kubeconfig, context, cfg.kubernetes.namespace)
+    dest = stage_mod.run_stage(cluster, pod, on_line=lambda line: typer.echo(line))
+    typer.echo(f"staged and verified: {dest}")

@@ -12,8 +12,18 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from trainmaster import api
-from trainmaster.cli.options import JobFileArg, SetOpt, StorageOpt
-from trainmaster.errors import JobFailed
+from trainmaster.cli import k8s_cmd
+from trainmaster.cli.k8s_cmd import backend_of
+from trainmaster.cli.options import (
+    BackendOpt,
+    ContextOpt,
+    JobFileArg,
+    KubeconfigOpt,
+    NamespaceOpt,
+    SetOpt,
+    StorageOpt,
+)
+from trainmaster.errors import JobFailed, UserError
 from trainmaster.launch import state
 from trainmaster.monitor import logs as logs_mod
 from trainmaster.monitor import runinfo
@@ -27,14 +37,26 @@ def launch(
     file: JobFileArg,
     overrides: SetOpt = None,
     storage: StorageOpt = None,
-    backend: Annotated[str | None, typer.Option(help="local | kubernetes (default: job.backend)")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would run; start nothing")] = False,
+    backend: BackendOpt = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would run (local: the commands; kubernetes: every object as YAML); --dry-run=server has the API server check the objects")] = False,
+    dry_run_server: Annotated[bool, typer.Option("--dry-run-server", hidden=True)] = False,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Show progress until the job ends")] = False,
     resume: Annotated[bool, typer.Option(help="Continue an existing job from its last checkpoint")] = False,
+    image: Annotated[str | None, typer.Option(help="kubernetes: training image (else kubernetes.image)")] = None,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    namespace: NamespaceOpt = None,
 ) -> None:
     """Start a job: one torchrun agent per node, each worker running `python -m trainmaster.train`."""
-    cfg, store, plan = api.plan_launch(file, overrides, storage, backend=backend, resume=resume)
-    if dry_run:
+    extra = [f'job.backend="{backend_of(backend)}"'] if backend else []
+    extra += [f'kubernetes.namespace="{namespace}"'] if namespace else []
+    cfg = api.load_job(file, [*(overrides or []), *extra])
+    if cfg.job.backend == "kubernetes":
+        mode = "server" if dry_run_server else "client" if dry_run else None
+        k8s_cmd.launch(cfg, image=image, dry_run=mode, kubeconfig=kubeconfig, context=context)
+        return
+    store, plan = api.plan_launch(cfg, storage, resume=resume)
+    if dry_run or dry_run_server:
         typer.echo(f"# job {cfg.job.name}: {cfg.job.nnodes} node(s) x {cfg.job.nproc_per_node} "
                    f"worker(s), rendezvous {plan.rdzv.backend} at {plan.rdzv.endpoint}")
         for i, cmd in enumerate(plan.commands):
@@ -44,10 +66,11 @@ def launch(
     typer.echo(f"{st.job}  (runs in {plan.run.dir}; `trainmaster status {st.job}`, "
                f"`trainmaster logs {st.job} -f`)")
     if follow:
-        _follow(store, cfg.job.name, cfg.train.max_steps)
+        follow_job(store, cfg.job.name, cfg.train.max_steps)
 
 
-def _follow(store: Storage, job: str, max_steps: int) -> None:
+def follow_job(store: Storage, job: str, max_steps: int) -> None:
+    """A progress bar until the job ends; JobFailed (exit 1) unless it succeeded."""
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                   TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=Console(stderr=True),
                   transient=False) as bar:
@@ -64,8 +87,12 @@ def _follow(store: Storage, job: str, max_steps: int) -> None:
         raise JobFailed(f"job {job} {s.state.phase}: {s.state.message or 'see trainmaster logs ' + job}")
 
 
-def list_jobs(storage: StorageOpt = None) -> None:
-    """List the jobs under the storage root, newest first."""
+def list_jobs(storage: StorageOpt = None, backend: BackendOpt = None, kubeconfig: KubeconfigOpt = None,
+              context: ContextOpt = None, namespace: NamespaceOpt = None) -> None:
+    """List the jobs (local: under the storage root; kubernetes: trainmaster's Volcano jobs), newest first."""
+    if backend_of(backend) == "kubernetes":
+        k8s_cmd.list_jobs(k8s_cmd.connect(kubeconfig, context, namespace))
+        return
     store = Storage.at(storage)
     table = Table("job", "phase", "nodes", "created", "step", "loss")
     rows = []
@@ -79,8 +106,12 @@ def list_jobs(storage: StorageOpt = None) -> None:
     out.print(table)
 
 
-def status(job: JobArg, storage: StorageOpt = None) -> None:
+def status(job: JobArg, storage: StorageOpt = None, backend: BackendOpt = None, kubeconfig: KubeconfigOpt = None,
+           context: ContextOpt = None, namespace: NamespaceOpt = None) -> None:
     """Phase, nodes, ranks, restarts, last step, loss, seq/s and ETA of a job."""
+    if backend_of(backend) == "kubernetes":
+        k8s_cmd.status(k8s_cmd.connect(kubeconfig, context, namespace), job)
+        return
     s = runinfo.status(Storage.at(storage), job)
     st = s.state
     out.print(f"[bold]{st.job}[/bold]  phase [bold]{st.phase}[/bold]  backend {st.backend}  "
@@ -112,8 +143,17 @@ def logs(
     node: Annotated[int | None, typer.Option(help="A node's agent log instead of a rank's")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends")] = False,
     storage: StorageOpt = None,
+    backend: BackendOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    namespace: NamespaceOpt = None,
 ) -> None:
-    """Print a rank's log (rank 0 by default), or a node agent's."""
+    """Print a rank's log (rank 0 by default), or a node agent's (kubernetes: a pod's)."""
+    if backend_of(backend) == "kubernetes":
+        if rank not in (None, 0):
+            raise UserError("kubernetes jobs: logs shows rank 0's pod or --node N's pod", where="--rank")
+        k8s_cmd.logs(k8s_cmd.connect(kubeconfig, context, namespace), job, node, follow)
+        return
     run = runinfo.run_paths(Storage.at(storage), job)
     path = logs_mod.log_file(run, rank, node)
     if follow:
@@ -127,7 +167,14 @@ def cancel(
     job: JobArg,
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL")] = 10.0,
     storage: StorageOpt = None,
+    backend: BackendOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    namespace: NamespaceOpt = None,
 ) -> None:
-    """Stop a job: SIGTERM to each node's process group, SIGKILL after the grace period."""
+    """Stop a job: SIGTERM to each node's process group, SIGKILL after the grace period (kubernetes: delete the Volcano job)."""
+    if backend_of(backend) == "kubernetes":
+        k8s_cmd.cancel(k8s_cmd.connect(kubeconfig, context, namespace), job)
+        return
     st = api.cancel_job(job, storage, grace)
     typer.echo(f"{job}: {st.phase}")

@@ -17,3 +17,11 @@ StorageOpt = Annotated[
                  help="Storage root; else job.storage, else $TRAINMASTER_STORAGE, else ./trainmaster-data"),
 ]
 JobFileArg = Annotated[str, typer.Argument(metavar="FILE", help="A job file (TOML); make one with `trainmaster init`")]
+BackendOpt = Annotated[
+    str | None,
+    typer.Option("--backend", metavar="local|kubernetes",
+                 help="Where the job runs (default: job.backend for launch; $TRAINMASTER_BACKEND or local otherwise)"),
+]
+KubeconfigOpt = Annotated[str | None, typer.Option(help="kubernetes: kubeconfig file (else $KUBECONFIG, ~/.kube/config)")]
+ContextOpt = Annotated[str | None, typer.Option(help="kubernetes: kubeconfig context (else the current one)")]
+NamespaceOpt = Annotated[str | None, typer.Option(help="kubernetes: namespace (else kubernetes.namespace / the context's)")]

@@ -1,0 +1,133 @@
+"""The parts of a training pod that come from the node type: resources, environment, placement.
+
+Pure functions of the catalog entry and the config, shared by the Volcano Job builder and the
+data-stage pod. Decisions (DESIGN 5: no BestEffort pods, bounded /dev/shm):
+
+- One pod per node takes the whole node: every accelerator device and every EFA interface.
+- CPU and memory requests equal their limits, so the pod is Guaranteed (the last to be
+  evicted, and eligible for exclusive cores under the static CPU manager). It leaves room for
+  the kubelet and the DaemonSets of an accelerator node (aws-node, kube-proxy, device plugins,
+  the FSx CSI node, monitoring): max(2, vCPU/16) whole CPUs (8 of 128 on trn1.32xlarge) and
+  10% of the memory (51 GiB of 512), well above EKS's kube-reserved + eviction threshold.
+- /dev/shm is a memory-backed emptyDir with a size limit of 1/8 of the pod's memory (at most
+  64 GiB): it counts against the pod's memory limit, and an unbounded one (the tutorial's)
+  lets a leak take the node down instead of the pod.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from typing import Any
+
+from trainmaster import catalog
+from trainmaster.config import JobConfig
+
+CONFIG_DIR = "/etc/trainmaster"  # where the job's ConfigMap (job.toml) is mounted
+STORAGE_VOLUME = "storage"
+CONFIG_VOLUME = "job-config"
+SHM_VOLUME = "dshm"
+SHM_MAX_GIB = 64
+
+
+def cpu_limit(inst: catalog.InstanceType) -> int:
+    return inst.vcpu - max(2, inst.vcpu // 16)
+
+
+def memory_limit_gib(inst: catalog.InstanceType) -> int:
+    return int(inst.memory_gib * 0.9)
+
+
+def shm_gib(inst: catalog.InstanceType) -> int:
+    return max(1, min(SHM_MAX_GIB, memory_limit_gib(inst) // 8))
+
+
+def resources(inst: catalog.InstanceType) -> dict[str, Any]:
+    """requests == limits for everything (Guaranteed QoS; extended resources require it)."""
+    res: dict[str, str] = {"cpu": str(cpu_limit(inst)), "memory": f"{memory_limit_gib(inst)}Gi"}
+    if inst.device_resource is not None:
+        res[inst.device_resource] = str(inst.devices)
+    if inst.efa_interfaces:
+        res[catalog.EFA] = str(inst.efa_interfaces)
+    return {"requests": dict(res), "limits": dict(res)}
+
+
+def tolerations(cfg: JobConfig, inst: catalog.InstanceType | None) -> list[dict[str, str]]:
+    """Device taints that accelerator node groups carry, then the job's own."""
+    tols = []
+    kinds = [inst.device_resource] if inst else [catalog.NEURON, catalog.NVIDIA_GPU]
+    for resource in kinds:
+        if resource is not None:
+            tols.append({"key": resource, "operator": "Exists", "effect": "NoSchedule"})
+    if inst is None or inst.efa_interfaces:
+        tols.append({"key": catalog.EFA, "operator": "Exists", "effect": "NoSchedule"})
+    return tols + [dict(t) for t in cfg.kubernetes.tolerations]
+
+
+def node_selector(cfg: JobConfig, inst: catalog.InstanceType) -> dict[str, str]:
+    # The generic "cpu" catalog entry is not an EC2 type: CPU jobs select nodes by the job's
+    # node_selector only (e.g. a node group label).
+    sel = {} if inst.name == "cpu" else {"node.kubernetes.io/instance-type": inst.name}
+    return sel | dict(cfg.kubernetes.node_selector)
+
+
+def _cache(cfg: JobConfig, kind: str) -> str:
+    # DESIGN 3.3: STORAGE/cache/CACHESET/{neuron,inductor,xla}; ONE cache shared by all nodes
+    # (the tutorial's per-node caches compiled every graph once per node).
+    return str(PurePosixPath(cfg.kubernetes.mount) / "cache" / cfg.train.cacheset / kind)
+
+
+def _field(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def env(cfg: JobConfig, inst: catalog.InstanceType) -> list[dict[str, Any]]:
+    """Environment of a training container: the device stack's network and cache settings."""
+    plain: dict[str, str] = {"TRAINMASTER_STORAGE": cfg.kubernetes.mount, "PYTHONUNBUFFERED": "1"}
+    if inst.device_kind == "xla":
+        plain |= {
+            "FI_PROVIDER": "efa",
+            "FI_EFA_USE_DEVICE_RDMA": "1",
+            "FI_EFA_FORK_SAFE": "1",  # else "Multi-node support will be disabled" on AL2 kernels
+            "CCOM_SOCKET_IFNAME": "eth0",
+            "NEURON_RT_RESET_CORES": "1",
+            "NEURON_CC_FLAGS": f"--cache_dir={_cache(cfg, 'neuron')}",
+            "NEURON_COMPILE_CACHE_URL": _cache(cfg, "neuron"),
+        }
+        if cfg.train.precision == "bf16":
+            plain["NEURON_RT_STOCHASTIC_ROUNDING_EN"] = "1"
+        if not inst.efa_interfaces:  # trn1.2xlarge: one node, no EFA
+            for key in ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE"):
+                plain.pop(key)
+    elif inst.device_kind == "cuda":
+        plain |= {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "eth0"}
+        if inst.efa_interfaces:
+            plain |= {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+        if cfg.train.compile:
+            plain["TORCHINDUCTOR_CACHE_DIR"] = _cache(cfg, "inductor")
+    else:
+        plain["GLOO_SOCKET_IFNAME"] = "eth0"
+        if cfg.train.compile:
+            plain["TORCHINDUCTOR_CACHE_DIR"] = _cache(cfg, "inductor")
+    out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain.items()]
+    return out + [_field("POD_NAME", "metadata.name"), _field("POD_IP", "status.podIP"),
+                  _field("NODE_NAME", "spec.nodeName")]
+
+
+def volumes(cfg: JobConfig, *, config_map: str | None, shm_size_gib: int) -> list[dict[str, Any]]:
+    vols: list[dict[str, Any]] = [
+        {"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": cfg.kubernetes.pvc}},
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_size_gib}Gi"}},
+    ]
+    if config_map is not None:
+        vols.append({"name": CONFIG_VOLUME, "configMap": {"name": config_map}})
+    return vols
+
+
+def volume_mounts(cfg: JobConfig, *, config_map: bool) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [
+        {"name": STORAGE_VOLUME, "mountPath": cfg.kubernetes.mount},
+        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+    ]
+    if config_map:
+        mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})
+    return mounts

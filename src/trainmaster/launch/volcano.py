@@ -1,0 +1,235 @@
+"""Job config -> a gang-scheduled Volcano Job (batch.volcano.sh/v1alpha1) and its ConfigMap.
+
+A pure builder (DESIGN 2): no API calls, no files. Every pod runs the torchrun command line
+of the local backend (launch/torchrun.py); only where it runs differs.
+
+- Gang: minAvailable = nodes (min_nnodes for an elastic job), one task "worker" with one pod
+  per node. Volcano names the pods `<job>-worker-<index>`; the index is that suffix (and the
+  env plugin's VC_TASK_INDEX): a pod template is shared by all replicas, so no label can carry
+  it. Volcano adds its own pod labels volcano.sh/job-name and volcano.sh/task-spec=worker.
+- Rendezvous: c10d through the job's headless Service (svc plugin, not-ready addresses
+  published) at `<job>-worker-0.<job>:29400`, or etcd (rendezvous.endpoint, else
+  etcd-server:2379). Each pod first waits, bounded by rendezvous.timeout, until that name
+  resolves; pod 0 waits until it resolves to its own IP, because torchrun decides who hosts
+  the c10d store by matching the endpoint's address, and a stale record after a restart would
+  leave nobody hosting it.
+- The resolved job file travels in the ConfigMap `<job>-config` (mounted read-only at
+  /etc/trainmaster) and is copied to STORAGE/runs/JOB/job.toml, the trainer's run folder, by
+  temporary file + rename: every pod writes the same bytes and no reader sees half a file. It
+  is overwritten, not kept: this submission's config is the one that runs, and the trainer
+  refuses a checkpoint whose config hash differs.
+- Restarts: PodEvicted and PodFailed -> RestartJob, maxRetry = job.max_restarts; the trainer
+  resumes from its last checkpoint, so a restart continues. Volcano's mutating webhook turns
+  maxRetry 0 into 3, so max_restarts = 0 uses TerminateJob instead.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainmaster import catalog, jobfile
+from trainmaster.config import JobConfig, is_valid_job_name
+from trainmaster.errors import UserError
+from trainmaster.launch import k8s_names, podspec
+from trainmaster.launch.torchrun import Rendezvous, command
+from trainmaster.storage import RunPaths, Storage
+
+GROUP, VERSION, PLURAL = "batch.volcano.sh", "v1alpha1", "jobs"
+API_VERSION = f"{GROUP}/{VERSION}"
+TASK = "worker"
+C10D_PORT = 29400
+DEFAULT_ETCD = "etcd-server:2379"
+LABEL_NAME, LABEL_MANAGED = "app.kubernetes.io/name", "app.kubernetes.io/managed-by"
+LABEL_JOB, LABEL_KIND = "trainmaster.io/job", "trainmaster.io/kind"
+MANAGED_SELECTOR = f"{LABEL_MANAGED}=trainmaster"
+ANN_CONFIG_HASH, ANN_STORAGE = "trainmaster.io/config-hash", "trainmaster.io/storage"
+PRECOMPILE_SUFFIX = "-precompile"
+PRECOMPILE_STEPS = 10  # the tutorial's precompile ran 10 steps
+# The precompile hook: what wraps torchrun per device kind (the precompile issue refines it).
+PRECOMPILE_WRAPPER: dict[str, list[str]] = {"xla": ["neuron_parallel_compile"], "cuda": [], "cpu": []}
+JOB_NAME_MAX = 40  # config.JOB_NAME: what the trainer accepts when it reads the job file
+
+
+def labels(job: str, kind: str) -> dict[str, str]:
+    return {LABEL_NAME: "trainmaster", LABEL_MANAGED: "trainmaster", LABEL_JOB: job, LABEL_KIND: kind}
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-config"  # not `<job>-svc`: that one is the svc plugin's
+
+
+def rendezvous(cfg: JobConfig) -> Rendezvous:
+    r, name = cfg.rendezvous, cfg.job.name
+    if r.backend == "c10d":
+        host = f"{k8s_names.pod_name(name, TASK, 0)}.{name}"
+        return Rendezvous("c10d", r.endpoint or f"{host}:{C10D_PORT}")
+    return Rendezvous(r.backend, r.endpoint or DEFAULT_ETCD)
+
+
+def image_of(cfg: JobConfig, image: str | None) -> str:
+    image = image or cfg.kubernetes.image
+    if not image or not image.strip() or any(c.isspace() for c in image):
+        raise UserError("no training image: set kubernetes.image (e.g. --set kubernetes.image="
+                        "ACCOUNT.dkr.ecr.REGION.amazonaws.com/trainmaster:TAG)", where="kubernetes.image")
+    return image
+
+
+def check_settings(cfg: JobConfig) -> None:
+    k = cfg.kubernetes
+    k8s_names.check_settings(queue=k.queue, pvc=k.pvc, namespace=k.namespace, mount=k.mount,
+                             service_account=k.service_account, node_selector=k.node_selector,
+                             tolerations=k.tolerations)
+
+
+def check(cfg: JobConfig, image: str | None) -> tuple[catalog.InstanceType, str]:
+    """Every check that needs no cluster; UserError naming the field, before any API call."""
+    k = cfg.kubernetes
+    inst = catalog.get(k.instance_type, where="kubernetes.instance_type")
+    if cfg.job.nproc_per_node > inst.max_workers:
+        raise UserError(f"{cfg.job.nproc_per_node} workers per node, but {inst.name} has "
+                        f"{inst.max_workers} {'cores' if inst.devices else 'vCPUs'}; use at most "
+                        f"{inst.max_workers}", where="job.nproc_per_node")
+    image = image_of(cfg, image)
+    check_settings(cfg)
+    k8s_names.check_job_name(cfg.job.name, TASK, cfg.job.nnodes)
+    host = rendezvous(cfg).endpoint.rpartition(":")[0]
+    if cfg.job.nnodes > 1 and (host == "localhost" or host.startswith("127.") or not host):
+        default = "the job's own service" if cfg.rendezvous.backend == "c10d" else DEFAULT_ETCD
+        raise UserError(f"{cfg.rendezvous.endpoint!r} is not reachable from other pods; leave it "
+                        f"unset on Kubernetes ({default} is used)", where="rendezvous.endpoint")
+    return inst, image
+
+
+def container_script(cfg: JobConfig, rdzv: Rendezvous, wrapper: list[str]) -> str:
+    """The pod's shell: run folder + job file, wait for the rendezvous name, exec torchrun."""
+    name, mount = cfg.job.name, cfg.kubernetes.mount
+    run = RunPaths(Storage(Path(mount)).run_dir(name))
+    q = shlex.quote
+    job_toml, tmp = q(str(run.job_toml)), q(str(run.dir)) + '/.job.toml."$POD_NAME"'
+    host = rdzv.endpoint.rpartition(":")[0]
+    pod0 = k8s_names.pod_name(name, TASK, 0)
+    own = f' && {{ [ "$POD_NAME" != {q(pod0)} ] || [ "$ip" = "$POD_IP" ]; }}' if host == f"{pod0}.{name}" else ""
+    timeout = cfg.rendezvous.timeout
+    torchrun = command(cfg, rdzv, job_file=str(run.job_toml), storage=mount, python="python3")
+    return "\n".join([
+        "set -eu",
+        f"mkdir -p {q(str(run.dir))}",
+        f"cp {podspec.CONFIG_DIR}/job.toml {tmp}",
+        f"mv -f {tmp} {job_toml}",
+        "n=0",
+        f"until ip=$(getent hosts {q(host)} | head -n 1 | cut -d' ' -f1) && [ -n \"$ip\" ]{own}; do",
+        "  n=$((n + 1))",
+        f"  if [ \"$n\" -ge {timeout} ]; then echo \"trainmaster: {host} did not resolve to the "
+        f"rendezvous host within {timeout} s\" >&2; exit 1; fi",
+        "  sleep 1",
+        "done",
+        "exec " + shlex.join([*wrapper, *torchrun]),
+    ]) + "\n"
+
+
+def build_config_map(cfg: JobConfig, kind: str = "train") -> dict[str, Any]:
+    name = cfg.job.name
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": config_map_name(name), "namespace": cfg.kubernetes.namespace,
+                     "labels": labels(name, kind)},
+        "data": {"job.toml": jobfile.render(cfg, f"resolved job {name} (launch --backend kubernetes)")},
+    }
+
+
+def _build(cfg: JobConfig, image: str | None, kind: str, wrapper: list[str] | None,
+           priority_class: str | None) -> dict[str, Any]:
+    inst, image = check(cfg, image)
+    name, job, k = cfg.job.name, cfg.job, cfg.kubernetes
+    gang = job.min_nnodes or job.nnodes
+    action = "RestartJob" if job.max_restarts else "TerminateJob"
+    wrap = PRECOMPILE_WRAPPER[inst.device_kind] if wrapper is None else wrapper
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [{
+            "name": "trainer", "image": image,
+            "command": ["/bin/sh", "-c", container_script(cfg, rendezvous(cfg), wrap)],
+            "env": podspec.env(cfg, inst),
+            "resources": podspec.resources(inst),
+            "volumeMounts": podspec.volume_mounts(cfg, config_map=True),
+        }],
+        "volumes": podspec.volumes(cfg, config_map=config_map_name(name), shm_size_gib=podspec.shm_gib(inst)),
+    }
+    tolerations = podspec.tolerations(cfg, inst)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    selector = podspec.node_selector(cfg, inst)
+    if selector:
+        pod_spec["nodeSelector"] = selector
+    if k.service_account:
+        pod_spec["serviceAccountName"] = k.service_account
+    spec: dict[str, Any] = {
+        "schedulerName": "volcano", "queue": k.queue, "minAvailable": gang, "maxRetry": job.max_restarts,
+        "plugins": {"svc": ["--publish-not-ready-addresses"], "env": []},
+        "policies": [{"event": "PodEvicted", "action": action}, {"event": "PodFailed", "action": action}],
+        "tasks": [{"name": TASK, "replicas": job.nnodes, "minAvailable": gang,
+                   "template": {"metadata": {"labels": labels(name, kind)}, "spec": pod_spec}}],
+    }
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    out = {
+        "apiVersion": API_VERSION, "kind": "Job",
+        "metadata": {"name": name, "namespace": k.namespace, "labels": labels(name, kind),
+                     "annotations": {ANN_CONFIG_HASH: cfg.derived.config_hash, ANN_STORAGE: k.mount}},
+        "spec": spec,
+    }
+    k8s_names.check_job(out)
+    return out
+
+
+def build_job(cfg: JobConfig, *, image: str | None = None, priority_class: str | None = None) -> dict[str, Any]:
+    """The training job: image from the argument, else kubernetes.image."""
+    return _build(cfg, image, "train", [], priority_class)
+
+
+def precompile_config(cfg: JobConfig, steps: int = PRECOMPILE_STEPS) -> JobConfig:
+    """The same job under `<job>-precompile`, a few steps; its own run folder, the same cache."""
+    name = cfg.job.name + PRECOMPILE_SUFFIX
+    if len(name) > JOB_NAME_MAX or not is_valid_job_name(name):
+        raise UserError(f"{cfg.job.name!r} is too long for its precompile job {name!r}: job names "
+                        f"have at most {JOB_NAME_MAX} characters, so use at most "
+                        f"{JOB_NAME_MAX - len(PRECOMPILE_SUFFIX)}", where="job.name")
+    data = cfg.model_dump(mode="json")
+    data["job"]["name"] = name
+    data["train"]["steps_this_run"] = min(steps, cfg.train.max_steps)
+    return jobfile.validate(data, where="precompile job")
+
+
+def build_precompile_job(cfg: JobConfig, *, image: str | None = None, steps: int = PRECOMPILE_STEPS) -> dict[str, Any]:
+    """`<job>-precompile`: on Neuron, torchrun runs under neuron_parallel_compile."""
+    return _build(precompile_config(cfg, steps), image, "precompile", None, None)
+
+
+def objects(cfg: JobConfig, *, image: str | None = None, precompile: bool = False,
+            priority_class: str | None = None) -> list[dict[str, Any]]:
+    """Everything a launch creates, in creation order: the ConfigMap, then the Job."""
+    if precompile:
+        pre = precompile_config(cfg)
+        return [build_config_map(pre, "precompile"), build_precompile_job(cfg, image=image)]
+    return [build_config_map(cfg), build_job(cfg, image=image, priority_class=priority_class)]
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def render_yaml(objs: list[dict[str, Any]]) -> str:
+    """Every object as one YAML document (`launch --dry-run`; `kubectl apply -f -` takes it)."""
+    return yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
