@@ -23,3 +23,23 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
 @pytest.fixture
 def cli():  # type: ignore[no-untyped-def]
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def pydoc_storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A storage root holding the built-in corpus as shards (datasets/pydoc), made once.
+
+    Small on purpose (one duplicate, a 4k vocabulary) so that jobs start in seconds.
+    """
+    root = tmp_path_factory.mktemp("storage")
+    result = run_cli("data", "prepare", "--builtin", "pydoc", "--output", str(root / "datasets" / "pydoc"),
+                     "--shards", "4", "--dupe-factor", "1", "--vocab-size", "4096", "--seq-len", "128",
+                     "--quiet", timeout=600)
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+def etcd_available() -> bool:
+    import shutil
+
+    return shutil.which("etcd") is not None
