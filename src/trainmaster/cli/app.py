@@ -12,6 +12,7 @@ import typer
 
 from trainmaster import __version__
 from trainmaster.cli import job_cmd
+from trainmaster.cli.cluster_cmd import cluster_app
 from trainmaster.cli.config_cmd import config_app, init
 from trainmaster.cli.data_cmd import data_app
 from trainmaster.cli.demo_cmd import demo
@@ -34,6 +35,7 @@ app.command()(job_cmd.status)
 app.command()(job_cmd.logs)
 app.command()(job_cmd.cancel)
 app.add_typer(data_app, name="data")
+app.add_typer(cluster_app, name="cluster")
 
 
 def _version(value: bool) -> None:

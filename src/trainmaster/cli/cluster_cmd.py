@@ -1,0 +1,158 @@
+"""`trainmaster cluster plan | up | status | scale | down`: the EKS cluster of the kubernetes backend.
+
+Thin: parse, call trainmaster.cluster, print. boto3 and the kubernetes client are imported by
+the commands that use them, so that `trainmaster --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from trainmaster.cli.options import JobFileArg, SetOpt
+from trainmaster.errors import ConfigError, UserError
+
+out = Console(highlight=False, soft_wrap=True)
+DEFAULT_DIR = "cluster-plan"
+
+cluster_app = typer.Typer(
+    help="Plan, create, inspect, resize and delete the EKS cluster that kubernetes jobs run on.",
+    no_args_is_help=True,
+)
+PlanDir = Annotated[str, typer.Option("--plan", metavar="DIR", help="Folder written by `cluster plan`")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the commands; run nothing")]
+
+
+@cluster_app.command("plan")
+def plan_cmd(
+    file: JobFileArg,
+    out_dir: Annotated[str, typer.Option("--out", metavar="DIR", help="Folder to write the plan to")] = DEFAULT_DIR,
+    overrides: SetOpt = None,
+) -> None:
+    """Write the cluster's files from the job file's cluster section: eksctl configs, CloudFormation template, add-on manifests, Helm values, Dockerfiles, runbook.sh. Creates nothing."""
+    from trainmaster import jobfile
+    from trainmaster.cluster.plan import write_plan
+
+    cfg = jobfile.load(file, overrides)
+    try:
+        written = write_plan(cfg, out_dir)
+    except ConfigError as exc:  # name the job file, as jobfile.load does
+        raise ConfigError(str(exc), where=Path(file).name) from None
+    s = written.spec
+    out.print(f"wrote {written.dir}/ for cluster {s.name}: {s.nodes} x {s.instance.name} in "
+              f"{s.region} ({s.accelerator_zone}; cluster zones {', '.join(s.zones)}), "
+              f"Kubernetes {s.kubernetes_version}", markup=False)
+    for rel in written.files:
+        out.print(f"  {rel}", markup=False)
+    out.print(f"next: review them, then `trainmaster cluster up --plan {written.dir}` "
+              "(`--dry-run` prints every command first)", markup=False)
+
+
+@cluster_app.command()
+def up(
+    plan_dir: PlanDir = DEFAULT_DIR,
+    dry_run: DryRun = False,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Forget recorded progress; check every step again")] = False,
+) -> None:
+    """Create everything in the plan, step by step: skips what exists, resumes after a failure."""
+    from trainmaster.cluster import up as up_mod
+    from trainmaster.cluster.plan import load_plan
+
+    plan = load_plan(plan_dir)
+    up_mod.up(plan, out, dry_run=dry_run, fresh=fresh)
+    if not dry_run:
+        out.print(f"cluster {plan.cluster['name']} is ready; `trainmaster cluster status --plan {plan_dir}`",
+                  markup=False)
+
+
+@cluster_app.command()
+def status(
+    plan_dir: PlanDir = DEFAULT_DIR,
+    kubeconfig: Annotated[str | None, typer.Option(metavar="PATH", help="kubeconfig (default $KUBECONFIG, ~/.kube/config)")] = None,
+    context: Annotated[str | None, typer.Option(metavar="NAME", help="kubeconfig context (default: the current one)")] = None,
+) -> None:
+    """What of the plan exists in AWS and in the cluster; per node, allocatable Neuron/GPU/EFA."""
+    from trainmaster.cluster.plan import load_plan
+    from trainmaster.cluster.status import gather
+
+    plan = load_plan(plan_dir)
+    st = gather(plan, kubeconfig=kubeconfig, context=context)
+    c = plan.cluster
+    rows: list[tuple[str, str]] = []
+    cl = st.cluster
+    rows.append(("cluster", f"{c['name']}: {cl['status']}, Kubernetes {cl.get('version')}" if cl else
+                 f"{c['name']}: not created"))
+    for ng in st.nodegroups:
+        size = ng.get("scalingConfig", {})
+        rows.append((f"node group {ng['nodegroupName']}",
+                     f"{ng.get('status')}, {size.get('desiredSize')} node(s)"))
+    rows.append(("node stack", f"{c['stack']}: {st.stack_status or 'not created'}"))
+    rows.append(("image repository", f"{st.repository} (tags: {', '.join(st.image_tags) or 'none'})"
+                 if st.repository else f"{c['image_repository']}: not created"))
+    for fs in st.file_systems:
+        rows.append((f"file system {fs.get('FileSystemId')}",
+                     f"{fs.get('Lifecycle')}, {fs.get('StorageCapacity')} GiB"))
+    if st.queue is not None:
+        rows.append((f"queue {c['queue']}", "exists" if st.queue else "missing"))
+    if st.claim_phase is not None:
+        rows.append((f"claim {c['pvc']}", st.claim_phase))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        out.print(f"{key:<{width}}  {value}", markup=False)
+    if st.kube_error:
+        out.print(f"cluster: {st.kube_error}", markup=False)
+    if st.nodes:
+        table = [("NODE", "ROLE", "TYPE", "ZONE", "READY", "NEURON", "CORES", "GPU", "EFA")]
+        for n in st.nodes:
+            a = n.allocatable
+            table.append((n.name, n.role, n.instance_type, n.zone, "yes" if n.ready else "NO",
+                          a.get("aws.amazon.com/neuron", "-"), a.get("aws.amazon.com/neuroncore", "-"),
+                          a.get("nvidia.com/gpu", "-"), a.get("vpc.amazonaws.com/efa", "-")))
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        out.print("")
+        for row in table:
+            out.print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(),
+                      markup=False)
+
+
+@cluster_app.command()
+def scale(
+    nodes: Annotated[int, typer.Option("--nodes", metavar="N", help="Accelerator nodes wanted (0 pauses the node group)")],
+    plan_dir: PlanDir = DEFAULT_DIR,
+    dry_run: DryRun = False,
+) -> None:
+    """Resize the accelerator node group (eksctl scale nodegroup)."""
+    from trainmaster.cluster import up as up_mod
+    from trainmaster.cluster.plan import load_plan
+
+    up_mod.scale(load_plan(plan_dir), nodes, out, dry_run=dry_run)
+
+
+@cluster_app.command()
+def down(
+    plan_dir: PlanDir = DEFAULT_DIR,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation")] = False,
+    dry_run: DryRun = False,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Forget recorded progress; check every step again")] = False,
+) -> None:
+    """Delete everything the plan created, in the tutorial's clean-up order (asks first)."""
+    from trainmaster.cluster import up as up_mod
+    from trainmaster.cluster.plan import load_plan
+
+    plan = load_plan(plan_dir)
+    if not dry_run and not yes:
+        if not sys.stdin.isatty():
+            raise UserError("deleting the cluster needs a confirmation; pass --yes", where="--yes")
+        out.print("This deletes:", markup=False)
+        for item in up_mod.what_down_deletes(plan):
+            out.print(f"  - {item}", markup=False)
+        if not typer.confirm(f"Delete cluster {plan.cluster['name']}?", default=False):
+            out.print("nothing deleted", markup=False)
+            raise typer.Exit(1)
+    up_mod.down(plan, out, dry_run=dry_run, fresh=fresh)
+    if not dry_run:
+        out.print(f"cluster {plan.cluster['name']} and its resources are deleted", markup=False)

@@ -1,0 +1,183 @@
+"""AWS look-ups with boto3, each failure turned into one line a user can act on.
+
+What is looked up instead of hard-coded: the zones where the instance type is offered (the
+tutorial knew two zone IDs in two regions), the ECR repository, the EKS cluster and its node
+groups, the node stack, and the FSx file systems in the cluster's VPC (what `cluster down`
+must not leave behind). Missing credentials and refused permissions name what to fix: the
+profile to configure, or the IAM action that was denied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    NoRegionError,
+    PartialCredentialsError,
+)
+
+from trainmaster.errors import UserError
+
+T = TypeVar("T")
+DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "UnauthorizedAccess"}
+BAD_CREDENTIALS = {"UnrecognizedClientException", "InvalidClientTokenId", "ExpiredToken",
+                   "ExpiredTokenException", "AuthFailure", "SignatureDoesNotMatch"}
+NOT_FOUND = {"ResourceNotFoundException", "RepositoryNotFoundException", "FileSystemNotFound",
+             "ValidationError", "ParameterNotFound"}
+FIX_CREDENTIALS = ("configure credentials: `aws configure sso` (or `aws configure`), or set "
+                   "AWS_PROFILE; no administrator user's static keys are needed")
+CLUSTER_TAG = "trainmaster.io/cluster"
+# eksctl's list of zones whose EKS control plane capacity is exhausted (pkg/az/az.go).
+AVOID_ZONE_IDS = {"use1-az3", "usw1-az2", "cac1-az3"}
+
+
+def client(service: str, region: str) -> Any:
+    """A client from boto3's default session (its service models load once per process)."""
+    factory = cast(Any, boto3.client)  # the stubs want a literal service name
+    return factory(service, region_name=region,
+                   config=Config(retries={"max_attempts": 5, "mode": "standard"}))
+
+
+def call(action: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
+    """Call one API operation; `action` is its IAM name (e.g. ec2:DescribeInstanceTypeOfferings)."""
+    try:
+        return fn(**kwargs)
+    except (NoCredentialsError, PartialCredentialsError):
+        raise UserError(f"no AWS credentials for {action}; {FIX_CREDENTIALS}", where="aws") from None
+    except NoRegionError:
+        raise UserError("no AWS region; set cluster.region in the job file", where="aws") from None
+    except EndpointConnectionError as exc:
+        raise UserError(f"cannot reach AWS ({exc}); check the network and cluster.region",
+                        where="aws") from None
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        message = exc.response.get("Error", {}).get("Message", "")
+        if code in DENIED:
+            raise UserError(f"permission denied: the IAM principal may not call {action}; "
+                            f"allow {action} in its policy ({code})", where="aws") from None
+        if code in BAD_CREDENTIALS:
+            raise UserError(f"AWS refused the credentials ({code}: {message}); {FIX_CREDENTIALS}",
+                            where="aws") from None
+        raise
+    except BotoCoreError as exc:
+        raise UserError(f"{action} failed: {exc}", where="aws") from None
+
+
+def _missing(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code", "") in NOT_FOUND
+
+
+# --- zones -------------------------------------------------------------------------------------
+
+def offered_zones(region: str, instance_type: str) -> list[str]:
+    """Zone names of the region where the instance type is offered (sorted)."""
+    ec2 = client("ec2", region)
+    zones: set[str] = set()
+    kwargs: dict[str, Any] = {"LocationType": "availability-zone",
+                              "Filters": [{"Name": "instance-type", "Values": [instance_type]}]}
+    while True:
+        page = call("ec2:DescribeInstanceTypeOfferings", ec2.describe_instance_type_offerings, **kwargs)
+        zones.update(o["Location"] for o in page.get("InstanceTypeOfferings", []))
+        if not page.get("NextToken"):
+            return sorted(zones)
+        kwargs["NextToken"] = page["NextToken"]
+
+
+def usable_zones(region: str) -> list[str]:
+    """Available zones of the region that can host an EKS control plane (sorted by name)."""
+    ec2 = client("ec2", region)
+    page = call("ec2:DescribeAvailabilityZones", ec2.describe_availability_zones,
+                Filters=[{"Name": "state", "Values": ["available"]},
+                         {"Name": "zone-type", "Values": ["availability-zone"]}])
+    return sorted(z["ZoneName"] for z in page.get("AvailabilityZones", [])
+                  if z.get("ZoneId") not in AVOID_ZONE_IDS)
+
+
+# --- ECR -----------------------------------------------------------------------------------------
+
+def ecr_repository(region: str, name: str, *, create: bool = False) -> str | None:
+    """The repository's URI; created (scan on push, immutable tags off) when asked and missing."""
+    ecr = client("ecr", region)
+    try:
+        page = call("ecr:DescribeRepositories", ecr.describe_repositories, repositoryNames=[name])
+        return str(page["repositories"][0]["repositoryUri"])
+    except ClientError as exc:
+        if not _missing(exc):
+            raise
+    if not create:
+        return None
+    made = call("ecr:CreateRepository", ecr.create_repository, repositoryName=name,
+                imageScanningConfiguration={"scanOnPush": True})
+    return str(made["repository"]["repositoryUri"])
+
+
+def ecr_image_tags(region: str, name: str) -> list[str]:
+    ecr = client("ecr", region)
+    try:
+        page = call("ecr:DescribeImages", ecr.describe_images, repositoryName=name)
+    except ClientError as exc:
+        if _missing(exc):
+            return []
+        raise
+    return sorted(t for d in page.get("imageDetails", []) for t in d.get("imageTags", []))
+
+
+# --- EKS, CloudFormation, FSx ------------------------------------------------------------------
+
+def eks_cluster(region: str, name: str) -> dict[str, Any] | None:
+    """describe-cluster's `cluster`, or None when there is no such cluster."""
+    eks = client("eks", region)
+    try:
+        return dict(call("eks:DescribeCluster", eks.describe_cluster, name=name)["cluster"])
+    except ClientError as exc:
+        if _missing(exc):
+            return None
+        raise
+
+
+def eks_nodegroups(region: str, cluster: str) -> list[dict[str, Any]]:
+    eks = client("eks", region)
+    try:
+        names = call("eks:ListNodegroups", eks.list_nodegroups, clusterName=cluster)["nodegroups"]
+    except ClientError as exc:
+        if _missing(exc):
+            return []
+        raise
+    return [dict(call("eks:DescribeNodegroup", eks.describe_nodegroup, clusterName=cluster,
+                      nodegroupName=n)["nodegroup"]) for n in sorted(names)]
+
+
+def stack(region: str, name: str) -> dict[str, Any] | None:
+    cfn = client("cloudformation", region)
+    try:
+        page = call("cloudformation:DescribeStacks", cfn.describe_stacks, StackName=name)
+    except ClientError as exc:
+        if _missing(exc):
+            return None
+        raise
+    stacks = page.get("Stacks", [])
+    return dict(stacks[0]) if stacks else None
+
+
+def file_systems(region: str, cluster: str, vpc_id: str | None = None) -> list[dict[str, Any]]:
+    """FSx file systems of the cluster: tagged trainmaster.io/cluster=NAME (the StorageClass tags
+    what it provisions), or in the cluster's VPC. What `cluster down` must not leave behind."""
+    fsx = client("fsx", region)
+    found: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {}
+    while True:
+        page = call("fsx:DescribeFileSystems", fsx.describe_file_systems, **kwargs)
+        for f in page.get("FileSystems", []):
+            tags = {t.get("Key"): t.get("Value") for t in f.get("Tags", [])}
+            if tags.get(CLUSTER_TAG) == cluster or (vpc_id and f.get("VpcId") == vpc_id):
+                found.append(dict(f))
+        if not page.get("NextToken"):
+            return found
+        kwargs["NextToken"] = page["NextToken"]

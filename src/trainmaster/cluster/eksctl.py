@@ -1,0 +1,105 @@
+"""eksctl ClusterConfig files (eksctl.io/v1alpha5): the cluster, the accelerator node group, IRSA.
+
+Three files, one per eksctl command, because their inputs exist at different times:
+
+- `cluster.yaml` (`eksctl create cluster`): control plane, OIDC (for IRSA), the zones, and a
+  small system node group for the add-ons. The tutorial ran Volcano, etcd and the CSI
+  controller on the training nodes, next to the jobs; here the accelerator nodes are tainted
+  and only jobs (and the per-node daemons) run there.
+- `nodegroup.yaml` (`eksctl create nodegroup`): the managed accelerator node group, made from
+  the CloudFormation stack's launch template. The launch template ID and the node role ARN
+  exist only once that stack does, so the file holds the placeholders @LAUNCH_TEMPLATE_ID@
+  and @NODE_ROLE_ARN@, which runbook.sh fills in from the stack's outputs just before use.
+  `efaEnabled` is false on purpose: the launch template already carries the EFA interfaces,
+  the placement group and the EFA security group, and with `efaEnabled: true` eksctl installs
+  its own, unpinned EFA device plugin DaemonSet (named like the pinned Helm chart's, so the
+  chart's install then fails). One zone, private subnets, min = desired = max = nodes.
+- `fsx-irsa.yaml` (`eksctl create iamserviceaccount`): the FSx CSI controller's service
+  account with an IAM role through IRSA and the driver's documented policy, not
+  AmazonFSxFullAccess.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainmaster.cluster.spec import ROLE_LABEL, SYSTEM_INSTANCE_TYPE, SYSTEM_NODES, ClusterSpec
+
+API_VERSION = "eksctl.io/v1alpha5"
+LAUNCH_TEMPLATE_ID = "@LAUNCH_TEMPLATE_ID@"
+NODE_ROLE_ARN = "@NODE_ROLE_ARN@"
+FSX_SERVICE_ACCOUNT = "fsx-csi-controller-sa"
+FSX_NAMESPACE = "kube-system"
+
+# kubernetes-sigs/aws-fsx-csi-driver docs/install.md, less what only S3-linked file systems
+# need (the s3.data-source service-linked role, s3:ListBucket): our StorageClass links none.
+FSX_CSI_POLICY: dict[str, Any] = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {"Effect": "Allow", "Action": "iam:CreateServiceLinkedRole", "Resource": "*",
+         "Condition": {"StringLike": {"iam:AWSServiceName": ["fsx.amazonaws.com"]}}},
+        {"Effect": "Allow",
+         "Action": ["fsx:CreateFileSystem", "fsx:DeleteFileSystem", "fsx:DescribeFileSystems",
+                    "fsx:TagResource", "fsx:UpdateFileSystem"],
+         "Resource": ["*"]},
+    ],
+}
+
+
+def _base(spec: ClusterSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ClusterConfig",
+        "metadata": {"name": spec.name, "region": spec.region, "version": spec.kubernetes_version,
+                     "tags": {"trainmaster.io/cluster": spec.name}},
+        "iam": {"withOIDC": True},
+        "availabilityZones": list(spec.zones),
+    }
+
+
+def cluster_config(spec: ClusterSpec) -> dict[str, Any]:
+    """`eksctl create cluster -f`: control plane + the system node group."""
+    cfg = _base(spec)
+    cfg["managedNodeGroups"] = [{
+        "name": spec.system_nodegroup,
+        "instanceType": SYSTEM_INSTANCE_TYPE,
+        "amiFamily": "AmazonLinux2023",
+        "minSize": SYSTEM_NODES, "desiredCapacity": SYSTEM_NODES, "maxSize": SYSTEM_NODES + 1,
+        "privateNetworking": True,
+        "volumeSize": 100, "volumeEncrypted": True,
+        "disableIMDSv1": True,
+        "labels": {ROLE_LABEL: "system"},
+        "tags": {"trainmaster.io/cluster": spec.name},
+    }]
+    # who did what to the cluster (the tutorial kept no trail); the noisy api log stays off
+    cfg["cloudWatch"] = {"clusterLogging": {"enableTypes": ["audit", "authenticator"]}}
+    return cfg
+
+
+def nodegroup_config(spec: ClusterSpec) -> dict[str, Any]:
+    """`eksctl create nodegroup -f` (after the placeholders are filled in)."""
+    cfg = _base(spec)
+    cfg["managedNodeGroups"] = [{
+        "name": spec.nodegroup,
+        "launchTemplate": {"id": LAUNCH_TEMPLATE_ID},
+        "iam": {"instanceRoleARN": NODE_ROLE_ARN},
+        "minSize": spec.nodes, "desiredCapacity": spec.nodes, "maxSize": spec.nodes,
+        "availabilityZones": [spec.accelerator_zone],
+        "privateNetworking": True,
+        "efaEnabled": False,
+        "labels": spec.accelerator_labels,
+        "taints": [{"key": spec.taint_key, "value": "true", "effect": "NoSchedule"}],
+        "tags": {"trainmaster.io/cluster": spec.name},
+    }]
+    return cfg
+
+
+def fsx_irsa_config(spec: ClusterSpec) -> dict[str, Any]:
+    """`eksctl create iamserviceaccount -f`: the FSx CSI controller's role (IRSA)."""
+    cfg = _base(spec)
+    cfg["iam"]["serviceAccounts"] = [{
+        "metadata": {"name": FSX_SERVICE_ACCOUNT, "namespace": FSX_NAMESPACE},
+        "roleName": spec.fsx_role_name,
+        "attachPolicy": FSX_CSI_POLICY,
+    }]
+    return cfg

@@ -1,0 +1,102 @@
+"""The training image's Dockerfiles: Neuron, CUDA and CPU flavours, every base and package pinned.
+
+The build context is a trainmaster source tree (runbook.sh: $TRAINMASTER_SRC), so the image
+runs exactly the trainer the operator plans with, not a script fetched from another
+repository's master branch (the tutorial's; reference 6.1, 6.13). torch comes first, pinned
+(the Neuron base image brings torch-neuronx's), then the project with a constraint that keeps
+that torch: pip never swaps in another build. python-etcd (torch's etcd rendezvous) and
+tensorboard (the TensorBoard Deployment runs this image) are pinned too. Builds use
+`--platform linux/amd64`, so an ARM laptop builds the image the nodes run (reference 1).
+"""
+
+from __future__ import annotations
+
+from trainmaster.cluster import versions
+
+FLAVOURS = ("neuron", "cuda", "cpu")
+SOURCE_DIR = "/opt/trainmaster/src"
+
+_DOCKERIGNORE = """\
+# The build context is a trainmaster checkout; send only what the image installs.
+**
+!pyproject.toml
+!README.md
+!src/**
+**/__pycache__
+"""
+
+_INSTALL = f"""\
+COPY pyproject.toml README.md {SOURCE_DIR}/
+COPY src {SOURCE_DIR}/src
+# Keep the torch that is installed; install the project and its pinned extras around it.
+RUN {{ python -m pip freeze | grep -i -E '^(torch|torch-neuronx|torch-xla)==' || true; }} > /tmp/keep.txt \\
+ && python -m pip install --no-cache-dir -c /tmp/keep.txt \\
+        "python-etcd=={versions.PYTHON_ETCD_VERSION}" "tensorboard=={versions.TENSORBOARD_VERSION}" \\
+        {SOURCE_DIR} \\
+ && python -c "import trainmaster, etcd, tensorboard; print('trainmaster', trainmaster.__version__)"
+"""
+
+_ENV = """\
+ENV PYTHONUNBUFFERED=1 \\
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+"""
+
+
+def _header(flavour: str, base: str, note: str) -> str:
+    return (f"# syntax=docker/dockerfile:1\n"
+            f"# trainmaster training image, {flavour} flavour (written by `trainmaster cluster plan`).\n"
+            f"# {note}\n"
+            f"FROM --platform=linux/amd64 {base}\n")
+
+
+def neuron() -> str:
+    return _header("neuron", versions.NEURON_BASE_IMAGE,
+                   "AWS Neuron DLC: torch-neuronx, neuronx-cc, Neuron runtime and tools, EFA, libfabric.") + f"""\
+{_ENV}ENV PATH=/opt/aws/neuron/bin:$PATH \\
+    FI_PROVIDER=efa \\
+    FI_EFA_USE_DEVICE_RDMA=1 \\
+    FI_EFA_FORK_SAFE=1
+{_INSTALL}WORKDIR /workspace
+CMD ["/bin/bash"]
+"""
+
+
+def cuda() -> str:
+    efa = versions.EFA_INSTALLER_URL
+    return _header("cuda", versions.CUDA_BASE_IMAGE,
+                   "CUDA base; torch's wheels bring cuDNN and NCCL; EFA userspace + aws-ofi-nccl from the EFA installer.") + f"""\
+{_ENV}ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility \\
+    FI_PROVIDER=efa \\
+    FI_EFA_USE_DEVICE_RDMA=1 \\
+    LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:$LD_LIBRARY_PATH \\
+    PATH=/opt/venv/bin:$PATH
+RUN apt-get update \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
+        python3 python3-venv ca-certificates curl \\
+ && curl -fsSL --retry 5 -o /tmp/efa.tar.gz {efa} \\
+ && tar -xf /tmp/efa.tar.gz -C /tmp \\
+ && (cd /tmp/aws-efa-installer && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify) \\
+ && rm -rf /tmp/efa.tar.gz /tmp/aws-efa-installer /var/lib/apt/lists/* \\
+ && python3 -m venv /opt/venv
+RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url {versions.TORCH_INDEX["cuda"]}
+{_INSTALL}WORKDIR /workspace
+CMD ["/bin/bash"]
+"""
+
+
+def cpu() -> str:
+    return _header("cpu", versions.CPU_BASE_IMAGE,
+                   "CPU only: CPU node groups, and a quick check of the image without accelerators.") + f"""\
+{_ENV}RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url {versions.TORCH_INDEX["cpu"]}
+{_INSTALL}WORKDIR /workspace
+CMD ["/bin/bash"]
+"""
+
+
+def dockerfiles() -> dict[str, str]:
+    """File name -> text, with BuildKit's per-Dockerfile ignore files next to each."""
+    files: dict[str, str] = {}
+    for flavour, text in (("neuron", neuron()), ("cuda", cuda()), ("cpu", cpu())):
+        files[f"Dockerfile.{flavour}"] = text
+        files[f"Dockerfile.{flavour}.dockerignore"] = _DOCKERIGNORE
+    return files

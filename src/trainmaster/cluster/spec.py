@@ -1,0 +1,197 @@
+"""The resolved cluster: every name and number the plan's files share, checked once.
+
+The job file's [cluster] section says what is wanted (name, region, version, type, nodes,
+zones); this module fills in the defaults (type from kubernetes.instance_type, nodes from
+job.nnodes, zones from an AWS look-up), derives the names of everything the plan creates, and
+refuses, with the field to change, what AWS or EKS would refuse later and slower.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from trainmaster import __version__, catalog
+from trainmaster.cluster import versions
+from trainmaster.config import JobConfig
+from trainmaster.errors import ConfigError
+from trainmaster.launch.k8s_names import is_dns1123_label, is_dns1123_subdomain
+
+# Derived IAM role names ("<cluster>-fsx-csi", 64 at most) and CloudFormation stack names
+# ("eksctl-<cluster>-nodegroup-<group>", 128) must fit: 40 characters leave room for both.
+CLUSTER_NAME_MAX = 40
+_CLUSTER_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]*[A-Za-z0-9]$|^[A-Za-z]$")
+SYSTEM_INSTANCE_TYPE = "m6i.large"  # add-ons: Volcano, etcd, FSx CSI controller, TensorBoard
+SYSTEM_NODES = 2
+ROLE_LABEL = "trainmaster.io/role"  # "system" or "accelerator" on every node
+ECR_REPOSITORY = "trainmaster"
+STORAGE_CLASS = "fsx-sc"
+CLAIM_SIZE = "1200Gi"  # the smallest FSx for Lustre file system (1.2 TiB)
+
+ZoneLookup = Callable[[str, str], list[str]]
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    region: str
+    kubernetes_version: str
+    instance: catalog.InstanceType
+    nodes: int
+    zones: tuple[str, ...]  # the cluster's; zones[0] is the accelerator node group's
+    namespace: str
+    queue: str
+    pvc: str
+    mount: str
+    image_repository: str = ECR_REPOSITORY
+    image_tag: str = ""
+
+    @property
+    def accelerator_zone(self) -> str:
+        return self.zones[0]
+
+    @property
+    def flavour(self) -> str:
+        """Training-image flavour: neuron, cuda or cpu."""
+        return _flavour(self.instance)
+
+    @property
+    def nodegroup(self) -> str:
+        return self.instance.name.replace(".", "-")  # trn1.32xlarge -> trn1-32xlarge
+
+    @property
+    def system_nodegroup(self) -> str:
+        return "system"
+
+    @property
+    def stack_name(self) -> str:
+        return f"{self.name}-accelerator-nodes"
+
+    @property
+    def fsx_role_name(self) -> str:
+        return f"{self.name}-fsx-csi"
+
+    @property
+    def taint_key(self) -> str:
+        resource = self.instance.device_resource
+        assert resource is not None  # checked in resolve()
+        return resource
+
+    @property
+    def efa(self) -> bool:
+        return self.instance.efa_interfaces > 0
+
+    @property
+    def accelerator_labels(self) -> dict[str, str]:
+        labels = {ROLE_LABEL: "accelerator"}
+        if self.instance.device_kind == "cuda":
+            # the NVIDIA device plugin chart's default node affinity (no NFD on EKS)
+            labels["nvidia.com/gpu.present"] = "true"
+        return labels
+
+
+def _check_name(name: str) -> None:
+    if len(name) > CLUSTER_NAME_MAX:
+        raise ConfigError(f"{name!r} has {len(name)} characters; use at most {CLUSTER_NAME_MAX} "
+                          "(IAM role and CloudFormation stack names are derived from it)",
+                          where="cluster.name")
+    if not _CLUSTER_NAME.match(name) or "--" in name:
+        raise ConfigError(f"{name!r} is not a valid EKS cluster name: start with a letter, then "
+                          "letters, digits and single '-', ending with a letter or digit",
+                          where="cluster.name")
+
+
+def _check_zones(zones: list[str], region: str) -> None:
+    for zone in zones:
+        if not re.fullmatch(rf"{re.escape(region)}[a-z]", zone):
+            raise ConfigError(f"{zone!r} is not an availability zone of {region} "
+                              f"(e.g. {region}a)", where="cluster.zones")
+    if len(set(zones)) != len(zones):
+        raise ConfigError("a zone is listed twice", where="cluster.zones")
+    if len(zones) < 2:
+        raise ConfigError("EKS needs at least two zones; list two or more (the first one holds "
+                          "the accelerator nodes), or leave it empty to look them up",
+                          where="cluster.zones")
+
+
+def lookup_zones(region: str, instance_type: str) -> list[str]:
+    """The accelerator zone (offered there, first by name), then a second zone for EKS."""
+    from trainmaster.cluster import aws
+    from trainmaster.errors import UserError
+
+    try:
+        offered = aws.offered_zones(region, instance_type)
+        usable = aws.usable_zones(region)
+        system = set(aws.offered_zones(region, SYSTEM_INSTANCE_TYPE))
+    except UserError as exc:
+        raise UserError(f"{exc} (or list the zones in cluster.zones to plan without AWS)") from None
+    candidates = [z for z in offered if z in usable]
+    if not candidates:
+        raise ConfigError(f"{instance_type} is not offered in {region}; pick a region that offers "
+                          "it (e.g. us-east-1, us-west-2 for Trainium) or another instance type",
+                          where="cluster.region")
+    first = candidates[0]
+    others = [z for z in usable if z != first and z in system]
+    if not others:
+        raise ConfigError(f"{region} has no second zone for the EKS control plane; pick another "
+                          "region", where="cluster.region")
+    # Prefer a second zone that also offers the type (room to move the node group later).
+    others.sort(key=lambda z: (z not in offered, z))
+    return [first, others[0]]
+
+
+def resolve(cfg: JobConfig, zone_lookup: ZoneLookup | None = None) -> ClusterSpec:
+    """Defaults filled in, names derived, bad input refused (ConfigError naming the field)."""
+    c, k = cfg.cluster, cfg.kubernetes
+    _check_name(c.name)
+    if c.kubernetes_version not in versions.SUPPORTED_KUBERNETES:
+        raise ConfigError(f"{c.kubernetes_version} is not supported; use one of "
+                          f"{', '.join(versions.SUPPORTED_KUBERNETES)}",
+                          where="cluster.kubernetes_version")
+    type_field = "cluster.instance_type" if c.instance_type else "kubernetes.instance_type"
+    inst = catalog.get(c.instance_type or k.instance_type, where=type_field)
+    if inst.device_resource is None:
+        raise ConfigError(f"{inst.name!r} is not an accelerator instance type; use one of "
+                          f"{', '.join(n for n, t in catalog.CATALOG.items() if t.devices)}",
+                          where=type_field)
+    nodes = c.nodes if c.nodes is not None else cfg.job.nnodes
+    if nodes < 1:
+        raise ConfigError(f"{nodes} nodes; a cluster needs at least 1", where="cluster.nodes")
+    if nodes < cfg.job.nnodes:
+        raise ConfigError(f"{nodes} nodes, but the job needs job.nnodes = {cfg.job.nnodes}: "
+                          "Volcano would never schedule its gang", where="cluster.nodes")
+    for field, value in (("kubernetes.queue", k.queue), ("kubernetes.pvc", k.pvc)):
+        if not is_dns1123_subdomain(value):
+            raise ConfigError(f"{value!r} is not a valid Kubernetes name (lower-case letters, "
+                              "digits, '-' and '.')", where=field)
+    if not is_dns1123_label(k.namespace):
+        raise ConfigError(f"{k.namespace!r} is not a valid namespace", where="kubernetes.namespace")
+    if not PurePosixPath(k.mount).is_absolute():
+        raise ConfigError(f"{k.mount!r} is not an absolute path", where="kubernetes.mount")
+    if c.zones:
+        _check_zones(list(c.zones), c.region)
+        zones = list(c.zones)
+    else:
+        zones = (zone_lookup or lookup_zones)(c.region, inst.name)
+    repo, tag = image_reference(k.image, c.region, _flavour(inst))
+    return ClusterSpec(name=c.name, region=c.region, kubernetes_version=c.kubernetes_version,
+                       instance=inst, nodes=nodes, zones=tuple(zones), namespace=k.namespace,
+                       queue=k.queue, pvc=k.pvc, mount=k.mount, image_repository=repo,
+                       image_tag=tag)
+
+
+def _flavour(inst: catalog.InstanceType) -> str:
+    return {"xla": "neuron", "cuda": "cuda", "cpu": "cpu"}[inst.device_kind]
+
+
+def image_reference(image: str | None, region: str, flavour: str) -> tuple[str, str]:
+    """ECR repository and tag to push: those of kubernetes.image when it names this region's
+    ECR, else `trainmaster:<version>-<flavour>`."""
+    default = (ECR_REPOSITORY, f"{__version__}-{flavour}")
+    if not image:
+        return default
+    m = re.fullmatch(rf"\d{{12}}\.dkr\.ecr\.{re.escape(region)}\.amazonaws\.com/([a-z0-9._/-]+):([\w.-]+)",
+                     image)
+    return (m.group(1), m.group(2)) if m else default

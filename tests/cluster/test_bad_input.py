@@ -1,0 +1,74 @@
+"""Bad input to `cluster plan`: one clear line naming the field, exit 2, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import TRN1_ZONES, tm, tm_here, trn1_config
+from trainmaster import api
+from trainmaster.cluster import plan, spec
+from trainmaster.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("job") / "job.toml"
+    path.write_text(api.init_job("trn1-bert-large"))
+    return path
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("cluster.nodes=0", "cluster.nodes: input should be greater than 0"),
+    ("cluster.kubernetes_version=\"1.29\"", "cluster.kubernetes_version: 1.29 is not supported; use one of 1.30"),
+    ("cluster.kubernetes_version=\"1.40\"", "cluster.kubernetes_version: 1.40 is not supported"),
+    ("cluster.name=\"my_cluster\"", "cluster.name: string should match pattern"),
+    ("cluster.name=\"" + "a" * 41 + "\"", "cluster.name: '" + "a" * 41 + "' has 41 characters; use at most 40"),
+    ("cluster.name=\"trn-\"", "cluster.name: 'trn-' is not a valid EKS cluster name"),
+    ("cluster.name=\"a--b\"", "cluster.name: 'a--b' is not a valid EKS cluster name"),
+    ("cluster.nodes=1", "cluster.nodes: 1 nodes, but the job needs job.nnodes = 2"),
+    ("cluster.zones=[\"us-west-2d\"]", "cluster.zones: EKS needs at least two zones"),
+    ("cluster.zones=[\"us-east-1a\", \"us-east-1b\"]", "cluster.zones: 'us-east-1a' is not an availability zone of us-west-2"),
+    ("cluster.zones=[\"us-west-2a\", \"us-west-2a\"]", "cluster.zones: a zone is listed twice"),
+    ("kubernetes.queue=\"Big_Queue\"", "kubernetes.queue: 'Big_Queue' is not a valid Kubernetes name"),
+    ("kubernetes.mount=\"data\"", "kubernetes.mount: 'data' is not an absolute path"),
+])
+def test_plan_refuses(capsys: pytest.CaptureFixture[str], job: Path, tmp_path: Path, override: str,
+                      expected: str) -> None:
+    out = tmp_path / "plan"
+    code, stdout, stderr = tm_here(capsys, "cluster", "plan", str(job), "--out", str(out), "--set",
+                                   f"cluster.zones={TRN1_ZONES}", "--set", override)
+    assert code == 2, stdout + stderr
+    assert expected in stderr
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr
+    assert not out.exists()
+
+
+def test_bad_input_through_the_installed_command(job: Path, tmp_path: Path) -> None:
+    result = tm("cluster", "plan", str(job), "--out", str(tmp_path / "plan"), "--set",
+                f"cluster.zones={TRN1_ZONES}", "--set", 'cluster.kubernetes_version="1.29"')
+    assert result.returncode == 2
+    assert result.stderr == ("error: job.toml: cluster.kubernetes_version: 1.29 is not supported; "
+                             "use one of 1.30, 1.31, 1.32, 1.33, 1.34\n")
+
+
+def test_cpu_is_not_a_cluster_instance_type() -> None:
+    cfg = trn1_config('kubernetes.instance_type="cpu"', "job.nproc_per_node=1", "train.global_batch_size=32")
+    with pytest.raises(ConfigError, match="'cpu' is not an accelerator instance type"):
+        spec.resolve(cfg)
+
+
+def test_region_without_the_instance_type(aws_read_only: None, tmp_path: Path) -> None:
+    cfg = trn1_config('cluster.region="eu-west-3"', "cluster.zones=[]")
+    with pytest.raises(ConfigError) as err:
+        plan.write_plan(cfg, tmp_path / "plan")
+    assert str(err.value).startswith("cluster.region: trn1.32xlarge is not offered in eu-west-3")
+    assert not (tmp_path / "plan").exists()
+
+
+def test_plan_into_a_file_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("x")
+    with pytest.raises(ConfigError.__mro__[1], match="not a folder"):
+        plan.write_plan(trn1_config(), target)

@@ -1,0 +1,150 @@
+"""What the builders must get right, beyond the schemas: EFA layout, AMIs, ports, names, pins."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import p5_config, trn1_config
+from trainmaster.cluster import addons, cloudformation, eksctl, fsx, image, spec, versions
+
+EFA_CASES = [  # (instance type, workers per node, EFA interfaces = network cards)
+    ("trn1.32xlarge", 32, 8), ("trn1n.32xlarge", 32, 16), ("trn2.48xlarge", 64, 16),
+    ("p4d.24xlarge", 8, 4), ("p5.48xlarge", 8, 32)]
+
+
+def spec_of(instance: str, workers: int) -> spec.ClusterSpec:
+    return spec.resolve(trn1_config(f'kubernetes.instance_type="{instance}"',
+                                    f"job.nproc_per_node={workers}", "train.global_batch_size=65536"))
+
+
+def launch_data(s: spec.ClusterSpec) -> dict[str, Any]:
+    lt: dict[str, Any] = cloudformation.template(s)["Resources"]["NodeLaunchTemplate"]
+    return dict(lt["Properties"]["LaunchTemplateData"])
+
+
+@pytest.mark.parametrize(("instance", "workers", "cards"), EFA_CASES)
+def test_one_efa_interface_per_network_card(instance: str, workers: int, cards: int) -> None:
+    nics = launch_data(spec_of(instance, workers))["NetworkInterfaces"]
+    assert [(n["NetworkCardIndex"], n["DeviceIndex"]) for n in nics] == \
+        [(0, 0)] + [(card, 1) for card in range(1, cards)]
+    assert all(n["InterfaceType"] == "efa" for n in nics)
+    assert all(n["Groups"] == [{"Ref": "NodeSecurityGroup"}, {"Ref": "ClusterSecurityGroup"}] for n in nics)
+
+
+def test_without_efa_no_interfaces_and_no_placement_group() -> None:
+    s = spec.resolve(trn1_config('kubernetes.instance_type="trn1.2xlarge"', "job.nproc_per_node=2",
+                                 "train.global_batch_size=64"))
+    data = launch_data(s)
+    assert "NetworkInterfaces" not in data and "Placement" not in data
+    assert "PlacementGroup" not in cloudformation.template(s)["Resources"]
+    assert "text/cloud-boothook" not in cloudformation.user_data(s)
+
+
+def test_launch_template_basics() -> None:
+    s = spec.resolve(trn1_config())
+    data = launch_data(s)
+    assert data["MetadataOptions"] == {"HttpEndpoint": "enabled", "HttpTokens": "required",
+                                       "HttpPutResponseHopLimit": 2}
+    assert data["InstanceType"] == "trn1.32xlarge"
+    assert data["Placement"] == {"GroupName": {"Ref": "PlacementGroup"}}
+    assert "IamInstanceProfile" not in data  # managed node groups refuse one
+    params = cloudformation.template(s)["Parameters"]
+    assert params["NodeImageId"]["Default"] == \
+        "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/neuron/recommended/image_id"
+    gpu = cloudformation.template(spec.resolve(p5_config()))["Parameters"]["NodeImageId"]["Default"]
+    assert gpu == "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/nvidia/recommended/image_id"
+
+
+def test_user_data_joins_with_nodeadm_and_installs_pinned_efa() -> None:
+    text = cloudformation.user_data(spec.resolve(trn1_config()))
+    assert "kind: NodeConfig" in text and "apiServerEndpoint: ${ClusterEndpoint}" in text
+    assert "--register-with-taints=aws.amazon.com/neuron=true:NoSchedule" in text
+    assert "--node-labels=trainmaster.io/role=accelerator" in text
+    assert versions.EFA_INSTALLER_URL in text and "efa-installer.amazonaws.com" in text
+    assert "bootstrap.sh" not in text  # AL2 only
+    gpu = cloudformation.user_data(spec.resolve(p5_config()))
+    assert "nvidia.com/gpu=true:NoSchedule" in gpu and "nvidia.com/gpu.present=true" in gpu
+
+
+def test_lustre_and_efa_security_group_rules() -> None:
+    res = cloudformation.template(spec.resolve(trn1_config()))["Resources"]
+    rules = [r["Properties"] for r in res.values() if r["Type"].startswith("AWS::EC2::SecurityGroupIngress")]
+    lustre = {(r["FromPort"], r["ToPort"], r["SourceSecurityGroupId"]["Ref"])
+              for r in rules if r["GroupId"] == {"Ref": "LustreSecurityGroup"}}
+    assert lustre == {(lo, hi, peer) for lo, hi in ((988, 988), (1018, 1023))
+                      for peer in ("LustreSecurityGroup", "NodeSecurityGroup", "ClusterSecurityGroup")}
+    self_rules = [r for r in res.values() if r["Properties"].get("GroupId") == {"Ref": "NodeSecurityGroup"}
+                  and r["Properties"].get("IpProtocol") == "-1"]
+    kinds = sorted(r["Type"] for r in self_rules)
+    assert kinds == ["AWS::EC2::SecurityGroupEgress", "AWS::EC2::SecurityGroupIngress"]
+
+
+def test_nodegroup_shape() -> None:
+    s = spec.resolve(trn1_config("cluster.nodes=3"))
+    ng = eksctl.nodegroup_config(s)["managedNodeGroups"][0]
+    assert (ng["minSize"], ng["desiredCapacity"], ng["maxSize"]) == (3, 3, 3)
+    assert ng["availabilityZones"] == ["us-west-2d"] and ng["privateNetworking"] is True
+    assert ng["launchTemplate"] == {"id": "@LAUNCH_TEMPLATE_ID@"}
+    assert ng["taints"] == [{"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"}]
+    assert "instanceType" not in ng  # the launch template's
+    cluster = eksctl.cluster_config(s)
+    assert cluster["iam"]["withOIDC"] is True and cluster["availabilityZones"] == ["us-west-2d", "us-west-2b"]
+    assert cluster["managedNodeGroups"][0]["labels"] == {"trainmaster.io/role": "system"}
+
+
+def test_fsx_role_is_least_privilege() -> None:
+    sa = eksctl.fsx_irsa_config(spec.resolve(trn1_config()))["iam"]["serviceAccounts"][0]
+    actions = {a for st in sa["attachPolicy"]["Statement"] for a in
+               ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
+    assert "fsx:CreateFileSystem" in actions and "fsx:DeleteFileSystem" in actions
+    assert not any(a.endswith("*") for a in actions)
+    assert "attachPolicyARNs" not in sa
+
+
+def test_addons_follow_the_job() -> None:
+    cfg = trn1_config('kubernetes.queue="research"', 'kubernetes.pvc="shared"',
+                      'kubernetes.namespace="ml"', 'kubernetes.mount="/mnt/fsx"')
+    s = spec.resolve(cfg)
+    assert addons.queue(s)["metadata"]["name"] == "research"
+    assert "capability" not in addons.queue(s)["spec"]
+    claim = fsx.claim(s)
+    assert (claim["metadata"]["name"], claim["metadata"]["namespace"]) == ("shared", "ml")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    deployment, service = addons.tensorboard(s)
+    command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--logdir") + 1] == "/mnt/fsx/runs"
+    assert service["spec"]["type"] == "ClusterIP"
+    etcd, server, client = addons.etcd(s)
+    assert {server["metadata"]["name"], client["metadata"]["name"]} == {"etcd-server", "etcd-client"}
+    assert etcd["metadata"]["namespace"] == "ml"
+    container = etcd["spec"]["template"]["spec"]["containers"][0]
+    assert "--enable-v2" in container["command"]
+    assert re.fullmatch(r"quay\.io/coreos/etcd:v3\.5\.\d+", container["image"])
+
+
+def test_device_plugins_tolerate_the_accelerator_taint() -> None:
+    s = spec.resolve(trn1_config())
+    tolerated = {t["key"] for t in addons.efa_values(s)["tolerations"]}
+    assert "aws.amazon.com/neuron" in tolerated
+    ds = addons.neuron_device_plugin(s)[-1]
+    assert {t["key"] for t in ds["spec"]["template"]["spec"]["tolerations"]} >= {"aws.amazon.com/neuron"}
+    gpu = spec.resolve(p5_config())
+    assert "nvidia.com/gpu" in {t["key"] for t in addons.nvidia_values(gpu)["tolerations"]}
+
+
+def test_dockerfiles_are_pinned_and_install_torch_first() -> None:
+    files = image.dockerfiles()
+    for flavour in image.FLAVOURS:
+        text = files[f"Dockerfile.{flavour}"]
+        base = re.search(r"^FROM --platform=linux/amd64 (\S+)$", text, re.M)
+        assert base and ":" in base.group(1) and "latest" not in base.group(1)
+        for spec_ in re.findall(r'"([A-Za-z0-9_.-]+)([=<>!~]=?[^"]*)?"', text):
+            assert spec_[1].startswith("=="), spec_
+        assert "python-etcd==" in text and "tensorboard==" in text
+        project = text.index(image.SOURCE_DIR + " \\")
+        if flavour != "neuron":
+            assert text.index(f'"torch=={versions.TORCH_VERSION}"') < project
+    assert files["Dockerfile.neuron.dockerignore"].startswith("#")

@@ -1,0 +1,145 @@
+"""`cluster plan`: every file written, pinned by golden files, valid against the published schemas."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster import schemas
+from tests.cluster.conftest import TRN1_ZONES, p5_config, tm, trn1_config
+from tests.golden import check
+from trainmaster import api
+from trainmaster.cluster import plan, spec
+from trainmaster.config import JobConfig
+
+GOLDEN = Path(__file__).parent / "golden"
+CASES = {"trn1": trn1_config, "p5": p5_config}
+COMMON = ["cloudformation/accelerator-nodes.yaml", "eksctl/cluster.yaml", "eksctl/fsx-irsa.yaml",
+          "eksctl/nodegroup.yaml", "helm/aws-fsx-csi-driver.yaml", "helm/efa-device-plugin.yaml",
+          "image/Dockerfile.cpu", "image/Dockerfile.cuda", "image/Dockerfile.neuron",
+          "k8s/claim.yaml", "k8s/etcd.yaml", "k8s/queue.yaml", "k8s/storageclass.yaml",
+          "k8s/tensorboard.yaml", "plan.json", "runbook.sh"]
+
+
+def files_of(cfg: JobConfig) -> dict[str, str]:
+    return plan.build(spec.resolve(cfg))
+
+
+def docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request: pytest.FixtureRequest) -> tuple[str, JobConfig, dict[str, str]]:
+    cfg = CASES[request.param]()
+    return request.param, cfg, files_of(cfg)
+
+
+def test_cli_plan_writes_every_file(tmp_path: Path) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text(api.init_job("trn1-bert-large"))
+    out = tmp_path / "plan"
+    result = tm("cluster", "plan", str(job), "--out", str(out), "--set", f"cluster.zones={TRN1_ZONES}")
+    assert result.returncode == 0, result.stderr
+    expected = [*COMMON, "k8s/neuron-device-plugin.yaml"]
+    for rel in expected:
+        assert (out / rel).is_file(), rel
+        assert rel in result.stdout
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()
+                  and not p.name.endswith(".dockerignore")) == sorted(expected)
+    assert (out / "runbook.sh").stat().st_mode & 0o111
+    assert "2 x trn1.32xlarge in us-west-2 (us-west-2d" in result.stdout
+
+
+def test_replanning_removes_files_the_new_plan_lacks(tmp_path: Path) -> None:
+    plan.write_plan(trn1_config(), tmp_path)
+    assert (tmp_path / "k8s/neuron-device-plugin.yaml").exists()
+    plan.write_plan(p5_config(), tmp_path)
+    assert not (tmp_path / "k8s/neuron-device-plugin.yaml").exists()
+    assert (tmp_path / "helm/nvidia-device-plugin.yaml").exists()
+
+
+def test_golden(case: tuple[str, JobConfig, dict[str, str]]) -> None:
+    name, _, files = case
+    for rel, text in files.items():
+        check(GOLDEN / name / rel, text)
+
+
+def test_eksctl_files_match_the_published_schema(case: tuple[str, JobConfig, dict[str, str]]) -> None:
+    _, _, files = case
+    for rel in ("eksctl/cluster.yaml", "eksctl/nodegroup.yaml", "eksctl/fsx-irsa.yaml"):
+        schemas.validate_eksctl(yaml.safe_load(files[rel]))
+
+
+def test_the_eksctl_schema_catches_a_typo(case: tuple[str, JobConfig, dict[str, str]]) -> None:
+    ng = yaml.safe_load(case[2]["eksctl/nodegroup.yaml"])
+    ng["managedNodeGroups"][0]["efaEnable"] = True
+    assert schemas.errors_of(schemas.eksctl_validator(), ng)
+
+
+def test_template_passes_cfn_lint(case: tuple[str, JobConfig, dict[str, str]]) -> None:
+    _, cfg, files = case
+    assert schemas.cfn_lint(files["cloudformation/accelerator-nodes.yaml"], cfg.cluster.region) == []
+
+
+def test_cfn_lint_catches_a_broken_template() -> None:
+    text = files_of(trn1_config())["cloudformation/accelerator-nodes.yaml"]
+    broken = text.replace("HttpTokens: required", "HttpTokens: mandatory")
+    assert any(f.startswith("E") for f in schemas.cfn_lint(broken, "us-west-2"))
+
+
+def test_kubernetes_objects_are_valid(case: tuple[str, JobConfig, dict[str, str]]) -> None:
+    _, cfg, files = case
+    seen = 0
+    for rel, text in files.items():
+        if not rel.startswith("k8s/"):
+            continue
+        for obj in docs(text):
+            if obj["kind"] == "Queue":
+                schemas.validate_queue(obj)
+            else:
+                schemas.validate_k8s(obj, cfg.cluster.kubernetes_version)
+            seen += 1
+    assert seen >= 8
+
+
+def test_strict_validation_catches_unknown_fields(case: tuple[str, JobConfig, dict[str, str]]) -> None:
+    import kubernetes_validate
+
+    _, cfg, files = case
+    queue = docs(files["k8s/queue.yaml"])[0]
+    queue["spec"]["capabilities"] = {"cpu": "2"}
+    assert schemas.errors_of(schemas.queue_validator(), queue)
+    service = docs(files["k8s/etcd.yaml"])[1]
+    service["spec"]["clusterIp"] = "None"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        schemas.validate_k8s(service, cfg.cluster.kubernetes_version)
+
+
+def test_nothing_is_unpinned(case: tuple[str, JobConfig, dict[str, str]]) -> None:
+    _, _, files = case
+    for rel, text in files.items():
+        assert not re.search(r":latest\b|-latest\b|/master/|ref=master|\bpop /", text), rel
+    runbook = files["runbook.sh"]
+    installs = re.findall(r"helm upgrade --install .*", runbook)
+    assert installs and all("--version " in line for line in installs)
+    assert "volcano-sh/volcano/v1.15.1/installer" in runbook
+
+
+def test_no_public_endpoints(case: tuple[str, JobConfig, dict[str, str]]) -> None:
+    _, _, files = case
+    for rel in ("k8s/etcd.yaml", "k8s/tensorboard.yaml"):
+        for obj in docs(files[rel]):
+            if obj["kind"] == "Service":
+                assert obj["spec"]["type"] == "ClusterIP"
+    template = yaml.safe_load(files["cloudformation/accelerator-nodes.yaml"])
+    for name, res in template["Resources"].items():
+        props = res.get("Properties", {})
+        assert "CidrIp" not in props and "CidrIpv6" not in props, name
+        assert props.get("FromPort") != 22, name
+    assert "AmazonSSMManagedInstanceCore" in files["cloudformation/accelerator-nodes.yaml"]
+    assert "AmazonFSxFullAccess" not in files["eksctl/fsx-irsa.yaml"]

@@ -1,0 +1,147 @@
+"""`cluster up | down | scale` through the real CLI, running the real runbook.sh against fake tools."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from tests.cluster.conftest import tm, trn1_config
+from trainmaster.cluster import plan, up
+from trainmaster.errors import UserError
+
+
+@pytest.fixture
+def plan_dir(tmp_path: Path) -> Path:
+    plan.write_plan(trn1_config(), tmp_path / "plan")
+    return tmp_path / "plan"
+
+
+def calls(fake_tools: dict[str, str]) -> list[str]:
+    path = Path(fake_tools["FAKE_LOG"])
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def index(lines: list[str], prefix: str) -> int:
+    return next(i for i, line in enumerate(lines) if line.startswith(prefix))
+
+
+def test_up_runs_every_step_in_order(plan_dir: Path, fake_tools: dict[str, str]) -> None:
+    result = tm("cluster", "up", "--plan", str(plan_dir), env=fake_tools)
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = calls(fake_tools)
+    order = ["aws ecr create-repository", "eksctl create cluster", "aws cloudformation deploy",
+             "eksctl create nodegroup", "kubectl apply -f " + str(plan_dir / "k8s/neuron-device-plugin.yaml"),
+             "helm upgrade --install aws-efa-k8s-device-plugin", "kubectl apply -f " + str(plan_dir / "k8s/etcd.yaml"),
+             "kubectl apply --server-side -f https://raw.githubusercontent.com/volcano-sh/volcano/v1.15.1",
+             "eksctl create iamserviceaccount", "helm upgrade --install aws-fsx-csi-driver",
+             "docker build --platform linux/amd64", "docker push"]
+    positions = [index(log, p) for p in order]
+    assert positions == sorted(positions)
+    assert "[18/18] summary" in result.stdout
+    assert "port-forward service/tensorboard 6006:6006" in result.stdout
+    storage = (plan_dir / ".rendered/k8s/storageclass.yaml").read_text()
+    assert "subnetId: 'subnet-accel'" in storage and "securityGroupIds: 'sg-lustre'" in storage
+    state = json.loads((plan_dir / ".state/up.json").read_text())
+    assert state["failed"] is None and len(state["done"]) == 18
+
+
+def test_up_resumes_after_a_failure(plan_dir: Path, fake_tools: dict[str, str]) -> None:
+    env = {**fake_tools, "FAKE_FAIL": "eksctl create nodegroup"}
+    first = tm("cluster", "up", "--plan", str(plan_dir), env=env)
+    assert first.returncode == 1
+    assert "step nodegroup failed" in first.stderr and "nodegroup.log" in first.stderr
+    assert "simulated failure" in first.stdout  # the failed step's last lines
+    assert json.loads((plan_dir / ".state/up.json").read_text())["failed"] == "nodegroup"
+    second = tm("cluster", "up", "--plan", str(plan_dir), env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "resuming: 5 of 18 steps done earlier" in second.stdout
+    log = calls(fake_tools)
+    assert sum(line.startswith("eksctl create cluster") for line in log) == 1
+    assert sum(line.startswith("eksctl create nodegroup") for line in log) == 2
+
+
+def test_up_skips_what_exists(plan_dir: Path, fake_tools: dict[str, str]) -> None:
+    for marker in ("ecr", "cluster", "stack"):
+        (Path(fake_tools["FAKE_DIR"]) / marker).touch()
+    result = tm("cluster", "up", "--plan", plan_dir.name, env=fake_tools, cwd=plan_dir.parent)
+    assert result.returncode == 0, result.stderr
+    log = calls(fake_tools)
+    assert not any(line.startswith(("eksctl create cluster", "aws ecr create-repository",
+                                    "aws cloudformation deploy")) for line in log)
+    assert "cluster: EKS control plane, OIDC, system node group (eksctl, 10-15 min) (exists, skipped)" in result.stdout
+
+
+def test_dry_run_prints_commands_and_runs_nothing(plan_dir: Path, fake_tools: dict[str, str]) -> None:
+    result = tm("cluster", "up", "--plan", str(plan_dir), "--dry-run", env=fake_tools)
+    assert result.returncode == 0, result.stderr
+    assert calls(fake_tools) == []
+    assert 'eksctl create cluster --config-file "$PLAN_DIR/eksctl/cluster.yaml"' in result.stdout
+    assert "helm upgrade --install aws-fsx-csi-driver aws-fsx-csi-driver/aws-fsx-csi-driver --version 1.17.0" in result.stdout
+    assert "# [18/18] summary" in result.stdout
+    down = tm("cluster", "down", "--plan", str(plan_dir), "--dry-run", env=fake_tools)
+    assert down.returncode == 0 and "eksctl delete cluster" in down.stdout and calls(fake_tools) == []
+
+
+def test_missing_tools_are_named_with_how_to_install(plan_dir: Path) -> None:
+    loaded = plan.load_plan(plan_dir)
+    present = {"bash", "aws", "kubectl"}
+    with pytest.raises(UserError) as err:
+        up.up(loaded, Console(), which=lambda t: t if t in present else None)
+    message = str(err.value)
+    for tool, hint in (("eksctl", "https://eksctl.io"), ("helm", "helm.sh"), ("docker", "docs.docker.com")):
+        assert tool in message and hint in message
+    assert "kubectl" not in message
+
+
+def test_down_follows_the_tutorial_order(plan_dir: Path, fake_tools: dict[str, str]) -> None:
+    assert tm("cluster", "up", "--plan", str(plan_dir), env=fake_tools).returncode == 0
+    env = {**fake_tools, "FAKE_K8S_EXISTS": "1"}
+    result = tm("cluster", "down", "--plan", str(plan_dir), "--yes", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = calls(fake_tools)
+    start = index(log, "kubectl delete -f " + str(plan_dir / "k8s/tensorboard.yaml"))
+    order = ["kubectl delete -f " + str(plan_dir / "k8s/tensorboard.yaml"),
+             "kubectl --namespace default delete jobs.batch.volcano.sh --all",
+             "kubectl --namespace default delete pods --all",
+             "kubectl delete -f " + str(plan_dir / "k8s/storageclass.yaml"),
+             "kubectl delete -f " + str(plan_dir / "k8s/claim.yaml"),
+             "kubectl wait --for=delete pv/pv-fake",
+             "eksctl delete nodegroup", "aws cloudformation delete-stack",
+             "aws cloudformation wait stack-delete-complete", "eksctl delete cluster",
+             "aws ecr delete-repository", "aws fsx describe-file-systems"]
+    positions = [index(log[start:], p) for p in order]
+    assert positions == sorted(positions)
+    # everything is gone: a new `up` checks every step again instead of trusting old progress
+    assert not (plan_dir / ".state/up.json").exists()
+
+
+def test_down_reports_file_systems_left_behind(plan_dir: Path, fake_tools: dict[str, str]) -> None:
+    result = tm("cluster", "down", "--plan", str(plan_dir), "--yes",
+                env={**fake_tools, "FAKE_LEFTOVER": "fs-0123456789abcdef0"})
+    assert result.returncode == 1
+    assert "fs-0123456789abcdef0" in result.stdout and "down-leftovers" in result.stderr
+
+
+def test_down_asks_first(plan_dir: Path, fake_tools: dict[str, str]) -> None:
+    result = tm("cluster", "down", "--plan", str(plan_dir), env=fake_tools, stdin="")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: --yes:") and "confirmation" in result.stderr
+    assert calls(fake_tools) == []
+
+
+def test_scale(plan_dir: Path, fake_tools: dict[str, str]) -> None:
+    result = tm("cluster", "scale", "--nodes", "4", "--plan", str(plan_dir), env=fake_tools)
+    assert result.returncode == 0, result.stderr
+    assert calls(fake_tools) == ["eksctl scale nodegroup --cluster trainmaster-trn1 --region us-west-2 "
+                                 "--name trn1-32xlarge --nodes 4 --nodes-min 4 --nodes-max 4"]
+    bad = tm("cluster", "scale", "--nodes", "-1", "--plan", str(plan_dir), env=fake_tools)
+    assert bad.returncode == 2 and "--nodes" in bad.stderr
+
+
+def test_commands_without_a_plan_say_how_to_make_one(tmp_path: Path) -> None:
+    result = tm("cluster", "up", "--plan", str(tmp_path / "nowhere"))
+    assert result.returncode == 2
+    assert "trainmaster cluster plan" in result.stderr and "Traceback" not in result.stderr
