@@ -11,7 +11,7 @@ import sys
 import typer
 
 from trainmaster import __version__
-from trainmaster.cli import job_cmd
+from trainmaster.cli import job_cmd, monitor_cmd
 from trainmaster.cli.cluster_cmd import cluster_app
 from trainmaster.cli.config_cmd import config_app, init
 from trainmaster.cli.data_cmd import data_app
@@ -34,6 +34,9 @@ app.command("list")(job_cmd.list_jobs)
 app.command()(job_cmd.status)
 app.command()(job_cmd.logs)
 app.command()(job_cmd.cancel)
+app.command()(monitor_cmd.top)
+app.command()(monitor_cmd.tensorboard)
+app.command()(monitor_cmd.report)
 app.add_typer(data_app, name="data")
 app.add_typer(cluster_app, name="cluster")
 

@@ -25,8 +25,8 @@ from trainmaster.cli.options import (
 )
 from trainmaster.errors import JobFailed, UserError
 from trainmaster.launch import state
+from trainmaster.monitor import cost, runinfo
 from trainmaster.monitor import logs as logs_mod
-from trainmaster.monitor import runinfo
 from trainmaster.storage import Storage
 
 out = Console()
@@ -112,16 +112,19 @@ def status(job: JobArg, storage: StorageOpt = None, backend: BackendOpt = None, 
     if backend_of(backend) == "kubernetes":
         k8s_cmd.status(k8s_cmd.connect(kubeconfig, context, namespace), job)
         return
-    s = runinfo.status(Storage.at(storage), job)
+    store = Storage.at(storage)
+    s = runinfo.status(store, job)
     st = s.state
     out.print(f"[bold]{st.job}[/bold]  phase [bold]{st.phase}[/bold]  backend {st.backend}  "
               f"rendezvous {st.rendezvous.get('backend')} {st.rendezvous.get('endpoint')}")
     if st.message:
         out.print(f"  {st.message}")
     if s.last:
-        eta = f"  ETA {s.eta_s:.0f} s" if s.eta_s is not None else ""
         out.print(f"  step {s.last['step']}/{s.max_steps}  loss {s.last['loss']:.4f}  "
-                  f"{s.last['seq_per_s']:.1f} seq/s  restarts {s.restarts}{eta}")
+                  f"{s.last['seq_per_s']:.1f} seq/s  restarts {s.restarts}")
+    line = cost.progress_line(s, store)
+    if line:
+        out.print(line, markup=False, highlight=False)
     nodes = Table("node", "agent pid", "alive", "exit code", "log")
     for n in st.nodes:
         nodes.add_row(str(n.index), str(n.pid or "-"), "yes" if state.pid_alive(n.pid) else "no",

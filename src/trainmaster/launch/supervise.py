@@ -61,6 +61,10 @@ def supervise(run_dir: Path) -> int:
                          rendezvous=st.rendezvous | {"endpoint": endpoint})
         storage = Path(st.rendezvous["storage"])
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # All nodes share this machine's cores: without a limit every worker starts one thread
+        # per core and they fight (torchrun only sets this when nproc_per_node > 1).
+        workers = cfg.job.nnodes * cfg.job.nproc_per_node
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
         for i, cmd in enumerate(agent_commands(cfg, rdzv, run, storage)):
             with (run.logs / f"node{i}.log").open("ab") as log:
                 agents.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

@@ -1,0 +1,139 @@
+"""How a run went, from what it left in its folder: metrics, timing, price basis.
+
+Shared by `report`, `status`'s progress line and `tensorboard`. A run folder is found by name
+under STORAGE/runs/; a kubernetes job's folder (on the cluster's shared storage, reached here
+through --storage pointing at a copy or a mount of it) has no state.json, so metrics.jsonl or
+job.toml are enough to recognise one.
+
+`elapsed_s` in metrics.jsonl counts from the start of the trainer process, so it starts again
+after every restart: the metrics fall into segments, one per process lifetime, and times are
+summed over segments rather than read off the last line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from trainmaster import catalog, jobfile
+from trainmaster.config import JobConfig
+from trainmaster.errors import UserError
+from trainmaster.launch import state
+from trainmaster.monitor import runinfo
+from trainmaster.storage import RunPaths, Storage
+
+RECENT_STEPS = 20  # steps the per-step time (ETA) is averaged over
+
+
+def find_run(store: Storage, job: str) -> RunPaths:
+    """The run folder of JOB; UserError naming the known jobs when there is none."""
+    run = RunPaths(store.run_dir(job))
+    if run.state.exists() or run.metrics.exists() or run.job_toml.exists():
+        return run
+    runs = store.root / "runs"
+    known = sorted(p.name for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+    raise UserError(f"no job {job!r} under {runs} (jobs: {', '.join(known) or 'none'}); "
+                    "check --storage or `trainmaster list`", where="JOB")
+
+
+def metrics_or_fail(run: RunPaths, job: str) -> list[dict[str, Any]]:
+    rows = [r for r in runinfo.read_metrics(run.metrics) if isinstance(r, dict) and "step" in r]
+    if not rows:
+        raise UserError(f"job {job} has no metrics yet ({run.metrics.name} has no step): it has "
+                        f"not finished its first step; see `trainmaster status {job}`", where="JOB")
+    return rows
+
+
+def segments(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Rows split where elapsed_s goes back (a restarted trainer process)."""
+    out: list[list[dict[str, Any]]] = []
+    last = None
+    for row in rows:
+        elapsed = _num(row.get("elapsed_s"))
+        if not out or elapsed is None or last is None or elapsed < last:
+            out.append([])
+        out[-1].append(row)
+        last = elapsed
+    return out
+
+
+def trained_s(rows: list[dict[str, Any]]) -> float:
+    """Seconds the trainer processes ran up to their last logged step, summed over restarts."""
+    return sum(_num(seg[-1].get("elapsed_s")) or 0.0 for seg in segments(rows))
+
+
+def step_s(rows: list[dict[str, Any]]) -> float | None:
+    """Seconds per step lately: the newest segment's recent steps, its first step left out
+    (it includes start-up and compilation)."""
+    if not rows:
+        return None
+    seg = segments(rows)[-1][-(RECENT_STEPS + 1):]
+    if len(seg) >= 2:
+        t0, t1 = _num(seg[0].get("elapsed_s")), _num(seg[-1].get("elapsed_s"))
+        steps = int(seg[-1]["step"]) - int(seg[0]["step"])
+        if t0 is not None and t1 is not None and steps > 0:
+            return max(0.0, (t1 - t0) / steps)
+    t = _num(seg[-1].get("elapsed_s"))  # one step so far: its time is all we know
+    return t if t else None
+
+
+def wall_s(st: state.RunState | None, rows: list[dict[str, Any]], now: float | None = None) -> float:
+    """Wall time of the run: launch to end (or now) when state.json says, else from metrics."""
+    if st is not None and st.started_at is not None:
+        end = st.finished_at or (now if now is not None else time.time())
+        return max(0.0, end - st.started_at)
+    return trained_s(rows)
+
+
+def read_state(run: RunPaths) -> state.RunState | None:
+    if not run.state.exists():
+        return None
+    try:
+        return state.observed(run.state)
+    except (OSError, ValueError):
+        return None
+
+
+def read_config(run: RunPaths) -> JobConfig | None:
+    with contextlib.suppress(UserError):
+        return jobfile.load(run.job_toml)
+    return None
+
+
+@dataclass(frozen=True)
+class Price:
+    """What one node-hour of the job costs, and where the figure comes from."""
+
+    per_node_hour: float
+    nodes: int
+    instance: str
+    source: str  # "catalog" | "cluster.price_per_hour"
+
+    @property
+    def per_hour(self) -> float:
+        return self.per_node_hour * self.nodes
+
+    def cost(self, seconds: float) -> float:
+        return self.per_hour * seconds / 3600.0
+
+    def basis(self) -> str:
+        return (f"{self.nodes} x {self.instance} at ${self.per_node_hour:.2f}/node-hour "
+                f"({self.source})")
+
+
+def price_of(cfg: JobConfig | None, nodes: int | None = None) -> Price | None:
+    """Price per node-hour: [cluster] price_per_hour, else the catalog's for the job's node type
+    (a generic CPU host for local jobs); None without a readable job file."""
+    if cfg is None:
+        return None
+    inst: catalog.InstanceType = cfg.derived.instance
+    n = nodes or cfg.job.nnodes
+    if cfg.cluster.price_per_hour is not None:
+        return Price(cfg.cluster.price_per_hour, n, inst.name, "cluster.price_per_hour")
+    return Price(inst.price_per_hour, n, inst.name, "catalog")
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

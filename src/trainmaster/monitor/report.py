@@ -1,0 +1,144 @@
+"""`trainmaster report JOB`: how a run went, as a table and as runs/JOB/report.png.
+
+The table: steps, wall time, average and peak seq/s, MFU, restarts, compile cache, final
+loss and the estimated cost (price per node-hour x nodes x wall hours, see history.Price).
+The picture: loss, learning rate and throughput against step, one panel each, restarts marked
+as dashed lines. matplotlib is imported here only, inside `plot`, with the Agg canvas (no
+display needed, nothing global switched), so `trainmaster --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainmaster.monitor import cost, history, runinfo
+from trainmaster.storage import RunPaths, Storage
+
+PANELS = (("loss", "loss"), ("lr", "learning rate"), ("seq_per_s", "throughput (seq/s)"))
+Box = tuple[int, int, int, int]  # x0, y0, x1, y1 in image pixels, origin top-left
+
+
+@dataclass(frozen=True)
+class Report:
+    job: str
+    phase: str
+    steps: int
+    max_steps: int | None
+    wall_s: float
+    avg_seq_per_s: float | None
+    peak_seq_per_s: float | None
+    mfu: float | None
+    restarts: int
+    compile_cache: str
+    final_loss: float | None
+    price: history.Price | None
+    png: Path
+    panels: tuple[Box, ...] = ()
+
+    @property
+    def cost(self) -> float | None:
+        return self.price.cost(self.wall_s) if self.price else None
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(field, value) pairs: what the CLI prints as a table."""
+        def num(v: float | None, fmt: str) -> str:
+            return "-" if v is None else format(v, fmt)
+
+        steps = f"{self.steps}" + (f" / {self.max_steps}" if self.max_steps else "")
+        mfu = (f"{self.mfu:.1%}" if self.mfu is not None else
+               "n/a (no peak TFLOP/s known for this device; set TRAINMASTER_PEAK_TFLOPS)")
+        spent = (f"{cost.money(self.cost)}  ({self.price.basis()} x {self.wall_s / 3600:.3f} h)"
+                 if self.cost is not None and self.price else "n/a (no readable job.toml)")
+        return [("job", self.job), ("phase", self.phase), ("steps", steps),
+                ("wall time", cost.duration(self.wall_s)),
+                ("average seq/s", num(self.avg_seq_per_s, ".2f")),
+                ("peak seq/s", num(self.peak_seq_per_s, ".2f")), ("MFU", mfu),
+                ("restarts", str(self.restarts)), ("compile cache", self.compile_cache),
+                ("final loss", num(self.final_loss, ".4f")),
+                ("estimated cost" + (" so far" if self.phase in ("pending", "running") else ""), spent),
+                ("plot", str(self.png))]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _floats(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+
+
+def summarize(run: RunPaths, job: str, rows: list[dict[str, Any]]) -> Report:
+    """The figures of the table, from the run folder's files (reads only)."""
+    st = history.read_state(run)
+    summary = runinfo.read_json(run.summary) or {}
+    rank0 = runinfo.read_json(run.rank0) or {}
+    cfg = history.read_config(run)
+    segs = history.segments(rows)
+    steady = [r for seg in segs for r in (seg[1:] or seg)]  # each process's first step is warm-up
+    restarts = summary.get("restarts", rank0.get("restarts", len(segs) - 1))
+    phase = st.phase if st else str(summary.get("status", "unknown"))
+    return Report(
+        job=job, phase=phase, steps=int(rows[-1]["step"]),
+        max_steps=cfg.train.max_steps if cfg else None,
+        wall_s=history.wall_s(st, rows),
+        avg_seq_per_s=_mean(_floats(steady, "seq_per_s")),
+        peak_seq_per_s=max(_floats(rows, "seq_per_s"), default=None),
+        mfu=_mean(_floats(steady, "mfu")),
+        restarts=int(restarts), compile_cache=str(summary.get("compile_cache", "-")),
+        final_loss=float(rows[-1]["loss"]) if isinstance(rows[-1].get("loss"), (int, float)) else None,
+        price=history.price_of(cfg, st.nnodes if st else None), png=run.report_png)
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> tuple[Box, ...]:
+    """Write the three panels to `path` (atomically); return each panel's plot area in pixels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 9), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(PANELS), 1, sharex=True)
+    restarts = [int(seg[0]["step"]) for seg in history.segments(rows)[1:]]
+    for ax, (key, label) in zip(axes, PANELS, strict=True):
+        pts = [(int(r["step"]), float(r[key])) for r in rows if isinstance(r.get(key), (int, float))]
+        if pts:
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, color="C0", linewidth=1.5, marker="." if len(pts) < 50 else None,
+                    label=label)
+        if key == "loss":
+            for part, color in (("mlm_loss", "C1"), ("nsp_loss", "C2")):
+                sub = [(int(r["step"]), float(r[part])) for r in rows if isinstance(r.get(part), (int, float))]
+                if sub:
+                    ax.plot(*zip(*sub, strict=True), color=color, linewidth=0.8, label=part)
+            ax.legend(loc="upper right", fontsize="small")
+        if key == "lr":
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+        for step in restarts:
+            ax.axvline(step, color="0.5", linestyle="--", linewidth=0.8)
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_title(title)
+    axes[-1].set_xlabel("step")
+    fig.canvas.draw()
+    height = fig.bbox.height
+    boxes = []
+    for ax in axes:
+        b = ax.get_window_extent()
+        boxes.append((int(b.x0), int(height - b.y1), int(b.x1), int(height - b.y0)))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
+    fig.savefig(tmp, dpi=fig.dpi, facecolor="white")
+    os.replace(tmp, path)
+    return tuple(boxes)
+
+
+def make_report(store: Storage, job: str) -> Report:
+    """Read the run, write report.png, return the figures (UserError: no such job, no metrics)."""
+    run = history.find_run(store, job)
+    rows = history.metrics_or_fail(run, job)
+    rep = summarize(run, job, rows)
+    title = f"{job}: {rep.steps} steps, {rep.phase}"
+    panels = plot(rows, run.report_png, title)
+    return dataclasses.replace(rep, panels=panels)

@@ -1,0 +1,90 @@
+"""Fixtures: the `trainmaster` command with the monitor commands, and real local runs.
+
+`tm(...)` runs `python -m trainmaster ARGS` as a user would. Until app.py registers `top`,
+`tensorboard` and `report`, it registers them itself first (cli.monitor_cmd's functions, as
+app.py will); once they are registered it changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.k8s.conftest import fake  # noqa: F401 - the fake Kubernetes API, for kubernetes paths
+from trainmaster.launch import state
+from trainmaster.monitor import runinfo
+from trainmaster.storage import Storage
+
+SHIM = """
+import sys
+from trainmaster.cli import app as a, monitor_cmd as m
+names = {c.name or c.callback.__name__ for c in a.app.registered_commands}
+for f in (m.top, m.tensorboard, m.report):
+    if f.__name__ not in names:
+        a.app.command()(f)
+sys.exit(a.main(sys.argv[1:]))
+"""
+# Small and quick on 2 cores: bert-tiny, 2 nodes x 1 worker, 4 sequences per step.
+FAST = ["train.batch_size=2", "train.global_batch_size=4", "train.warmup_steps=2",
+        "train.checkpoint_every=1000"]
+REPORT_STEPS = 12
+
+
+def tm_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-c", SHIM, *args]
+
+
+def tm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(extra or {})}
+
+
+def tm(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(tm_cmd(*args), env=tm_env(env), capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)  # polling another process's progress, bounded
+
+
+def job_file(folder: Path, name: str, *sets: str) -> Path:
+    path = folder / f"{name}.toml"
+    args = ["init", "--preset", "local-cpu", "--out", str(path), "--set", f'job.name="{name}"']
+    for s in [*FAST, *sets]:
+        args += ["--set", s]
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+def last_step(store: Path, job: str) -> int:
+    rows = runinfo.read_metrics(Storage(store).run_dir(job) / "metrics.jsonl")
+    return int(rows[-1]["step"]) if rows else 0
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], text: str) -> None:
+    """Bad input: exit 2, exactly one line on stderr, saying `text`."""
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and text in lines[0], result.stderr
+
+
+@pytest.fixture(scope="session")
+def finished_run(pydoc_storage: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(storage, job): a real 2-node local job of REPORT_STEPS steps, run to the end."""
+    job = "monitored"
+    path = job_file(tmp_path_factory.mktemp("monitor-job"), job, f"train.max_steps={REPORT_STEPS}")
+    result = run_cli("launch", str(path), "--storage", str(pydoc_storage), "--follow", timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert state.read(Storage(pydoc_storage).run_dir(job) / "state.json").phase == "succeeded"
+    return pydoc_storage, job

@@ -1,0 +1,72 @@
+"""Progress, ETA and cost (pure functions over metrics rows), and the line `status` prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainmaster import jobfile
+from trainmaster.monitor import cost, history, runinfo
+from trainmaster.storage import Storage
+
+
+def rows(steps: range, t0: float, per_step: float, first_extra: float = 0.0) -> list[dict[str, float]]:
+    """metrics.jsonl rows of one trainer process: the first step also pays start-up."""
+    return [{"step": s, "loss": 9.0, "elapsed_s": t0 + first_extra + per_step * (i + 1)}
+            for i, s in enumerate(steps)]
+
+
+def test_segments_and_times_across_a_restart() -> None:
+    before = rows(range(1, 11), 0.0, 2.0, first_extra=30.0)  # steps 1-10, then killed
+    after = rows(range(11, 16), 0.0, 1.0, first_extra=20.0)  # restarted: elapsed_s starts again
+    all_rows = before + after
+    assert [len(s) for s in history.segments(all_rows)] == [10, 5]
+    assert history.trained_s(all_rows) == pytest.approx(50.0 + 25.0)
+    # Recent steps of the newest process, its first (start-up) step left out.
+    assert history.step_s(all_rows) == pytest.approx(1.0)
+    assert history.step_s(rows(range(1, 2), 0.0, 2.0, 30.0)) == pytest.approx(32.0)
+    assert history.step_s([]) is None
+
+
+def test_progress_eta_and_cost() -> None:
+    price = history.Price(10.0, 2, "trn1.2xlarge", "catalog")
+    p = cost.progress(rows(range(1, 51), 0.0, 3.0, 60.0), 200, "running", 3600.0, price)
+    assert p.step == 50 and p.fraction == 0.25
+    assert p.eta_s == pytest.approx(150 * 3.0)
+    assert p.spent == pytest.approx(20.0) and p.to_finish == pytest.approx(20.0 * 450 / 3600)
+    line = cost.render(p)
+    assert line.startswith("[" + "█" * 8 + "░" * 22 + "]")
+    assert "50/200 steps" in line and "25%" in line and "ETA 7m30s" in line
+    assert "cost so far $20.00, to finish ~$2.50 (2 x trn1.2xlarge at $10.00/node-hour (catalog))" in line
+    done = cost.progress(rows(range(1, 201), 0.0, 3.0), 200, "succeeded", 600.0, price)
+    assert done.eta_s is None and "ETA" not in cost.render(done) and "█" * 30 in cost.render(done)
+    waiting = cost.render(cost.progress([], 200, "running", 5.0, None))
+    assert "0/200 steps" in waiting and "waiting for the first step" in waiting and "$" not in waiting
+
+
+def test_price_from_catalog_or_override() -> None:
+    cfg = jobfile.preset("trn1-bert-large")
+    p = history.price_of(cfg)
+    assert p is not None and (p.per_node_hour, p.nodes, p.instance, p.source) == (21.50, 2, "trn1.32xlarge", "catalog")
+    assert p.cost(3600) == pytest.approx(43.0)
+    over = history.price_of(jobfile.preset("trn1-bert-large", ["cluster.price_per_hour=13.0"]), nodes=4)
+    assert over is not None and over.per_hour == 52.0 and over.source == "cluster.price_per_hour"
+    local = history.price_of(jobfile.preset("local-cpu"))
+    assert local is not None and local.instance == "cpu"  # local jobs: a generic CPU host
+    assert history.price_of(None) is None
+
+
+def test_formatting() -> None:
+    assert [cost.duration(s) for s in (4, 65, 3725)] == ["4s", "1m05s", "1h02m05s"]
+    assert [cost.money(v) for v in (0, 0.004, 12345.678)] == ["$0.00", "$0.0040", "$12,345.68"]
+
+
+@pytest.mark.slow
+def test_progress_line_of_a_finished_run(finished_run: tuple[Path, str]) -> None:
+    store, job = finished_run
+    s = runinfo.status(Storage(store), job)
+    line = cost.progress_line(s, Storage(store))
+    assert line is not None
+    assert f"{s.max_steps}/{s.max_steps} steps" in line and "100%" in line and "ETA" not in line
+    assert "2 x cpu at $1.61/node-hour (catalog)" in line
