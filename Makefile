@@ -8,7 +8,7 @@ STAMP := $(VENV)/.trainmaster-installed
 TORCH := torch==2.13.0
 DEMO_DIR ?= demo-run
 
-.PHONY: demo test lint unit install system-deps clean
+.PHONY: demo test test-xla lint unit install system-deps clean
 
 install: $(STAMP)
 
@@ -39,14 +39,20 @@ unit: $(STAMP) system-deps
 
 test: lint unit
 
-# What works today, on the built-in corpus: a job file, its resolved values, shards, checks.
+# The whole local flow on the built-in corpus: shards, a 2-node job with c10d rendezvous,
+# checkpoints, metrics, TensorBoard events, and a summary with the commands to look further.
 demo: $(STAMP)
-	@mkdir -p $(DEMO_DIR)
-	$(BIN)/trainmaster init --preset local-cpu --force --out $(DEMO_DIR)/job.toml
-	$(BIN)/trainmaster config show $(DEMO_DIR)/job.toml --storage $(DEMO_DIR)/storage
-	$(BIN)/trainmaster data prepare --builtin pydoc --storage $(DEMO_DIR)/storage --overwrite
-	$(BIN)/trainmaster data verify $(DEMO_DIR)/storage/datasets/pydoc
-	$(BIN)/trainmaster data inspect $(DEMO_DIR)/storage/datasets/pydoc --examples 2
+	rm -rf $(DEMO_DIR)
+	$(BIN)/trainmaster demo --dir $(DEMO_DIR)
+
+# Opt-in: the XLA (Trainium) code path on the CPU, in its own venv (torch_xla pins its torch;
+# ~7 GB). See ../shared/reference/xla-on-cpu.md.
+XLA_VENV ?= .venv-xla
+test-xla:
+	[ -x $(XLA_VENV)/bin/python ] || $(PYTHON) -m venv $(XLA_VENV)
+	$(XLA_VENV)/bin/python -m pip install --quiet torch==2.9.0 torch_xla==2.9.0
+	$(XLA_VENV)/bin/python -m pip install --quiet -e ".[test]"
+	PJRT_DEVICE=CPU $(XLA_VENV)/bin/pytest -q tests/train/test_xla.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(XLA_VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache

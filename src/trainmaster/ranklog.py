@@ -34,6 +34,6 @@ def tee_to_rank_file(log_dir: Path, rank: int) -> Path:
     log_dir.mkdir(parents=True, exist_ok=True)
     path = log_dir / f"rank{rank}.log"
     fh = path.open("a", encoding="utf-8", buffering=1)
-    sys.stdout = _Tee(sys.stdout, fh)  # type: ignore[assignment]
-    sys.stderr = _Tee(sys.stderr, fh)  # type: ignore[assignment]
+    sys.stdout = _Tee(sys.stdout, fh)
+    sys.stderr = _Tee(sys.stderr, fh)
     return path

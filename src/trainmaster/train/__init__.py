@@ -1,0 +1,20 @@
+"""The training program: `python -m trainmaster.train --job STORAGE/runs/JOB/job.toml`.
+
+torchrun starts it on every worker. It checks everything it can before it imports torch or
+joins the process group (config vs WORLD_SIZE, run folder, shards, the checkpoint to resume
+from, the first shard it reads), so bad input ends every rank at once with one `error:` line
+and exit code 2, and nothing waits on a peer that has already given up.
+
+Modules, in the order a run uses them:
+  preflight   torch-free checks and the plan of the run (what to resume, first shard)
+  dataset     shard headers, whole-shard loading, the file and sample order (numpy only)
+  ckptdir     the checkpoints folder: complete checkpoints, ownership (config hash), pruning
+  device      process group, device (cpu/cuda/xla), collectives, precision
+  model       BertForPreTraining with the masked-positions-only MLM head; FLOPs per sequence
+  data        the batch iterator over shards with a resumable position and prefetch
+  optim       AdamW / LAMB, parameter groups and the learning-rate schedules
+  step        one optimizer step (micro-batches, gradient reduction, clipping, update)
+  checkpoint  saving and loading model, optimizer, scheduler, RNG and data position
+  metrics     metrics.jsonl, TensorBoard, log lines, rank0.json and summary.json
+  loop        the training loop
+"""

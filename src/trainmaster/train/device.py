@@ -1,0 +1,177 @@
+"""Device, process group and collectives for cpu (gloo), cuda (nccl) and xla (torch_xla).
+
+torch_xla is imported only on the xla path. On XLA the process group is torch_xla's ("xla",
+init_method xla://), gradients are reduced with xm.reduce_gradients after accumulation (one
+all-reduce per optimizer step, like the AWS tutorial), graphs are cut with torch_xla.sync()
+at step boundaries, and batches reach the device through MpDeviceLoader. torch_xla on a CPU
+(PJRT_DEVICE=CPU) cannot run multi-process collectives: every process silently reports rank 0
+of 1 (xla-on-cpu.md), so such a world size is refused, before and after init.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib
+import importlib.util
+import os
+import pickle
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from trainmaster.errors import UserError
+from trainmaster.train.preflight import Env
+
+DeviceKind = Literal["cpu", "cuda", "xla"]
+Batch = dict[str, torch.Tensor]
+TIMEOUT_ENV = "TRAINMASTER_DIST_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 1800  # bounded: a lost peer ends the job instead of hanging it
+
+
+def resolve_kind(requested: str) -> DeviceKind:
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UserError("cuda was asked for, but torch sees no GPU (a CPU build of torch, or no "
+                        "driver); use train.device = \"cpu\" or \"auto\"", where="train.device")
+    if requested == "xla" and importlib.util.find_spec("torch_xla") is None:
+        raise UserError("xla was asked for, but torch_xla is not installed in this environment",
+                        where="train.device")
+    if requested in ("cpu", "cuda", "xla"):
+        return requested  # type: ignore[return-value]
+    if torch.cuda.is_available():
+        return "cuda"
+    if os.environ.get("PJRT_DEVICE") and importlib.util.find_spec("torch_xla") is not None:
+        return "xla"
+    return "cpu"
+
+
+class Runtime:
+    """One worker's view of the job: its rank, its device and the collectives it needs."""
+
+    def __init__(self, env: Env, kind: DeviceKind, *, bf16: bool) -> None:
+        self.env, self.kind, self.bf16 = env, kind, bf16
+        self.rank, self.world = env.rank, env.world_size
+        self.distributed = env.world_size > 1
+        self._xm: Any = None
+        timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
+        if kind == "xla":
+            self.device = self._init_xla(timeout)
+        elif kind == "cuda":
+            torch.cuda.set_device(env.local_rank)
+            self.device = torch.device("cuda", env.local_rank)
+            if self.distributed:
+                dist.init_process_group("nccl", timeout=timeout, device_id=self.device)
+        else:
+            self.device = torch.device("cpu")
+            if self.distributed:
+                dist.init_process_group("gloo", timeout=timeout)
+        if self.distributed and dist.get_world_size() != self.world:
+            raise UserError(f"the {kind} process group has {dist.get_world_size()} workers, but "
+                            f"torchrun started {self.world}", where="WORLD_SIZE")
+
+    def _init_xla(self, timeout: datetime.timedelta) -> torch.device:
+        pjrt = os.environ.get("PJRT_DEVICE", "").upper()
+        if self.world > 1 and pjrt == "CPU":
+            raise UserError(f"torch_xla on a CPU (PJRT_DEVICE=CPU) cannot run {self.world} "
+                            "workers: its collectives only work on accelerators; run one worker "
+                            "or use train.device = \"cpu\"", where="WORLD_SIZE")
+        if self.bf16:
+            # bf16 weights need stochastic rounding on Neuron, or small updates are lost.
+            os.environ.setdefault("NEURON_RT_STOCHASTIC_ROUNDING_EN", "1")
+        torch_xla = importlib.import_module("torch_xla")
+        xm = self._xm = importlib.import_module("torch_xla.core.xla_model")
+        if self.distributed:
+            importlib.import_module("torch_xla.distributed.xla_backend")  # the "xla" backend
+            dist.init_process_group("xla", init_method="xla://", timeout=timeout)
+        device: torch.device = torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
+        return device
+
+    # --- steps and data -----------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Cut and run the XLA graph (a step boundary); nothing elsewhere."""
+        if self.kind == "xla":
+            torch_xla = importlib.import_module("torch_xla")
+            if hasattr(torch_xla, "sync"):
+                torch_xla.sync()
+            else:
+                self._xm.mark_step()
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """bf16 autocast around forward and loss on cpu/cuda (fp32 master weights)."""
+        if self.bf16 and self.kind in ("cpu", "cuda"):
+            return torch.autocast(device_type=self.kind, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def model_dtype(self) -> torch.dtype:
+        """XLA keeps bf16 weights (as the installed torch_xla expects); elsewhere fp32."""
+        return torch.bfloat16 if self.bf16 and self.kind == "xla" else torch.float32
+
+    def batches(self, source: Iterable[Batch]) -> Iterator[Batch]:
+        if self.kind == "xla":
+            pl = importlib.import_module("torch_xla.distributed.parallel_loader")
+            return iter(pl.MpDeviceLoader(source, self.device))
+        return self._to_device(source)
+
+    def _to_device(self, source: Iterable[Batch]) -> Iterator[Batch]:
+        cuda = self.kind == "cuda"
+        for batch in source:
+            if cuda:
+                yield {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
+            else:
+                yield batch
+
+    def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """XLA has no DDP here: one all-reduce of the accumulated gradients per step."""
+        if self.kind == "xla" and self.distributed:
+            self._xm.reduce_gradients(optimizer)
+
+    # --- collectives ---------------------------------------------------------------------------
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def all_gather_object(self, obj: Any, tag: str = "gather") -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        if self.kind == "xla":
+            payloads = self._xm.rendezvous(tag, pickle.dumps(obj))
+            return [pickle.loads(p) for p in payloads]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any, tag: str = "broadcast") -> Any:
+        """Rank 0's value on every rank."""
+        return self.all_gather_object(obj, tag)[0]
+
+    # --- random state ----------------------------------------------------------------------------
+
+    def rng_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"torch": torch.get_rng_state()}
+        if self.kind == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.device)
+        if self.kind == "xla":
+            state["xla"] = int(self._xm.get_rng_state())
+        return state
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        if self.kind == "cuda" and "cuda" in state:
+            torch.cuda.set_rng_state(state["cuda"], self.device)
+        if self.kind == "xla" and "xla" in state:
+            self._xm.set_rng_state(int(state["xla"]))
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        if self.kind == "xla":
+            self._xm.set_rng_state(seed)
+
+    def finish(self) -> None:
+        """All ranks leave together on XLA (the tutorial's fix for a hang at exit)."""
+        if self.kind == "xla" and self.distributed:
+            self._xm.rendezvous("trainmaster-finished")

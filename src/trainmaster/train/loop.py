@@ -1,0 +1,209 @@
+"""The training loop: set up from the plan, resume, step, log, checkpoint, summarise.
+
+The order matters for exact resumption: the model is built (same weights on every rank) and
+the checkpoint's weights loaded on the CPU, then moved to the device; every rank reseeds its
+RNGs for dropout, then a resumed run restores optimizer, schedule and each rank's RNG state.
+The logged loss is the mean over the step's micro-batches and all ranks (one small all-reduce
+per step). At the end the ranks compare parameter checksums (summary.json's ranks_agree).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from trainmaster.compile import counters as compile_counters
+from trainmaster.compile import fingerprint
+from trainmaster.errors import UserError
+from trainmaster.train import checkpoint, ckptdir, dataset
+from trainmaster.train import model as model_mod
+from trainmaster.train.data import ShardLoader
+from trainmaster.train.device import Runtime, resolve_kind
+from trainmaster.train.metrics import MetricsLog, log, peak_tflops_per_worker, write_rank0
+from trainmaster.train.optim import make_optimizer, make_scheduler
+from trainmaster.train.preflight import Plan, resume_position
+from trainmaster.train.step import Stepper
+
+
+def param_checksum(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, value in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(value.detach().cpu().float().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _agree_on_resume(plan: Plan, rt: Runtime) -> None:
+    """Rank 0 decides where to resume; a rank that saw another checkpoint follows it."""
+    mine = plan.resume.step if plan.resume else None
+    chosen = rt.broadcast_object(mine, tag="resume")
+    if chosen == mine:
+        return
+    if chosen is None:
+        plan.resume, plan.position = None, dataset.Position()
+    else:
+        path = plan.run.checkpoints / ckptdir.step_name(chosen)
+        meta = ckptdir.read_meta(path)
+        if meta is None:
+            raise UserError(f"rank 0 resumes from {path.name}, which rank {rt.rank} cannot read: "
+                            "the run folder must be shared storage seen by every node",
+                            where=str(path))
+        plan.resume = ckptdir.Checkpoint(path, chosen, meta)
+        plan.position = resume_position(plan.resume, plan.env, plan.shards, plan.notes)
+    plan.first_shard = {}  # the loader loads the shard at the new position
+
+
+class Trainer:
+    def __init__(self, plan: Plan, started: float) -> None:
+        self.plan, self.started = plan, started
+        cfg = plan.cfg
+        self.rt = Runtime(plan.env, resolve_kind(cfg.train.device), bf16=cfg.train.precision == "bf16")
+        rt = self.rt
+        _agree_on_resume(plan, rt)
+        self.model = model_mod.build(cfg, plan.vocab_size)
+        if plan.resume is not None:
+            checkpoint.load_model(plan.resume.path, self.model)
+        nn.Module.to(self.model, device=rt.device, dtype=rt.model_dtype())
+        if rt.kind == "xla":
+            self.model.tie_weights()  # moving to the XLA device unties them (xla-on-cpu.md)
+        # Dropout differs per rank; the weights above are the same on every rank.
+        seed = cfg.train.seed + 1 + rt.rank
+        rt.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        self.optimizer = make_optimizer(cfg, self.model, rt.kind)
+        self.scheduler = make_scheduler(cfg, self.optimizer)
+        self.start_step = 0
+        if plan.resume is not None:
+            self.start_step = checkpoint.load_trainer(plan.resume.path, self.optimizer, self.scheduler)
+            checkpoint.load_rank(plan.resume.path, rt,
+                                 same_world=plan.resume.meta.get("world_size") == rt.world)
+        self.stepper = Stepper(self.model, self.optimizer, self.scheduler, rt, compile=plan.compile)
+        self.loader = ShardLoader([s.path for s in plan.shards], rank=rt.rank, world=rt.world,
+                                  batch_size=cfg.train.batch_size, seed=cfg.train.seed,
+                                  vocab_size=plan.vocab_size, start=plan.position,
+                                  first_shard=plan.first_shard or None)
+        self.flops = model_mod.flops_for(cfg, plan.vocab_size)
+        self.metrics: MetricsLog | None = None
+        if rt.rank == 0:
+            write_rank0(plan.run, node_rank=plan.env.node_rank, local_rank=plan.env.local_rank)
+            # The Kubernetes backend finds rank 0's pod by this exact line (launch/k8s_status.py).
+            pod = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
+            log(f"trainmaster: rank 0 on pod {pod}")
+            self.metrics = MetricsLog(
+                plan.run, start_step=self.start_step, started=started, flops_per_seq=self.flops,
+                peak_tflops=peak_tflops_per_worker(cfg.derived.instance.peak_tflops_per_worker),
+                world=rt.world, global_batch=cfg.train.global_batch_size, seq_len=cfg.data.seq_len)
+            self._describe()
+
+    def _describe(self) -> None:
+        p, cfg, rt = self.plan, self.plan.cfg, self.rt
+        t = cfg.train
+        params = sum(x.numel() for x in self.model.parameters())
+        log(f"job {cfg.job.name} (config {cfg.derived.config_hash}): {rt.world} workers "
+            f"({rt.world // cfg.job.nproc_per_node} node(s) x {cfg.job.nproc_per_node}), "
+            f"micro-batch {t.batch_size} x grad_accum {p.grad_accum} = global batch "
+            f"{t.global_batch_size}")
+        log(f"model {cfg.model.preset or 'custom'}: {params / 1e6:.2f}M parameters, vocab "
+            f"{p.vocab_size}; device {rt.kind}, {t.precision}, {t.optimizer} lr {t.lr:g}, "
+            f"compile {p.cache_state}; {self.flops / 1e9:.3f} GFLOP per sequence")
+        log(f"data {p.dataset} ({len(p.shards)} shards); rank 0 starts at epoch "
+            f"{p.position.epoch} round {p.position.round} sample {p.position.offset}")
+        log(f"resumed from step {self.start_step} ({p.resume.path})" if p.resume
+            else "no checkpoint: starting at step 0")
+        for note in p.notes:
+            log(f"note: {note}")
+
+    def _save(self, step: int) -> None:
+        p, cfg = self.plan, self.plan.cfg
+        meta = {"job": cfg.job.name, "config_hash": cfg.derived.config_hash,
+                "vocab_size": p.vocab_size, "files": [s.path.name for s in p.shards]}
+        path = checkpoint.save(p.run.checkpoints, step=step, rt=self.rt, model=self.model,
+                               optimizer=self.optimizer, scheduler=self.scheduler,
+                               position=self.loader.position, meta=meta,
+                               keep=cfg.train.keep_checkpoints)
+        if path is not None:
+            log(f"checkpoint {path}")
+
+    def train(self) -> dict[str, Any] | None:
+        cfg, rt, accum = self.plan.cfg, self.rt, self.plan.grad_accum
+        t = cfg.train
+        end = min(t.max_steps, self.start_step + (t.steps_this_run or t.max_steps))
+        batches = rt.batches(self.loader)
+        step, first_step_s = self.start_step, None
+        while step < end:
+            t0 = time.perf_counter()
+            result = self.stepper(batches, accum, self.loader.consumed)
+            losses = rt.all_reduce_sum(result.losses) / (accum * rt.world)
+            loss_v, mlm_v, nsp_v = losses.tolist()
+            norm = float(result.grad_norm)
+            step += 1
+            if first_step_s is None:
+                first_step_s = time.time() - self.started
+                self._compiled()
+            if self.metrics is not None:
+                self.metrics.step(step=step, loss=loss_v, mlm_loss=mlm_v, nsp_loss=nsp_v,
+                                  lr=result.lr, grad_norm=norm, step_s=time.perf_counter() - t0)
+            if step % t.checkpoint_every == 0 or step == end:  # and always at the end
+                self._save(step)
+        return self._finish(step, first_step_s)
+
+    def _compiled(self) -> None:
+        """After the first step the graphs are in the cache: record whose they are (rank 0)."""
+        p = self.plan
+        if p.compile_cache is None or self.rt.rank != 0:
+            return
+        fingerprint.write(p.compile_cache, fingerprint.compute(p.cfg, p.vocab_size), p.cfg.job.name)
+        if self.rt.kind != "xla":
+            log(f"compile cache {p.cache_state} ({p.compile_cache}): "
+                f"{compile_counters.describe(compile_counters.snapshot())}")
+
+    def _finish(self, step: int, first_step_s: float | None) -> dict[str, Any] | None:
+        p, cfg, rt = self.plan, self.plan.cfg, self.rt
+        sums = rt.all_gather_object(param_checksum(self.model), tag="checksum")
+        # torchrun counts restarts per node agent; the job's count is the largest.
+        restarts = max(rt.all_gather_object(p.env.restarts, tag="restarts"))
+        self.loader.close()
+        rt.finish()
+        if self.metrics is None:
+            return None
+        last = self.metrics.rows[-1]["loss"] if self.metrics.rows else _last_logged_loss(p.run.metrics)
+        summary = self.metrics.summary(
+            status="completed" if step >= cfg.train.max_steps else "stopped",
+            steps=step, final_loss=last, time_to_first_step_s=first_step_s,
+            compile_cache=p.cache_state, restarts=restarts, world_size=rt.world,
+            global_batch_size=cfg.train.global_batch_size, config_hash=cfg.derived.config_hash,
+            ranks_agree=len(set(sums)) == 1, resumed_from=p.resume.step if p.resume else None,
+            steps_this_run=step - self.start_step, grad_accum=p.grad_accum, device=rt.kind,
+            precision=cfg.train.precision, param_checksum=sums[0],
+            cacheset=cfg.train.cacheset if p.compile else None,
+            compile_counters=compile_counters.snapshot() if p.compile else {})
+        self.metrics.close()
+        log(f"done: step {step}, loss {last}, {summary['avg_seq_per_s']} seq/s average, "
+            f"ranks agree: {summary['ranks_agree']}")
+        return summary
+
+
+def _last_logged_loss(path: Path) -> float | None:
+    """A run that had nothing left to do reports the loss its predecessor logged last."""
+    if not path.exists():
+        return None
+    for line in reversed(path.read_text(encoding="utf-8").splitlines()):
+        with contextlib.suppress(ValueError):
+            return float(json.loads(line)["loss"])
+    return None
+
+
+def train(plan: Plan, started: float) -> dict[str, Any] | None:
+    """Train; the caller ends the process (see __main__: a gloo group is never torn down)."""
+    return Trainer(plan, started).train()

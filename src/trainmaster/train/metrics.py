@@ -1,0 +1,144 @@
+"""What rank 0 tells the world (DESIGN 3.5): metrics.jsonl, TensorBoard, log lines, summary.
+
+One JSON object per optimizer step is appended to runs/JOB/metrics.jsonl and the same scalars
+go to TensorBoard (runs/JOB/tensorboard/). A resumed run first drops the lines (and, through
+purge_step, the TensorBoard events) of steps after its checkpoint, so no step appears twice.
+
+MFU = seq/s x FLOPs per sequence / (world size x peak per worker); FLOPs per sequence count the
+masked-positions head (model.flops_per_seq, head="masked"). The peak is the catalog's for the
+job's instance type, or TRAINMASTER_PEAK_TFLOPS (a measured per-worker peak, e.g. from
+bench/train_throughput.py); with neither (a generic CPU host) mfu is null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from trainmaster.storage import RunPaths
+from trainmaster.train import ckptdir
+
+PEAK_ENV = "TRAINMASTER_PEAK_TFLOPS"
+KEYS = ("step", "loss", "mlm_loss", "nsp_loss", "lr", "grad_norm", "seq_per_s", "tokens_per_s",
+        "mfu", "elapsed_s")
+
+
+def peak_tflops_per_worker(catalog_value: float) -> float:
+    if catalog_value > 0:
+        return catalog_value
+    raw = os.environ.get(PEAK_ENV, "")
+    try:
+        return max(0.0, float(raw)) if raw else 0.0
+    except ValueError:
+        return 0.0
+
+
+def mfu(seq_per_s: float, flops_per_seq: float, world: int, peak_tflops: float) -> float | None:
+    if peak_tflops <= 0:
+        return None
+    return seq_per_s * flops_per_seq / (world * peak_tflops * 1e12)
+
+
+def truncate_after(path: Path, step: int) -> int:
+    """Keep the lines of steps <= step (and no torn last line); returns how many were dropped."""
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            dropped += 1
+            continue
+        if isinstance(row, dict) and int(row.get("step", 0)) <= step:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, path)
+    return dropped
+
+
+def write_rank0(run: RunPaths, *, node_rank: int, local_rank: int) -> None:
+    ckptdir.write_json(run.rank0, {
+        "host": socket.gethostname(),
+        "pod": os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
+        "pid": os.getpid(), "node_rank": node_rank, "local_rank": local_rank,
+        "started_at": time.time()})
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+class MetricsLog:
+    """Rank 0's writer; created only on rank 0."""
+
+    def __init__(self, run: RunPaths, *, start_step: int, started: float, flops_per_seq: float,
+                 peak_tflops: float, world: int, global_batch: int, seq_len: int) -> None:
+        self.run, self.started, self.world = run, started, world
+        self.flops, self.peak = flops_per_seq, peak_tflops
+        self.global_batch, self.seq_len = global_batch, seq_len
+        self.rows: list[dict[str, Any]] = []
+        truncate_after(run.metrics, start_step)
+        self._file = open(run.metrics, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._tb = _summary_writer(run.tensorboard, purge_step=start_step + 1)
+
+    def step(self, *, step: int, loss: float, mlm_loss: float, nsp_loss: float, lr: float,
+             grad_norm: float, step_s: float) -> dict[str, Any]:
+        seq_per_s = self.global_batch / step_s if step_s > 0 else 0.0
+        row: dict[str, Any] = {
+            "step": step, "loss": loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss, "lr": lr,
+            "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+            "seq_per_s": round(seq_per_s, 3), "tokens_per_s": round(seq_per_s * self.seq_len, 1),
+            "mfu": mfu(seq_per_s, self.flops, self.world, self.peak),
+            "elapsed_s": round(time.time() - self.started, 3),
+        }
+        self.rows.append(row)
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key in KEYS[1:]:
+                if isinstance(row[key], (int, float)):
+                    self._tb.add_scalar(key, row[key], step)
+        log(f"step {step} loss {loss:.4f} lr {lr:.2e} seq/s {seq_per_s:.1f} "
+            f"grad_norm {grad_norm:.3f}")
+        return row
+
+    def summary(self, **fields: Any) -> dict[str, Any]:
+        speeds = [r["seq_per_s"] for r in self.rows]
+        steady = speeds[1:] or speeds  # the first step includes warm-up / compilation
+        avg = sum(steady) / len(steady) if steady else None
+        out = {
+            **fields,
+            "avg_seq_per_s": round(avg, 3) if avg is not None else None,
+            "peak_seq_per_s": max(speeds) if speeds else None,
+            "avg_mfu": mfu(avg, self.flops, self.world, self.peak) if avg else None,
+            "flops_per_seq": self.flops,
+            "flops_convention": "6*N_enc*S + 12*L*S^2*d + 6*(d^2+d*V)*max_pred (masked head)",
+        }
+        ckptdir.write_json(self.run.summary, out)
+        return out
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _summary_writer(folder: Path, purge_step: int) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        print("warning: tensorboard is not installed; no TensorBoard events are written "
+              "(pip install tensorboard)", file=sys.stderr, flush=True)
+        return None
+    return SummaryWriter(log_dir=str(folder), purge_step=purge_step)

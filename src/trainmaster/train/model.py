@@ -1,0 +1,102 @@
+"""BERT for pretraining, with the masked-LM head computed at the masked positions only.
+
+Hugging Face's BertForPreTraining runs the MLM head (transform + a d x V decoder) on every
+position and then ignores all but ~15% of them. We run `model.bert`, gather the max_pred
+prediction slots of every sequence (a fixed [B, P] shape, so XLA sees one graph), and apply
+`model.cls.predictions` to those only; unused slots carry the label -100 and drop out of the
+mean. The loss is the same number as BertForPreTraining's own (tests/train/test_model.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import BertConfig, BertForPreTraining
+
+from trainmaster.config import JobConfig
+from trainmaster.train.dataset import IGNORE
+
+DROPOUT_ENV = "TRAINMASTER_DROPOUT"  # an A/B knob (devices, batch layouts); unset = BERT's 0.1
+SIZES = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+
+
+def bert_config(cfg: JobConfig, vocab_size: int) -> BertConfig:
+    m = cfg.model
+    extra = {}
+    if os.environ.get(DROPOUT_ENV):
+        p = float(os.environ[DROPOUT_ENV])
+        extra = {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
+    return BertConfig(vocab_size=vocab_size, hidden_size=m.size("hidden_size"),
+                      num_hidden_layers=m.size("num_layers"),
+                      num_attention_heads=m.size("num_heads"),
+                      intermediate_size=m.size("intermediate_size"),
+                      max_position_embeddings=m.max_position_embeddings, type_vocab_size=2,
+                      tie_word_embeddings=True, **extra)
+
+
+def build(cfg: JobConfig, vocab_size: int) -> BertForPreTraining:
+    """A fresh model (no download): the same weights on every rank for the same seed."""
+    torch.manual_seed(cfg.train.seed)
+    model = BertForPreTraining(bert_config(cfg, vocab_size))
+    model.tie_weights()
+    return model
+
+
+class Pretraining(nn.Module):
+    """Batch in, (loss, mlm_loss, nsp_loss) out; what DDP wraps and torch.compile compiles."""
+
+    def __init__(self, model: BertForPreTraining) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                attention_mask: torch.Tensor, mlm_positions: torch.Tensor,
+                mlm_labels: torch.Tensor, nsp_labels: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = self.model.bert(input_ids=input_ids, token_type_ids=token_type_ids,
+                              attention_mask=attention_mask, return_dict=False)
+        sequence, pooled = out[0], out[1]
+        hidden = sequence.size(-1)
+        index = mlm_positions.unsqueeze(-1).expand(-1, -1, hidden)
+        picked = torch.gather(sequence, 1, index)  # [B, P, d]: only the prediction slots
+        scores = self.model.cls.predictions(picked)  # [B, P, V]
+        mlm = F.cross_entropy(scores.reshape(-1, scores.size(-1)).float(), mlm_labels.reshape(-1),
+                              ignore_index=IGNORE)
+        nsp = F.cross_entropy(self.model.cls.seq_relationship(pooled).float(), nsp_labels.reshape(-1))
+        return mlm + nsp, mlm.detach(), nsp.detach()
+
+
+def encoder_params(num_layers: int, hidden: int, intermediate: int) -> int:
+    """Non-embedding encoder parameters N_enc (weights, biases and LayerNorms of all layers)."""
+    d, i = hidden, intermediate
+    per_layer = 4 * d * d + 4 * d + 2 * d * i + i + d + 4 * d
+    return num_layers * per_layer
+
+
+def flops_per_seq(*, num_layers: int, hidden: int, intermediate: int, vocab: int, seq_len: int,
+                  predictions: int, head: str = "masked") -> float:
+    """Training FLOPs (forward + backward = 3 x forward) for one sequence.
+
+    6 * N_enc * S  +  12 * L * S^2 * d  (attention scores and mixing)  +  the MLM head:
+      head="masked"  6 * (d^2 + d * V) * P   on the P prediction slots (what this trainer runs;
+                                             the default, and what metrics' mfu uses)
+      head="full"    6 * (d^2 + d * V) * S   (Hugging Face's head on every position)
+      head="none"    0                       (AWS Neuron's published MFU convention,
+                                             performance-anchors 4.2)
+    Embeddings, pooler, NSP head and softmax/LayerNorm element-wise work are not counted.
+    """
+    n_enc = encoder_params(num_layers, hidden, intermediate)
+    body = 6.0 * n_enc * seq_len + 12.0 * num_layers * seq_len * seq_len * hidden
+    per_slot = 6.0 * (hidden * hidden + hidden * vocab)
+    slots = {"masked": predictions, "full": seq_len, "none": 0}[head]
+    return body + per_slot * slots
+
+
+def flops_for(cfg: JobConfig, vocab_size: int, head: str = "masked") -> float:
+    m = cfg.model
+    return flops_per_seq(num_layers=m.size("num_layers"), hidden=m.size("hidden_size"),
+                         intermediate=m.size("intermediate_size"), vocab=vocab_size,
+                         seq_len=cfg.data.seq_len, predictions=cfg.data.max_pred, head=head)

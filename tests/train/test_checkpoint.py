@@ -1,0 +1,130 @@
+"""Checkpoints: atomic (a crash mid-write leaves the previous one loadable), owned, restored."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.train.helpers import make_job
+from trainmaster import jobfile
+from trainmaster.errors import UserError
+from trainmaster.train import checkpoint, ckptdir, model, optim, preflight
+from trainmaster.train.dataset import Position
+from trainmaster.train.device import Runtime
+
+META = {"job": "t", "config_hash": "abc", "vocab_size": 300, "files": []}
+
+
+def setup():  # type: ignore[no-untyped-def]
+    cfg = jobfile.preset("local-cpu", ['train.optimizer="lamb"'])
+    rt = Runtime(preflight.Env(), "cpu", bf16=False)
+    bert = model.build(cfg, 300)
+    opt = optim.make_optimizer(cfg, bert, "cpu")
+    sched = optim.make_scheduler(cfg, opt)
+    return cfg, rt, bert, opt, sched
+
+
+def one_step(bert, opt, sched) -> None:  # type: ignore[no-untyped-def]
+    loss = sum(p.sum() for p in bert.parameters()) * 1e-3
+    loss.backward()
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+
+
+def save(folder: Path, step: int, rt, bert, opt, sched, keep: int = 3) -> Path:  # type: ignore[no-untyped-def]
+    path = checkpoint.save(folder, step=step, rt=rt, model=bert, optimizer=opt, scheduler=sched,
+                           position=Position(1, 2, 12), meta=META, keep=keep)
+    assert path is not None
+    return path
+
+
+def test_round_trip_restores_weights_optimizer_and_schedule(tmp_path: Path) -> None:
+    _, rt, bert, opt, sched = setup()
+    one_step(bert, opt, sched)
+    path = save(tmp_path, 1, rt, bert, opt, sched)
+    one_step(bert, opt, sched)
+    after_two = {k: v.clone() for k, v in bert.state_dict().items()}
+
+    _, rt2, bert2, opt2, sched2 = setup()
+    checkpoint.load_model(path, bert2)
+    assert checkpoint.load_trainer(path, opt2, sched2) == 1
+    assert checkpoint.load_rank(path, rt2, same_world=True)
+    assert not checkpoint.load_rank(path, rt2, same_world=False)
+    one_step(bert2, opt2, sched2)
+    assert all(torch.equal(after_two[k], v) for k, v in bert2.state_dict().items())
+    assert sched2.get_last_lr() == sched.get_last_lr()
+    meta = ckptdir.read_meta(path)
+    assert meta is not None and meta["positions"] == [[1, 2, 12]] and meta["world_size"] == 1
+    assert meta["config_hash"] == "abc" and meta["step"] == 1
+
+
+def test_rng_state_is_restored_exactly(tmp_path: Path) -> None:
+    _, rt, bert, opt, sched = setup()
+    torch.manual_seed(11)
+    random.seed(11)
+    np.random.seed(11)
+    path = save(tmp_path, 3, rt, bert, opt, sched)
+    expected = (torch.rand(4).tolist(), random.random(), float(np.random.rand()))
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    checkpoint.load_rank(path, rt, same_world=True)
+    assert (torch.rand(4).tolist(), random.random(), float(np.random.rand())) == expected
+
+
+def test_a_half_written_checkpoint_is_ignored_and_the_previous_one_loads(tmp_path: Path) -> None:
+    _, rt, bert, opt, sched = setup()
+    save(tmp_path, 10, rt, bert, opt, sched)
+    # a crash while writing step 20: its temporary folder, half a file in it
+    tmp = ckptdir.temp_dir(tmp_path, 20)
+    tmp.mkdir()
+    (tmp / "model.pt").write_bytes(b"PK\x03\x04 torn")
+    # a step folder without its meta.json, and one whose meta is torn
+    (tmp_path / "step_30").mkdir()
+    (tmp_path / "step_40").mkdir()
+    (tmp_path / "step_40" / "meta.json").write_text('{"step": 4')
+    latest = ckptdir.latest(tmp_path)
+    assert latest is not None and latest.step == 10
+    _, _, bert2, _, _ = setup()
+    checkpoint.load_model(latest.path, bert2)
+    assert all(torch.equal(a, b) for a, b in zip(bert.state_dict().values(), bert2.state_dict().values(), strict=True))
+    save(tmp_path, 50, rt, bert, opt, sched)  # the next save clears temporaries
+    assert not tmp.exists()
+    assert [c.step for c in ckptdir.complete(tmp_path)] == [10, 50]
+
+
+def test_only_the_newest_are_kept_and_a_step_can_be_rewritten(tmp_path: Path) -> None:
+    _, rt, bert, opt, sched = setup()
+    for step in (1, 2, 3, 4):
+        save(tmp_path, step, rt, bert, opt, sched, keep=2)
+    assert [c.step for c in ckptdir.complete(tmp_path)] == [3, 4]
+    save(tmp_path, 4, rt, bert, opt, sched, keep=2)
+    assert [c.step for c in ckptdir.complete(tmp_path)] == [3, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_3", "step_4"]
+
+
+def test_a_checkpoint_of_another_configuration_is_refused(pydoc_storage: Path) -> None:
+    job = make_job(pydoc_storage, "owned", nproc=1)
+    step = job.parent / "checkpoints" / "step_5"
+    step.mkdir(parents=True)
+    cfg = jobfile.load(job)
+    (step / "meta.json").write_text(json.dumps({**META, "step": 5, "job": "owned",
+                                                "config_hash": "0123456789abcdef"}))
+    with pytest.raises(UserError) as err:
+        preflight.make_plan(job, str(pydoc_storage), environ={})
+    message = str(err.value)
+    assert "step_5" in message and "0123456789abcdef" in message
+    assert cfg.derived.config_hash in message and "job.name" in message and "delete" in message
+    (step / "meta.json").write_text(json.dumps({**META, "step": 5, "job": "owned",
+                                                "config_hash": cfg.derived.config_hash,
+                                                "world_size": 1, "positions": [[0, 1, 8]],
+                                                "files": [f"pydoc_training_{k}.hdf5" for k in range(4)],
+                                                "vocab_size": 4096}))
+    plan = preflight.make_plan(job, str(pydoc_storage), environ={})
+    assert plan.resume is not None and plan.resume.step == 5 and plan.position == Position(0, 1, 8)
