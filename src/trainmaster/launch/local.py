@@ -14,10 +14,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainmaster import jobfile
+from trainmaster.compile import cache, lock
+from trainmaster.compile import precompile as compile_precompile
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
 from trainmaster.launch import rendezvous, state
@@ -33,6 +36,9 @@ class Plan:
     rdzv: Rendezvous
     private_etcd: bool
     commands: list[list[str]]
+    compile_note: str | None = None  # train.compile: "compile cache warm (CACHESET)" or cold
+    lock_wait_s: float = 0.0  # how long start() waits for the cacheset's lock
+    purpose: str = "train"  # train | precompile (precompile replaces the cache's fingerprint)
 
 
 def _rendezvous(cfg: JobConfig) -> tuple[Rendezvous, bool]:
@@ -73,8 +79,12 @@ def check_shards(cfg: JobConfig, store: Storage) -> None:
                         where="data.dataset")
 
 
-def plan(cfg: JobConfig, store: Storage, *, resume: bool = False) -> Plan:
-    """Every check that needs no side effect; raises UserError before anything starts."""
+def plan(cfg: JobConfig, store: Storage, *, resume: bool = False, precompile: bool = False) -> Plan:
+    """Every check that needs no side effect; raises UserError before anything starts.
+
+    A compile job's cacheset must hold this job's graphs or none (compile/precompile.expect):
+    a fingerprint of another job shape is refused here, naming the differing fields.
+    """
     run = RunPaths(store.run_dir(cfg.job.name))
     if run.state.exists():
         current = state.observed(run.state)
@@ -86,12 +96,48 @@ def plan(cfg: JobConfig, store: Storage, *, resume: bool = False) -> Plan:
                             "to continue it from its last checkpoint, or choose another job.name",
                             where="job.name")
     check_shards(cfg, store)
+    note = None
+    if cfg.train.compile and not precompile:
+        note = compile_precompile.expect(cfg, store).message
     rdzv, private = _rendezvous(cfg)
-    return Plan(run, rdzv, private, agent_commands(cfg, rdzv, run, store.root))
+    return Plan(run, rdzv, private, agent_commands(cfg, rdzv, run, store.root), compile_note=note,
+                purpose="precompile" if precompile else "train")
 
 
-def start(cfg: JobConfig, store: Storage, p: Plan) -> state.RunState:
-    """Write the run folder and start the supervisor; return the recorded state."""
+def _take_cache_lock(cfg: JobConfig, store: Storage, p: Plan,
+                     on_wait: Callable[[lock.Holder], None] | None) -> lock.CacheLock | None:
+    """One job at a time per cacheset: the lock, then (it may have changed while we waited)
+    the fingerprint again."""
+    if not cfg.train.compile:
+        return None
+    held = lock.acquire(store.cache_dir(cfg.train.cacheset), job=cfg.job.name, purpose=p.purpose,
+                        wait_s=p.lock_wait_s, on_wait=on_wait)
+    try:
+        if p.purpose == "train":
+            compile_precompile.expect(cfg, store)
+    except BaseException:
+        held.release()
+        raise
+    return held
+
+
+def start(cfg: JobConfig, store: Storage, p: Plan,
+          on_wait: Callable[[lock.Holder], None] | None = None) -> state.RunState:
+    """Write the run folder and start the supervisor; return the recorded state.
+
+    A compile job first takes its cacheset's lock (waiting up to p.lock_wait_s) and hands it
+    to the supervisor, which holds it until the job ends.
+    """
+    held = _take_cache_lock(cfg, store, p, on_wait)
+    try:
+        return _start(cfg, store, p, held)
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
+
+
+def _start(cfg: JobConfig, store: Storage, p: Plan, held: lock.CacheLock | None) -> state.RunState:
     run = p.run
     run.dir.mkdir(parents=True, exist_ok=True)
     run.logs.mkdir(exist_ok=True)
@@ -104,10 +150,15 @@ def start(cfg: JobConfig, store: Storage, p: Plan) -> state.RunState:
         nodes=[state.NodeState(index=i, log=str(run.logs / f"node{i}.log")) for i in range(cfg.job.nnodes)],
     )
     state.write_atomic(run.state, st.model_dump_json(indent=2))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if held is not None:
+        env[cache.LOCK_ENV] = held.holder.token
     with (run.logs / "supervisor.log").open("ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "trainmaster.launch.supervise", str(run.dir)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                start_new_session=True, env=env)
+    if held is not None:
+        held.hand_over(proc.pid)
     return state.update(run.state, supervisor_pid=proc.pid)
 
 

@@ -16,10 +16,12 @@ import time
 from pathlib import Path
 
 from trainmaster import jobfile
+from trainmaster.compile import cache, lock
+from trainmaster.config import JobConfig
 from trainmaster.launch import rendezvous, state
 from trainmaster.launch.local import agent_commands
 from trainmaster.launch.torchrun import Rendezvous
-from trainmaster.storage import RunPaths
+from trainmaster.storage import RunPaths, Storage
 
 
 def _signal_groups(pids: list[int], sig: int) -> None:
@@ -39,6 +41,28 @@ def _final_phase(run: RunPaths, codes: list[int], elastic: bool, cancelled: bool
     return "failed"
 
 
+def cache_env(cfg: JobConfig, storage: Path) -> dict[str, str]:
+    """A compile job's cache settings (compile/cache.py), the same on every node."""
+    folder = Storage(storage).cache_dir(cfg.train.cacheset)
+    kind = cache.mechanism(cfg)
+    for sub in cache.dirs_to_make(kind, folder):
+        sub.mkdir(parents=True, exist_ok=True)
+    # TMPDIR is the trainer's to set (it does): torchrun's own temporary folders stay in /tmp.
+    settings = {k: v for k, v in cache.env(kind, folder).items() if k != "TMPDIR"}
+    return {**settings, cache.CACHE_ENV: str(folder)}
+
+
+def _hold_cache_lock(cfg: JobConfig, storage: Path) -> lock.CacheLock | None:
+    """The cacheset lock that `launch` took and handed over: held (heartbeat) until the end."""
+    token = os.environ.get(cache.LOCK_ENV)
+    if not cfg.train.compile or not token:
+        return None
+    held = lock.adopt(Storage(storage).cache_dir(cfg.train.cacheset), token)
+    if held is not None:
+        held.start_heartbeat()
+    return held
+
+
 def supervise(run_dir: Path) -> int:
     run = RunPaths(run_dir)
     st = state.read(run.state)
@@ -52,6 +76,7 @@ def supervise(run_dir: Path) -> int:
         _signal_groups([a.pid for a in agents], signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_term)
+    held = _hold_cache_lock(cfg, Path(st.rendezvous["storage"]))
     try:
         if st.rendezvous.get("private_etcd") == "true":
             etcd, endpoint = rendezvous.start_private_etcd(run.dir / "etcd", run.logs / "etcd.log",
@@ -65,6 +90,8 @@ def supervise(run_dir: Path) -> int:
         # per core and they fight (torchrun only sets this when nproc_per_node > 1).
         workers = cfg.job.nnodes * cfg.job.nproc_per_node
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+        if cfg.train.compile:
+            env |= cache_env(cfg, storage)
         for i, cmd in enumerate(agent_commands(cfg, rdzv, run, storage)):
             with (run.logs / f"node{i}.log").open("ab") as log:
                 agents.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -81,6 +108,8 @@ def supervise(run_dir: Path) -> int:
         if etcd is not None:
             etcd.terminate()
             etcd.wait(timeout=30)
+        if held is not None:
+            held.release()
     final = state.read(run.state)
     nodes = [n.model_copy(update={"exit_code": c}) for n, c in zip(final.nodes, codes, strict=True)]
     elastic = bool(cfg.job.min_nnodes and cfg.job.min_nnodes < cfg.job.nnodes)

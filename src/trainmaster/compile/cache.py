@@ -1,0 +1,131 @@
+"""Per-device compile cache settings, and what a cacheset holds (DESIGN 3.3).
+
+STORAGE/cache/CACHESET/
+  inductor/  torch.compile (cpu, cuda): FX graph and AOTAutograd caches (fxgraph/, aotautograd/)
+  triton/    Triton kernels (cuda)
+  neuron/    Neuron: compiled NEFFs, keyed by the hash of the XLA graph and compiler flags
+  xla/       plain torch_xla's persistent cache, one folder per process (rankN/)
+  tmp/       the compilers' temporary files (TMPDIR), large and short-lived
+  fingerprint.json, .lock
+
+Mechanisms (performance-anchors 5, aws-tutorial 4):
+- inductor: TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR inside the cacheset, the FX graph and
+  AOTAutograd caches forced on, TMPDIR inside the cacheset (not a node's small /tmp).
+- neuron: NEURON_CC_FLAGS=--cache_dir=<cacheset>/neuron, ONE cache on shared storage for all
+  nodes (the tutorial kept one per node, so every node compiled every graph). The precompile
+  job runs the same torchrun command under `neuron_parallel_compile`, which extracts the graphs
+  of a few steps and compiles them in parallel.
+- xla: torch_xla's persistent cache (XLA_PERSISTENT_CACHE_PATH, what
+  torch_xla.runtime.initialize_cache sets), one path per process as torch_xla requires.
+
+All pure functions of the device kind and the cacheset's path: the local launcher, the Kubernetes
+pod spec and the trainer take the same values from here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path, PurePath
+from typing import Literal
+
+from trainmaster.config import JobConfig
+
+Mechanism = Literal["inductor", "neuron", "xla"]
+SUBDIRS: dict[Mechanism, tuple[str, ...]] = {
+    "inductor": ("inductor", "triton"), "neuron": ("neuron",), "xla": ("xla",)}
+TMP = "tmp"
+PRECOMPILE_WRAPPER = "neuron_parallel_compile"
+CACHE_ENV = "TRAINMASTER_COMPILE_CACHE"  # the cacheset's path, for the trainer
+LOCK_ENV = "TRAINMASTER_CACHE_LOCK"  # the token of the lock the launcher holds for this job
+
+
+def mechanism(cfg: JobConfig, environ: Mapping[str, str] | None = None) -> Mechanism:
+    """Which compiler cache a job uses, from train.device, the node type and PJRT_DEVICE."""
+    environ = os.environ if environ is None else environ
+    device: str = cfg.train.device
+    if device == "auto":
+        local = "xla" if environ.get("PJRT_DEVICE") else "cpu"
+        device = cfg.derived.instance.device_kind if cfg.job.backend == "kubernetes" else local
+    if device != "xla":
+        return "inductor"
+    if cfg.job.backend == "kubernetes":
+        return "neuron" if cfg.derived.instance.device_kind == "xla" else "xla"
+    pjrt = environ.get("PJRT_DEVICE", "").upper()
+    return "xla" if pjrt and pjrt != "NEURON" else "neuron"
+
+
+def env(kind: Mechanism, cache_dir: PurePath) -> dict[str, str]:
+    """The environment of every worker of a compile job (train or precompile)."""
+    tmp = str(cache_dir / TMP)
+    if kind == "inductor":
+        return {
+            "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"),
+            "TRITON_CACHE_DIR": str(cache_dir / "triton"),
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+            "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+            "TMPDIR": tmp,
+        }
+    if kind == "neuron":
+        neuron = str(cache_dir / "neuron")
+        # --cache_dir in NEURON_CC_FLAGS wins over NEURON_COMPILE_CACHE_URL; both say the same.
+        return {"NEURON_CC_FLAGS": f"--cache_dir={neuron}", "NEURON_COMPILE_CACHE_URL": neuron,
+                "TMPDIR": tmp}
+    return {"XLA_PERSISTENT_CACHE_PATH": str(cache_dir / "xla"), "TMPDIR": tmp}
+
+
+def worker_env(kind: Mechanism, cache_dir: PurePath, rank: int) -> dict[str, str]:
+    """Per-process additions: torch_xla's persistent cache wants one path per process."""
+    if kind == "xla":
+        return {"XLA_PERSISTENT_CACHE_PATH": str(cache_dir / "xla" / f"rank{rank}"),
+                "XLA_PERSISTENT_CACHE_READ_ONLY": "0"}
+    return {}
+
+
+def precompile_env(kind: Mechanism, cache_dir: PurePath) -> dict[str, str]:
+    """The precompile job's environment: the job's, plus neuron_parallel_compile's settings."""
+    out = env(kind, cache_dir)
+    if kind == "neuron":
+        out |= {
+            # The trial run computes with placeholder values: a failed check of the script
+            # (a loss, a norm) must not stop the graphs it extracted from being compiled.
+            "NEURON_IGNORE_TRAINING_SCRIPT_ERROR_AND_COMPILE": "1",
+            # One retry of a graph whose compilation failed (default 0: cached as failed).
+            "NEURON_PARALLEL_COMPILE_MAX_RETRIES": "1",
+        }
+    return out
+
+
+def precompile_command(kind: Mechanism, torchrun: list[str]) -> list[str]:
+    """The precompile job's command: the job's own torchrun command, wrapped on Neuron."""
+    return [PRECOMPILE_WRAPPER, *torchrun] if kind == "neuron" else list(torchrun)
+
+
+def dirs_to_make(kind: Mechanism, cache_dir: Path) -> list[Path]:
+    return [cache_dir / sub for sub in (*SUBDIRS[kind], TMP)]
+
+
+def entries(cache_dir: Path) -> dict[str, int]:
+    """Files per compiler folder (tmp/, .lock and fingerprint.json are not entries)."""
+    out: dict[str, int] = {}
+    for sub in ("inductor", "triton", "neuron", "xla"):
+        folder = cache_dir / sub
+        if folder.is_dir():
+            out[sub] = sum(len(files) for _, _, files in os.walk(folder))
+    return out
+
+
+def size_bytes(cache_dir: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(cache_dir):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def has_entries(cache_dir: Path, kind: Mechanism) -> bool:
+    counts = entries(cache_dir)
+    return any(counts.get(sub, 0) > 0 for sub in SUBDIRS[kind])

@@ -1,0 +1,67 @@
+"""Helpers of the compile-cache tests: the real CLI (with the compile commands), job files, lock holders.
+
+`tm(...)` runs `python -m trainmaster`-equivalent in a subprocess. Until `precompile` and
+`cache` are registered in cli/app.py, it registers them on the app first (and then leaves it
+alone), so the tests exercise the same functions either way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import run_cli
+from trainmaster.storage import Storage
+
+SHIM = textwrap.dedent("""
+    import sys
+    from trainmaster.cli import app as cli_app
+    from trainmaster.cli import compile_cmd
+    names = {c.name or (c.callback.__name__ if c.callback else "") for c in cli_app.app.registered_commands}
+    if "precompile" not in names:
+        cli_app.app.command()(compile_cmd.precompile)
+    if "cache" not in {g.name for g in cli_app.app.registered_groups}:
+        cli_app.app.add_typer(compile_cmd.cache_app, name="cache")
+    sys.exit(cli_app.main(sys.argv[1:]))
+""")
+# One thread per worker on 2 shared cores; dropout as BERT's (graphs do not depend on it).
+RUN_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "COLUMNS": "200"}
+
+
+def tm_command(*args: str) -> list[str]:
+    return [sys.executable, "-c", SHIM, *args]
+
+
+def tm(*args: str, env: dict[str, str] | None = None, timeout: float = 120
+       ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(tm_command(*args), env={**os.environ, **RUN_ENV, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def job_file(folder: Path, name: str, *sets: str) -> Path:
+    """bert-tiny on the built-in corpus, 1 node x 1 worker, compile on, a few steps."""
+    path = folder / f"{name}.toml"
+    base = [f'job.name="{name}"', "job.nnodes=1", "job.nproc_per_node=1", "job.max_restarts=0",
+            "train.batch_size=8", "train.global_batch_size=16", "train.max_steps=3",
+            "train.warmup_steps=1", "train.compile=true", f'train.cacheset="{name}"']
+    args = ["init", "--preset", "local-cpu", "--out", str(path)]
+    for s in [*base, *sets]:
+        args += ["--set", s]
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+def summary(store: Path, job: str) -> dict[str, Any]:
+    return json.loads((Storage(store).run_dir(job) / "summary.json").read_text())
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, (result.returncode, result.stderr)
+    return lines[0]
