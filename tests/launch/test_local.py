@@ -123,12 +123,15 @@ def test_status_logs_cancel_from_other_processes(pydoc_storage: Path, tmp_path: 
     assert status.returncode == 0, status.stderr
     assert "phase running" in status.stdout and "ETA" in status.stdout
     assert all(f"\n {r} " in status.stdout or f"│ {r} " in status.stdout for r in ("0", "1"))
+    workers_before = [w.pid for w in runinfo.workers(state.read(Storage(pydoc_storage).run_dir("long") / "state.json"))]
+    assert len(workers_before) == 2
     logs = run_cli("logs", "long", "--storage", str(pydoc_storage))
     assert logs.returncode == 0 and "rank 0" in logs.stdout
     cancel = run_cli("cancel", "long", "--grace", "20", "--storage", str(pydoc_storage))
     assert cancel.returncode == 0 and "cancelled" in cancel.stdout, cancel.stderr
     st = state.read(Storage(pydoc_storage).run_dir("long") / "state.json")
     assert st.phase == "cancelled" and no_processes_left(st)
+    assert not any(state.pid_alive(w) for w in workers_before)  # workers too, not only agents
     ckpts = sorted((Storage(pydoc_storage).run_dir("long") / "checkpoints").glob("step_*"))
     assert ckpts, "the last checkpoint is kept"
     again = run_cli("status", "long", "--storage", str(pydoc_storage))
@@ -171,7 +174,11 @@ def test_elastic_job_survives_losing_a_node(pydoc_storage: Path, tmp_path: Path)
     assert run_cli("launch", str(path), "--storage", str(pydoc_storage)).returncode == 0
     wait_for(lambda: last_step(pydoc_storage, "elastic") >= 12, 300, "step 12")
     st = state.read(Storage(pydoc_storage).run_dir("elastic") / "state.json")
-    os.killpg(st.nodes[1].pid, signal.SIGKILL)  # the whole node: agent and its worker
+    node1 = [w.pid for w in runinfo.workers(st) if w.node == 1]
+    assert node1, "node 1 has a worker"
+    os.killpg(st.nodes[1].pid, signal.SIGKILL)  # the whole node: its agent...
+    for pid in node1:  # ...and its worker, which torchrun started in a session of its own
+        os.kill(pid, signal.SIGKILL)
     final = wait_final(pydoc_storage, "elastic")
     assert final.phase == "succeeded", final.message
     assert [n.exit_code for n in final.nodes][0] == 0

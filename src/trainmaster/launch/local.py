@@ -23,7 +23,7 @@ from trainmaster.compile import cache, lock
 from trainmaster.compile import precompile as compile_precompile
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
-from trainmaster.launch import rendezvous, state
+from trainmaster.launch import procs, rendezvous, state
 from trainmaster.launch.torchrun import Rendezvous, command
 from trainmaster.storage import SHARD_GLOB, RunPaths, Storage, dataset_path
 
@@ -170,13 +170,19 @@ def cancel(run: RunPaths, grace_s: float = 10.0) -> state.RunState:
     """
     st = state.update(run.state, cancel_requested=True)
     groups = [n.pid for n in st.nodes if n.pid] + ([st.etcd_pid] if st.etcd_pid else [])
+    workers = [w.pid for w in procs.workers(st)]  # own sessions: not in the agents' groups
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         live = [g for g in groups if state.pid_alive(g)]
         for pgid in live:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, sig)
+        left = [w for w in workers if state.pid_alive(w)]
+        if sig == signal.SIGKILL:  # the agents forward SIGTERM; whatever is left goes now
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
         end = time.monotonic() + wait
-        while any(state.pid_alive(g) for g in live) and time.monotonic() < end:
+        while any(state.pid_alive(p) for p in live + left) and time.monotonic() < end:
             time.sleep(0.1)  # waiting for processes to exit after a signal (bounded)
     # The supervisor records the end when it sees its agents exit; if it is gone, record it here.
     if not state.pid_alive(st.supervisor_pid):

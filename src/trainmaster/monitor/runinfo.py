@@ -14,6 +14,7 @@ from typing import Any
 from trainmaster import jobfile
 from trainmaster.errors import UserError
 from trainmaster.launch import state
+from trainmaster.launch.procs import Worker, workers
 from trainmaster.storage import RunPaths, Storage
 
 
@@ -50,46 +51,6 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return rows
-
-
-@dataclass
-class Worker:
-    rank: int
-    local_rank: int
-    node: int
-    pid: int
-
-
-def workers(st: state.RunState) -> list[Worker]:
-    """Live worker processes of a local run: the children of each node's agent, by their RANK."""
-    found = []
-    for node in st.nodes:
-        if not state.pid_alive(node.pid):
-            continue
-        for child in _children(node.pid or 0):
-            env = _environ(child)
-            if "RANK" in env and "LOCAL_RANK" in env:
-                found.append(Worker(int(env["RANK"]), int(env["LOCAL_RANK"]), node.index, child))
-    return sorted(found, key=lambda w: w.rank)
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return out
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
 @dataclass
