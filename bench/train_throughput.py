@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import statistics
 import sys
@@ -194,8 +195,10 @@ class HFTrainer:
 
     def run(self, steps: int) -> list[float]:
         """steps + 1 steps of Trainer.train(); the time between step ends of the last `steps`."""
-        # accelerate keeps its state (mixed precision!) in a process-wide singleton: without a
-        # reset, a Trainer made after a bf16 one silently runs bf16 too.
+        # TrainingArguments(bf16=True) sets ACCELERATE_MIXED_PRECISION=bf16 in os.environ and
+        # accelerate keeps a process-wide state: without both reset, a Trainer made after a
+        # bf16 one silently runs under bf16 autocast too.
+        os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16" if self.bf16 else "no"
         AcceleratorState._reset_state(reset_partial_state=True)
         clock = _StepClock()
         args = TrainingArguments(

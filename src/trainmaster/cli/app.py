@@ -11,7 +11,7 @@ import sys
 import typer
 
 from trainmaster import __version__
-from trainmaster.cli import job_cmd, monitor_cmd
+from trainmaster.cli import compile_cmd, job_cmd, monitor_cmd
 from trainmaster.cli.cluster_cmd import cluster_app
 from trainmaster.cli.config_cmd import config_app, init
 from trainmaster.cli.data_cmd import data_app
@@ -29,6 +29,7 @@ app = typer.Typer(
 app.command()(demo)
 app.command()(init)
 app.add_typer(config_app, name="config")
+app.command()(compile_cmd.precompile)
 app.command()(job_cmd.launch)
 app.command("list")(job_cmd.list_jobs)
 app.command()(job_cmd.status)
@@ -39,6 +40,7 @@ app.command()(monitor_cmd.tensorboard)
 app.command()(monitor_cmd.report)
 app.add_typer(data_app, name="data")
 app.add_typer(cluster_app, name="cluster")
+app.add_typer(compile_cmd.cache_app, name="cache")
 
 
 def _version(value: bool) -> None:

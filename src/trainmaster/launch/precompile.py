@@ -40,13 +40,15 @@ def _remove_previous(run: RunPaths) -> None:
     shutil.rmtree(run.dir)
 
 
-def plan_local(cfg: JobConfig, store: Storage, *, steps: int, wait_lock_s: float
-               ) -> tuple[JobConfig, local.Plan]:
-    """Every check, nothing started (but a finished previous precompile run is removed)."""
+def plan_local(cfg: JobConfig, store: Storage, *, steps: int, wait_lock_s: float,
+               dry_run: bool = False) -> tuple[JobConfig, local.Plan]:
+    """Every check, nothing started; unless dry_run, a finished previous precompile run is
+    removed (a running one is refused either way)."""
     pre = pre_mod.precompile_config(cfg, steps)
     store.ensure_writable()
-    _remove_previous(RunPaths(store.run_dir(pre.job.name)))
-    plan = local.plan(pre, store, precompile=True)
+    if not dry_run:
+        _remove_previous(RunPaths(store.run_dir(pre.job.name)))
+    plan = local.plan(pre, store, resume=dry_run, precompile=True)
     return pre, dataclasses.replace(plan, lock_wait_s=wait_lock_s)
 
 

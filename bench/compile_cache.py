@@ -1,0 +1,120 @@
+"""Time to first step with torch.compile on this machine's CPU: cold cache vs warm cache.
+
+    python bench/compile_cache.py [--models bert-tiny,bert-base] [--steps 2] [--out FILE]
+
+For each model, three runs of the trainer (`python -m trainmaster.train`, one worker, as a
+launcher starts it), each a fresh process on the built-in corpus (prepared in a temp folder):
+  eager  train.compile off: the reference (imports, data, model, one step)
+  cold   train.compile on, an empty cacheset: precompile's situation (everything compiles)
+  warm   train.compile on, the cacheset the cold run filled: a launch after precompile
+time_to_first_step_s is the trainer's own figure in summary.json (process start to the end of
+the first optimizer step, imports included). The compiler's counters (FX graph and AOTAutograd
+cache hits and misses) are reported next to it, so a warm run is shown to be warm by the
+compiler, not only by the clock. The cold run starts with nothing: its cacheset (and with it
+TMPDIR, where Inductor keeps its precompiled headers) is new.
+
+Prints one JSON object. No assertions (DESIGN 4). The aim (issue 6): warm <= 0.15 x cold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from trainmaster import jobfile
+
+BATCH = {"bert-tiny": 8, "bert-mini": 4, "bert-base": 2, "bert-large": 1}
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def prepare(root: Path) -> None:
+    out = root / "datasets" / "pydoc"
+    cmd = [sys.executable, "-m", "trainmaster", "data", "prepare", "--builtin", "pydoc", "--output",
+           str(out), "--shards", "1", "--dupe-factor", "1", "--vocab-size", "4096", "--quiet"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+def job(root: Path, name: str, model: str, steps: int, compile_: bool) -> Path:
+    batch = BATCH[model]
+    sets = [f'job.name="{name}"', "job.nnodes=1", "job.nproc_per_node=1", "job.max_restarts=0",
+            f'model.preset="{model}"', f"train.batch_size={batch}", f"train.global_batch_size={batch}",
+            f"train.max_steps={steps + 1}", "train.warmup_steps=1", f"train.steps_this_run={steps}",
+            f"train.compile={'true' if compile_ else 'false'}", f'train.cacheset="{model}"']
+    cfg = jobfile.preset("local-cpu", sets)
+    path = root / "runs" / name / "job.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(jobfile.render(cfg, f"bench job {name}"), encoding="utf-8")
+    return path
+
+
+def run(root: Path, path: Path) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TRAINMASTER_COMPILE_CACHE")}
+    env |= {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
+    t0 = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "trainmaster.train", "--job", str(path), "--storage",
+                             str(root)], env=env, capture_output=True, text=True, timeout=3600)
+    wall = time.perf_counter() - t0
+    if result.returncode != 0:
+        raise SystemExit(f"{path.parent.name} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    summary = json.loads((path.parent / "summary.json").read_text())
+    return {"time_to_first_step_s": round(summary["time_to_first_step_s"], 2),
+            "wall_s": round(wall, 2), "compile_cache": summary["compile_cache"],
+            "compile_counters": summary.get("compile_counters") or {},
+            "avg_seq_per_s": summary.get("avg_seq_per_s")}
+
+
+def bench_model(root: Path, model: str, steps: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"model": model, "micro_batch": BATCH[model], "steps": steps}
+    for kind, compiled in (("eager", False), ("cold", True), ("warm", True)):
+        say(f"{model}: {kind} ...")
+        out[kind] = run(root, job(root, f"{model}-{kind}", model, steps, compiled))
+        say(f"{model}: {kind} first step after {out[kind]['time_to_first_step_s']} s")
+    cold, warm, eager = (out[k]["time_to_first_step_s"] for k in ("cold", "warm", "eager"))
+    out["warm_over_cold"] = round(warm / cold, 3)
+    out["compile_overhead_s"] = {"cold": round(cold - eager, 2), "warm": round(warm - eager, 2)}
+    out["cache_bytes"] = sum(f.stat().st_size for f in (root / "cache" / model).rglob("*")
+                             if f.is_file() and "tmp" not in f.relative_to(root / "cache" / model).parts)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="bert-tiny,bert-base")
+    p.add_argument("--steps", type=int, default=2, help="steps per run (the first is timed)")
+    p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-compile-") as tmp:
+        root = Path(tmp)
+        prepare(root)
+        results = [bench_model(root, m, args.steps) for m in args.models.split(",")]
+    report = {
+        "bench": "compile_cache",
+        "what": "time to first step (process start -> end of step 1), one CPU worker, cold vs warm "
+                "torch.compile cache (FX graph + AOTAutograd caches in STORAGE/cache/CACHESET)",
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version(), "torch": metadata.version("torch"),
+                    "note": "shared machine: other work may be running; figures are indicative"},
+        "aim": "warm <= 0.15 x cold",
+        "results": results,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

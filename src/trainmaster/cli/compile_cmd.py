@@ -1,0 +1,242 @@
+"""`trainmaster precompile JOB.toml` and `trainmaster cache list | show | clear`.
+
+The lead registers them: `app.command()(compile_cmd.precompile)` and
+`app.add_typer(compile_cmd.cache_app, name="cache")`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from trainmaster import jobfile
+from trainmaster.cli.k8s_cmd import backend_of
+from trainmaster.cli.options import (
+    BackendOpt,
+    ContextOpt,
+    JobFileArg,
+    KubeconfigOpt,
+    NamespaceOpt,
+    SetOpt,
+    StorageOpt,
+)
+from trainmaster.compile import cache, fingerprint, lock
+from trainmaster.compile import precompile as pre_mod
+from trainmaster.errors import UserError
+from trainmaster.presets import EXAMPLE_ACCOUNT
+from trainmaster.storage import Storage
+
+out = Console()
+cache_app = typer.Typer(help="Look at and clear the shared compile caches (STORAGE/cache/).",
+                        no_args_is_help=True)
+CachesetArg = Annotated[str, typer.Argument(metavar="CACHESET", help="A cacheset (train.cacheset)")]
+
+
+def _say(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+def precompile(
+    file: JobFileArg,
+    overrides: SetOpt = None,
+    storage: StorageOpt = None,
+    backend: BackendOpt = None,
+    steps: Annotated[int, typer.Option(help="Steps of the precompile run (train.steps_this_run)")] = pre_mod.DEFAULT_STEPS,
+    wait_lock: Annotated[float, typer.Option(help="Seconds to wait while another job uses the cacheset (then fail)")] = 0.0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would run (local: the commands; kubernetes: the objects as YAML)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="local: print the outcome as JSON")] = False,
+    image: Annotated[str | None, typer.Option(help="kubernetes: training image (else kubernetes.image)")] = None,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Fill the job's compile cache: the same job, a few steps, in compile mode, on its backend."""
+    extra = [f'job.backend="{backend_of(backend)}"'] if backend else []
+    extra += [f'kubernetes.namespace="{namespace}"'] if namespace else []
+    cfg = jobfile.load(file, [*(overrides or []), *extra])
+    if wait_lock < 0:
+        raise UserError(f"must be 0 or more (got {wait_lock:g})", where="--wait-lock")
+    if not cfg.train.compile:
+        _say(f"note: train.compile is off in {file}: `launch` uses this cache only with "
+             "--set train.compile=true (or compile = true in [train])")
+    if cfg.job.backend == "kubernetes":
+        _precompile_kubernetes(cfg, steps=steps, image=image, dry_run=dry_run,
+                               kubeconfig=kubeconfig, context=context)
+        return
+    from trainmaster.launch import precompile as runner
+
+    store = Storage.at(storage, cfg.job.storage)
+    pre, plan = runner.plan_local(cfg, store, steps=steps, wait_lock_s=wait_lock, dry_run=dry_run)
+    folder = store.cache_dir(cfg.train.cacheset)
+    _say(f"precompile {pre.job.name}: {pre.train.steps_this_run} step(s) of {cfg.job.name} "
+         f"({cfg.job.nnodes} node(s) x {cfg.job.nproc_per_node}) in compile mode into {folder}")
+    if dry_run:
+        for i, cmd in enumerate(plan.commands):
+            typer.echo(f"# node {i}\n{' '.join(cmd)}")
+        return
+
+    def waiting(holder: lock.Holder) -> None:
+        _say(f"waiting up to {wait_lock:g} s: compile cache {cfg.train.cacheset} is in use by "
+             f"{holder.describe()}")
+
+    def started(st: Any) -> None:
+        _say(f"{st.job} started (runs in {plan.run.dir}; `trainmaster logs {st.job} -f`)")
+
+    result = runner.run_local(pre, store, plan, on_wait=waiting, on_start=started)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    counts = result["compile_counters"]
+    entries = ", ".join(f"{k} {v}" for k, v in result["entries"].items()) or "none"
+    typer.echo(f"compile cache warm ({cfg.train.cacheset}) for {cfg.job.name}: fingerprint "
+               f"written, entries {entries}; first step after {result['time_to_first_step_s']:.1f} s")
+    if counts:
+        typer.echo(f"  compiler: {counts.get('fxgraph_cache_miss', 0)} FX graph(s) compiled, "
+                   f"{counts.get('fxgraph_cache_hit', 0)} found in the cache")
+    typer.echo(f"  next: trainmaster launch {file} (with train.compile = true)")
+
+
+def _precompile_kubernetes(cfg: Any, *, steps: int, image: str | None, dry_run: bool,
+                           kubeconfig: str | None, context: str | None) -> None:
+    from trainmaster.launch import precompile as runner
+    from trainmaster.launch import volcano
+
+    objects = runner.kubernetes_objects(cfg, steps=steps, image=image)
+    if dry_run:
+        typer.echo(volcano.render_yaml(objects), nl=False)
+        return
+    if EXAMPLE_ACCOUNT in volcano.image_of(cfg, image):
+        raise UserError(f"the image still names the example account {EXAMPLE_ACCOUNT}; push the "
+                        "image to your ECR (see `trainmaster cluster plan`) and set it",
+                        where="kubernetes.image")
+    from trainmaster.launch import kubernetes
+
+    cluster = kubernetes.connect(kubeconfig, context, cfg.kubernetes.namespace)
+    name = kubernetes.submit(cluster, objects)["metadata"]["name"]
+    typer.echo(f"{name}  (Volcano job in namespace {cluster.namespace}; `trainmaster status "
+               f"{name} --backend kubernetes`; its rank 0 writes the cacheset's fingerprint "
+               "after the first step)")
+
+
+# --- cache list | show | clear ------------------------------------------------------------------
+
+def _root(storage: str | None) -> Path:
+    return Storage.at(storage).root / "cache"
+
+
+def _folder(storage: str | None, name: str) -> Path:
+    folder = Storage.at(storage).cache_dir(name)
+    if not folder.is_dir():
+        known = sorted(p.name for p in _root(storage).iterdir() if p.is_dir()) if _root(storage).is_dir() else []
+        raise UserError(f"no cacheset {name!r} under {_root(storage)}"
+                        f"{'; cachesets: ' + ', '.join(known) if known else ' (no cachesets yet)'}",
+                        where="CACHESET")
+    return folder
+
+
+def _size(n: int) -> str:
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            break
+        value /= 1024
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def _lock_text(folder: Path) -> str:
+    current = lock.read(folder)
+    if current is None:
+        return "free"
+    holder, mtime = current
+    stale = lock.stale_reason(holder, mtime)
+    return f"stale ({stale}): {holder.describe()}" if stale else f"in use by {holder.describe()}"
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+@cache_app.command("list")
+def list_caches(storage: StorageOpt = None) -> None:
+    """The cachesets under STORAGE/cache: size, compiled entries, whose graphs, lock."""
+    root = _root(storage)
+    table = Table("cacheset", "size", "entries", "filled by", "lock")
+    for folder in sorted(root.iterdir() if root.is_dir() else []):
+        if not folder.is_dir():
+            continue
+        saved = fingerprint.read(folder)
+        entries = ", ".join(f"{k} {v}" for k, v in cache.entries(folder).items()) or "-"
+        table.add_row(folder.name, _size(cache.size_bytes(folder)), entries,
+                      f"{saved.job} ({_when(saved.written_at)})" if saved else "-", _lock_text(folder))
+    out.print(table)
+
+
+@cache_app.command()
+def show(name: CachesetArg, storage: StorageOpt = None,
+         as_json: Annotated[bool, typer.Option("--json", help="Print as JSON")] = False) -> None:
+    """A cacheset: where, size, entries per compiler, its fingerprint, its lock."""
+    folder = _folder(storage, name)
+    saved = fingerprint.read(folder)
+    current = lock.read(folder)
+    data: dict[str, Any] = {
+        "cacheset": name, "path": str(folder), "size_bytes": cache.size_bytes(folder),
+        "entries": cache.entries(folder),
+        "fingerprint": saved.to_json() if saved else None,
+        "lock": None if current is None else {
+            "holder": dataclasses.asdict(current[0]), "heartbeat": current[1],
+            "stale": lock.stale_reason(*current)},
+    }
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    out.print(f"[bold]{name}[/bold]  {folder}  {_size(data['size_bytes'])}", highlight=False)
+    out.print(f"  entries: {', '.join(f'{k} {v}' for k, v in data['entries'].items()) or 'none'}")
+    out.print(f"  lock: {_lock_text(folder)}", markup=False, highlight=False)
+    if saved is None:
+        out.print("  fingerprint: none (nothing compiled by a trainmaster job yet)")
+        return
+    out.print(f"  fingerprint: written by job {saved.job} on {saved.host}, {_when(saved.written_at)}",
+              markup=False, highlight=False)
+    table = Table("field", "value")
+    for key, value in saved.fields.items():
+        table.add_row(key, "-" if value is None else str(value))
+    out.print(table)
+
+
+@cache_app.command()
+def clear(name: CachesetArg, storage: StorageOpt = None,
+          yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask")] = False) -> None:
+    """Delete a cacheset (refused while a job uses it)."""
+    folder = _folder(storage, name)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UserError(f"this deletes {folder}; pass --yes to confirm", where="cache clear")
+        typer.confirm(f"delete {folder} ({_size(cache.size_bytes(folder))})?", abort=True)
+    try:
+        held = lock.acquire(folder, job="cache-clear", purpose="clear")
+    except UserError:
+        raise UserError(f"compile cache {name} is {_lock_text(folder)}; clear it after that job "
+                        "has ended", where="CACHESET") from None
+    try:
+        for entry in folder.iterdir():
+            if entry.name == lock.FILE:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    finally:
+        held.release()
+    with contextlib.suppress(OSError):  # a job that started meanwhile keeps its new folder
+        folder.rmdir()
+    typer.echo(f"cleared {name} ({folder})")
