@@ -36,7 +36,7 @@ def final_params(job: Path, step: int) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def straight(pydoc_storage: Path) -> Path:
     """The reference: 60 steps in one go, 1 node x 2 workers."""
-    job = make_job(pydoc_storage, "straight")
+    job = make_job(pydoc_storage, "train-straight")
     result = torchrun(job, pydoc_storage, timeout=240)
     assert result.ok, result.output[-3000:]
     assert not processes_mentioning(str(job))
