@@ -1,9 +1,4 @@
-"""Helpers of the compile-cache tests: the real CLI (with the compile commands), job files, lock holders.
-
-`tm(...)` runs `python -m trainmaster`-equivalent in a subprocess. Until `precompile` and
-`cache` are registered in cli/app.py, it registers them on the app first (and then leaves it
-alone), so the tests exercise the same functions either way.
-"""
+"""Helpers of the compile-cache tests: the real CLI in a subprocess, job files, summaries."""
 
 from __future__ import annotations
 
@@ -11,30 +6,19 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 from tests.conftest import run_cli
 from trainmaster.storage import Storage
 
-SHIM = textwrap.dedent("""
-    import sys
-    from trainmaster.cli import app as cli_app
-    from trainmaster.cli import compile_cmd
-    names = {c.name or (c.callback.__name__ if c.callback else "") for c in cli_app.app.registered_commands}
-    if "precompile" not in names:
-        cli_app.app.command()(compile_cmd.precompile)
-    if "cache" not in {g.name for g in cli_app.app.registered_groups}:
-        cli_app.app.add_typer(compile_cmd.cache_app, name="cache")
-    sys.exit(cli_app.main(sys.argv[1:]))
-""")
 # One thread per worker on 2 shared cores; dropout as BERT's (graphs do not depend on it).
 RUN_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "COLUMNS": "200"}
 
 
 def tm_command(*args: str) -> list[str]:
-    return [sys.executable, "-c", SHIM, *args]
+    """`python -m trainmaster ARGS`, as a user runs it."""
+    return [sys.executable, "-m", "trainmaster", *args]
 
 
 def tm(*args: str, env: dict[str, str] | None = None, timeout: float = 120

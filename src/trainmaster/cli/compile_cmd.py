@@ -98,8 +98,10 @@ def precompile(
         return
     counts = result["compile_counters"]
     entries = ", ".join(f"{k} {v}" for k, v in result["entries"].items()) or "none"
+    first = result["time_to_first_step_s"]
     typer.echo(f"compile cache warm ({cfg.train.cacheset}) for {cfg.job.name}: fingerprint "
-               f"written, entries {entries}; first step after {result['time_to_first_step_s']:.1f} s")
+               f"written, entries {entries}"
+               + (f"; first step after {first:.1f} s" if isinstance(first, (int, float)) else ""))
     if counts:
         typer.echo(f"  compiler: {counts.get('fxgraph_cache_miss', 0)} FX graph(s) compiled, "
                    f"{counts.get('fxgraph_cache_hit', 0)} found in the cache")

@@ -57,9 +57,9 @@ def run_local(pre: JobConfig, store: Storage, plan: local.Plan, *,
               on_start: Callable[[state.RunState], None] | None = None) -> dict[str, Any]:
     """Start the precompile job, wait for its end, return compile/precompile.outcome."""
     st = local.start(pre, store, plan, on_wait=on_wait)
-    if on_start is not None:
-        on_start(st)
     try:
+        if on_start is not None:
+            on_start(st)
         while (final := state.observed(plan.run.state)).phase not in state.FINAL:
             time.sleep(POLL_S)  # waiting for the job's processes (bounded by the job itself)
     except KeyboardInterrupt:
