@@ -8,10 +8,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trainmaster import jobfile
+from trainmaster.compile import lock
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
 from trainmaster.launch import local, state
@@ -75,8 +77,11 @@ def plan_launch(cfg: JobConfig, storage: str | None, *, resume: bool = False
     return store, local.plan(cfg, store, resume=resume)
 
 
-def start_launch(cfg: JobConfig, store: Storage, plan: local.Plan) -> state.RunState:
-    return local.start(cfg, store, plan)
+def start_launch(cfg: JobConfig, store: Storage, plan: local.Plan,
+                 on_wait: Callable[[lock.Holder], None] | None = None) -> state.RunState:
+    """Start what plan_launch checked; a compile job first takes its cacheset's lock, waiting
+    up to plan.lock_wait_s (on_wait is told who holds it)."""
+    return local.start(cfg, store, plan, on_wait=on_wait)
 
 
 def launch(path: str | Path, overrides: list[str] | None = None, storage: str | None = None,

@@ -3,29 +3,15 @@ OpenAPI schema (kubernetes-validate, strict) and cfn-lint. No cluster or AWS acc
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
-from pathlib import Path
 from typing import Any
 
 import jsonschema
-import kubernetes_validate
-import yaml
 
-SCHEMAS = Path(__file__).resolve().parents[2].parent / "shared" / "schemas"
+from tests.schemas import SCHEMAS, assert_valid, crd_validator, errors_of, validate_k8s
 
-
-def _strict(schema: Any) -> Any:
-    """A CRD's structural schema as the API server applies it with fieldValidation=Strict."""
-    if isinstance(schema, dict):
-        out = {k: _strict(v) for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out:
-            out["additionalProperties"] = False
-        return out
-    if isinstance(schema, list):
-        return [_strict(v) for v in schema]
-    return schema
+__all__ = ["cfn_lint", "errors_of", "validate_eksctl", "validate_k8s", "validate_queue"]
 
 
 @functools.cache
@@ -34,30 +20,16 @@ def eksctl_validator() -> jsonschema.Draft7Validator:
     return jsonschema.Draft7Validator(schema)
 
 
-@functools.cache
-def queue_validator() -> jsonschema.Draft7Validator:
-    crd = yaml.safe_load((SCHEMAS / "volcano" / "scheduling.volcano.sh_queues.yaml").read_text())
-    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1beta1")
-    return jsonschema.Draft7Validator(_strict(version["schema"]["openAPIV3Schema"]))
-
-
-def errors_of(validator: jsonschema.Draft7Validator, obj: Any) -> list[str]:
-    return [f"{list(e.absolute_path)}: {e.message}"
-            for e in sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))]
-
-
 def validate_eksctl(obj: dict[str, Any]) -> None:
-    errors = errors_of(eksctl_validator(), obj)
-    assert not errors, "\n".join(errors)
+    assert_valid(eksctl_validator(), obj)
+
+
+def queue_validator() -> jsonschema.Draft7Validator:
+    return crd_validator("volcano/scheduling.volcano.sh_queues.yaml", "v1beta1")
 
 
 def validate_queue(obj: dict[str, Any]) -> None:
-    errors = errors_of(queue_validator(), obj)
-    assert not errors, "\n".join(errors)
-
-
-def validate_k8s(obj: dict[str, Any], version: str) -> None:
-    kubernetes_validate.validate(copy.deepcopy(obj), version, strict=True)
+    assert_valid(queue_validator(), obj)
 
 
 def cfn_lint(text: str, region: str) -> list[str]:

@@ -19,7 +19,8 @@ import pytest
 
 from tests.compile.helpers import RUN_ENV, job_file, one_error_line, summary, tm, tm_command
 from tests.compile.test_lock import Proc, holder
-from tests.launch.test_local import wait_final, wait_for
+from tests.conftest import wait_for
+from tests.launch.test_local import wait_final
 from trainmaster.compile import fingerprint, lock
 from trainmaster.storage import Storage
 
@@ -64,6 +65,7 @@ def precompiled(pydoc_storage: Path, tmp_path_factory: pytest.TempPathFactory) -
 def warm(precompiled: dict[str, Any], pydoc_storage: Path) -> dict[str, Any]:
     result = tm("launch", str(precompiled["path"]), "--storage", str(pydoc_storage), "--follow", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert f"compile cache warm ({JOB})" in result.stderr  # launch says so before it starts
     assert wait_final(pydoc_storage, JOB).phase == "succeeded"
     return summary(pydoc_storage, JOB)
 
@@ -117,6 +119,11 @@ def test_launch_on_a_locked_cacheset_is_refused_naming_the_holder(pydoc_storage:
         assert other.line().startswith("held ")
         line = one_error_line(tm("launch", str(path), "--storage", str(pydoc_storage)))
         assert f"in use by job precompiler (train; pid {other.p.pid}" in line
+        assert not Storage(pydoc_storage).run_dir("lockedout").joinpath("state.json").exists()
+        waited = tm("launch", str(path), "--storage", str(pydoc_storage), "--wait-lock", "1")
+        lines = waited.stderr.strip().splitlines()
+        assert waited.returncode == 2 and "waiting up to 1 s" in lines[-2], waited.stderr
+        assert lines[-1].startswith("error: ") and "after waiting 1 s" in lines[-1]
         assert not Storage(pydoc_storage).run_dir("lockedout").joinpath("state.json").exists()
         refused = tm("precompile", str(path), "--storage", str(pydoc_storage), "--wait-lock", "1")
         lines = refused.stderr.strip().splitlines()

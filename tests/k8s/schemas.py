@@ -1,52 +1,17 @@
-"""Validation of built objects against the published schemas (no cluster needed).
-
-- The Volcano Job against its CRD's openAPIV3Schema (../shared/schemas/volcano), made strict
-  the way the API server treats a structural schema with fieldValidation=Strict: an unknown
-  field is an error (the CRD itself does not say additionalProperties: false).
-- Pod templates, pods and ConfigMaps against the Kubernetes OpenAPI schema, strict mode
-  (kubernetes-validate), for a recent Kubernetes version.
-"""
+"""The Volcano Job against its CRD (strict, as the API server with fieldValidation=Strict) and
+its pod templates, pods and ConfigMaps against the Kubernetes OpenAPI schema (strict)."""
 
 from __future__ import annotations
 
-import copy
-import functools
-from pathlib import Path
 from typing import Any
 
-import jsonschema
-import kubernetes_validate
-import yaml
+from tests.schemas import assert_valid, crd_validator, validate_k8s
 
-SCHEMAS = Path(__file__).resolve().parents[2].parent / "shared" / "schemas"
-K8S_VERSION = "1.33"
-
-
-def _strict(schema: Any) -> Any:
-    if isinstance(schema, dict):
-        out = {k: _strict(v) for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out:
-            out["additionalProperties"] = False
-        return out
-    if isinstance(schema, list):
-        return [_strict(v) for v in schema]
-    return schema
-
-
-@functools.cache
-def volcano_job_validator() -> jsonschema.Draft7Validator:
-    crd = yaml.safe_load((SCHEMAS / "volcano" / "batch.volcano.sh_jobs.yaml").read_text())
-    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")
-    return jsonschema.Draft7Validator(_strict(version["schema"]["openAPIV3Schema"]))
+__all__ = ["validate_k8s", "validate_pod_templates", "validate_volcano_job"]
 
 
 def validate_volcano_job(job: dict[str, Any]) -> None:
-    errors = sorted(volcano_job_validator().iter_errors(job), key=lambda e: list(e.absolute_path))
-    assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
-
-
-def validate_k8s(obj: dict[str, Any]) -> None:
-    kubernetes_validate.validate(copy.deepcopy(obj), K8S_VERSION, strict=True)
+    assert_valid(crd_validator("volcano/batch.volcano.sh_jobs.yaml", "v1alpha1"), job)
 
 
 def validate_pod_templates(job: dict[str, Any]) -> None:

@@ -1,8 +1,6 @@
-"""Fixtures: the `trainmaster` command with the monitor commands, and real local runs.
+"""Fixtures: the `trainmaster` command and real local runs.
 
-`tm(...)` runs `python -m trainmaster ARGS` as a user would. Until app.py registers `top`,
-`tensorboard` and `report`, it registers them itself first (cli.monitor_cmd's functions, as
-app.py will); once they are registered it changes nothing.
+`tm(...)` runs `python -m trainmaster ARGS` as a user would.
 """
 
 from __future__ import annotations
@@ -10,8 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,15 +18,6 @@ from trainmaster.launch import state
 from trainmaster.monitor import runinfo
 from trainmaster.storage import Storage
 
-SHIM = """
-import sys
-from trainmaster.cli import app as a, monitor_cmd as m
-names = {c.name or c.callback.__name__ for c in a.app.registered_commands}
-for f in (m.top, m.tensorboard, m.report):
-    if f.__name__ not in names:
-        a.app.command()(f)
-sys.exit(a.main(sys.argv[1:]))
-"""
 # Small and quick on 2 cores: bert-tiny, 2 nodes x 1 worker, 4 sequences per step.
 FAST = ["train.batch_size=2", "train.global_batch_size=4", "train.warmup_steps=2",
         "train.checkpoint_every=1000"]
@@ -38,7 +25,7 @@ REPORT_STEPS = 12
 
 
 def tm_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-c", SHIM, *args]
+    return [sys.executable, "-m", "trainmaster", *args]
 
 
 def tm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -47,14 +34,6 @@ def tm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def tm(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(tm_cmd(*args), env=tm_env(env), capture_output=True, text=True, timeout=timeout)
-
-
-def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)  # polling another process's progress, bounded
 
 
 def job_file(folder: Path, name: str, *sets: str) -> Path:

@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_for
 from tests.k8s import fake_routes
 from tests.k8s.fake_api import FakeCluster, status_body
-from tests.monitor.conftest import REPORT_STEPS, one_line_error, tm, tm_cmd, tm_env, wait_for
+from tests.monitor.conftest import REPORT_STEPS, one_line_error, tm, tm_cmd, tm_env
 from trainmaster.launch import rendezvous
 from trainmaster.monitor import runinfo
 from trainmaster.monitor import tensorboard as tb

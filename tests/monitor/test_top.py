@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, wait_for
 from tests.k8s.fake_api import FakeCluster
-from tests.monitor.conftest import job_file, last_step, one_line_error, tm, wait_for
+from tests.monitor.conftest import job_file, last_step, one_line_error, tm
 from trainmaster.launch import state
 from trainmaster.launch.volcano import LABEL_JOB
 from trainmaster.monitor import runinfo, top_k8s

@@ -29,6 +29,7 @@ from trainmaster.cli.options import (
     NamespaceOpt,
     SetOpt,
     StorageOpt,
+    WaitLockOpt,
 )
 from trainmaster.compile import cache, fingerprint, lock
 from trainmaster.compile import precompile as pre_mod
@@ -52,7 +53,7 @@ def precompile(
     storage: StorageOpt = None,
     backend: BackendOpt = None,
     steps: Annotated[int, typer.Option(help="Steps of the precompile run (train.steps_this_run)")] = pre_mod.DEFAULT_STEPS,
-    wait_lock: Annotated[float, typer.Option(help="Seconds to wait while another job uses the cacheset (then fail)")] = 0.0,
+    wait_lock: WaitLockOpt = 0.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would run (local: the commands; kubernetes: the objects as YAML)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="local: print the outcome as JSON")] = False,
     image: Annotated[str | None, typer.Option(help="kubernetes: training image (else kubernetes.image)")] = None,
@@ -64,8 +65,6 @@ def precompile(
     extra = [f'job.backend="{backend_of(backend)}"'] if backend else []
     extra += [f'kubernetes.namespace="{namespace}"'] if namespace else []
     cfg = jobfile.load(file, [*(overrides or []), *extra])
-    if wait_lock < 0:
-        raise UserError(f"must be 0 or more (got {wait_lock:g})", where="--wait-lock")
     if not cfg.train.compile:
         _say(f"note: train.compile is off in {file}: `launch` uses this cache only with "
              "--set train.compile=true (or compile = true in [train])")

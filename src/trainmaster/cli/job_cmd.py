@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import datetime
 from typing import Annotated
@@ -17,12 +18,15 @@ from trainmaster.cli.k8s_cmd import backend_of
 from trainmaster.cli.options import (
     BackendOpt,
     ContextOpt,
+    JobArg,
     JobFileArg,
     KubeconfigOpt,
     NamespaceOpt,
     SetOpt,
     StorageOpt,
+    WaitLockOpt,
 )
+from trainmaster.compile import lock
 from trainmaster.errors import JobFailed, UserError
 from trainmaster.launch import state
 from trainmaster.monitor import cost, runinfo
@@ -30,7 +34,6 @@ from trainmaster.monitor import logs as logs_mod
 from trainmaster.storage import Storage
 
 out = Console()
-JobArg = Annotated[str, typer.Argument(metavar="JOB", help="Job name (job.name of its job file)")]
 
 
 def launch(
@@ -42,6 +45,7 @@ def launch(
     dry_run_server: Annotated[bool, typer.Option("--dry-run-server", hidden=True)] = False,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Show progress until the job ends")] = False,
     resume: Annotated[bool, typer.Option(help="Continue an existing job from its last checkpoint")] = False,
+    wait_lock: WaitLockOpt = 0.0,
     image: Annotated[str | None, typer.Option(help="kubernetes: training image (else kubernetes.image)")] = None,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
@@ -62,7 +66,13 @@ def launch(
         for i, cmd in enumerate(plan.commands):
             typer.echo(f"# node {i}\n{' '.join(cmd)}")
         return
-    st = api.start_launch(cfg, store, plan)
+    def waiting(holder: lock.Holder) -> None:
+        typer.echo(f"waiting up to {wait_lock:g} s: compile cache {cfg.train.cacheset} is in use "
+                   f"by {holder.describe()}", err=True)
+
+    st = api.start_launch(cfg, store, dataclasses.replace(plan, lock_wait_s=wait_lock), on_wait=waiting)
+    if plan.compile_note:  # train.compile: is the cacheset warm (after precompile) or cold
+        typer.echo(plan.compile_note, err=True)
     typer.echo(f"{st.job}  (runs in {plan.run.dir}; `trainmaster status {st.job}`, "
                f"`trainmaster logs {st.job} -f`)")
     if follow:

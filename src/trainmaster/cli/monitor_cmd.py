@@ -15,7 +15,14 @@ from rich.live import Live
 from rich.table import Table
 
 from trainmaster.cli.k8s_cmd import backend_of, connect
-from trainmaster.cli.options import BackendOpt, ContextOpt, KubeconfigOpt, NamespaceOpt, StorageOpt
+from trainmaster.cli.options import (
+    BackendOpt,
+    ContextOpt,
+    JobArg,
+    KubeconfigOpt,
+    NamespaceOpt,
+    StorageOpt,
+)
 from trainmaster.errors import UserError
 from trainmaster.launch import state
 from trainmaster.monitor import report as report_mod
@@ -24,7 +31,6 @@ from trainmaster.monitor import top as top_mod
 from trainmaster.storage import Storage
 
 out = Console()
-JobArg = Annotated[str, typer.Argument(metavar="JOB", help="Job name (job.name of its job file)")]
 
 
 def top(

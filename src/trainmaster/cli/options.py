@@ -16,6 +16,7 @@ StorageOpt = Annotated[
     typer.Option("--storage", metavar="PATH",
                  help="Storage root; else job.storage, else $TRAINMASTER_STORAGE, else ./trainmaster-data"),
 ]
+JobArg = Annotated[str, typer.Argument(metavar="JOB", help="Job name (job.name of its job file)")]
 JobFileArg = Annotated[str, typer.Argument(metavar="FILE", help="A job file (TOML); make one with `trainmaster init`")]
 BackendOpt = Annotated[
     str | None,
@@ -25,3 +26,8 @@ BackendOpt = Annotated[
 KubeconfigOpt = Annotated[str | None, typer.Option(help="kubernetes: kubeconfig file (else $KUBECONFIG, ~/.kube/config)")]
 ContextOpt = Annotated[str | None, typer.Option(help="kubernetes: kubeconfig context (else the current one)")]
 NamespaceOpt = Annotated[str | None, typer.Option(help="kubernetes: namespace (else kubernetes.namespace / the context's)")]
+WaitLockOpt = Annotated[
+    float,
+    typer.Option("--wait-lock", metavar="SECONDS", min=0,
+                 help="Compile jobs: how long to wait while another job uses the cacheset (then fail)"),
+]

@@ -20,7 +20,9 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from trainmaster import catalog
+from trainmaster.compile import cache
 from trainmaster.config import JobConfig
+from trainmaster.launch import torchrun
 
 CONFIG_DIR = "/etc/trainmaster"  # where the job's ConfigMap (job.toml) is mounted
 STORAGE_VOLUME = "storage"
@@ -70,19 +72,25 @@ def node_selector(cfg: JobConfig, inst: catalog.InstanceType) -> dict[str, str]:
     return sel | dict(cfg.kubernetes.node_selector)
 
 
-def _cache(cfg: JobConfig, kind: str) -> str:
-    # DESIGN 3.3: STORAGE/cache/CACHESET/{neuron,inductor,xla}; ONE cache shared by all nodes
-    # (the tutorial's per-node caches compiled every graph once per node).
-    return str(PurePosixPath(cfg.kubernetes.mount) / "cache" / cfg.train.cacheset / kind)
+def cache_dir(cfg: JobConfig) -> PurePosixPath:
+    # DESIGN 3.3: STORAGE/cache/CACHESET, ONE cache shared by all nodes (the tutorial's
+    # per-node caches compiled every graph once per node).
+    return PurePosixPath(cfg.kubernetes.mount) / "cache" / cfg.train.cacheset
 
 
 def _field(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def env(cfg: JobConfig, inst: catalog.InstanceType) -> list[dict[str, Any]]:
-    """Environment of a training container: the device stack's network and cache settings."""
-    plain: dict[str, str] = {"TRAINMASTER_STORAGE": cfg.kubernetes.mount, "PYTHONUNBUFFERED": "1"}
+def env(cfg: JobConfig, inst: catalog.InstanceType, *, precompile: bool = False) -> list[dict[str, Any]]:
+    """Environment of a training container: the device stack's network and cache settings.
+
+    The compile cache's settings come from compile/cache.py, as for the local launcher and the
+    trainer. Neuron compiles every graph whether or not train.compile is set, so its cache is
+    always configured; torch.compile's only for compile jobs. `precompile` adds what the
+    precompile job's wrapper (neuron_parallel_compile) reads."""
+    plain: dict[str, str] = {"TRAINMASTER_STORAGE": cfg.kubernetes.mount, "PYTHONUNBUFFERED": "1",
+                             **torchrun.AGENT_ENV}
     if inst.device_kind == "xla":
         plain |= {
             "FI_PROVIDER": "efa",
@@ -90,8 +98,6 @@ def env(cfg: JobConfig, inst: catalog.InstanceType) -> list[dict[str, Any]]:
             "FI_EFA_FORK_SAFE": "1",  # else "Multi-node support will be disabled" on AL2 kernels
             "CCOM_SOCKET_IFNAME": "eth0",
             "NEURON_RT_RESET_CORES": "1",
-            "NEURON_CC_FLAGS": f"--cache_dir={_cache(cfg, 'neuron')}",
-            "NEURON_COMPILE_CACHE_URL": _cache(cfg, "neuron"),
         }
         if cfg.train.precision == "bf16":
             plain["NEURON_RT_STOCHASTIC_ROUNDING_EN"] = "1"
@@ -102,12 +108,11 @@ def env(cfg: JobConfig, inst: catalog.InstanceType) -> list[dict[str, Any]]:
         plain |= {"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "eth0"}
         if inst.efa_interfaces:
             plain |= {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
-        if cfg.train.compile:
-            plain["TORCHINDUCTOR_CACHE_DIR"] = _cache(cfg, "inductor")
     else:
         plain["GLOO_SOCKET_IFNAME"] = "eth0"
-        if cfg.train.compile:
-            plain["TORCHINDUCTOR_CACHE_DIR"] = _cache(cfg, "inductor")
+    kind = cache.mechanism(cfg, environ={})
+    if kind != "inductor" or cfg.train.compile:
+        plain |= (cache.precompile_env if precompile else cache.env)(kind, cache_dir(cfg))
     out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain.items()]
     return out + [_field("POD_NAME", "metadata.name"), _field("POD_IP", "status.podIP"),
                   _field("NODE_NAME", "spec.nodeName")]

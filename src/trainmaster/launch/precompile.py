@@ -17,11 +17,9 @@ import dataclasses
 import shutil
 import time
 from collections.abc import Callable
-from pathlib import PurePosixPath
 from typing import Any
 
-from trainmaster import jobfile
-from trainmaster.compile import cache, lock
+from trainmaster.compile import lock
 from trainmaster.compile import precompile as pre_mod
 from trainmaster.config import JobConfig
 from trainmaster.errors import JobFailed, UserError
@@ -78,16 +76,6 @@ def run_local(pre: JobConfig, store: Storage, plan: local.Plan, *,
 def kubernetes_objects(cfg: JobConfig, *, steps: int, image: str | None = None
                        ) -> list[dict[str, Any]]:
     """The ConfigMap and the Volcano job of `<job>-precompile` (a pure builder)."""
-    data = cfg.model_dump(mode="json")
-    data["train"]["compile"] = True
-    compiled = jobfile.validate(data, where="precompile job")
     pre = pre_mod.precompile_config(cfg, steps)
-    job = volcano.build_precompile_job(compiled, image=image, steps=steps)
-    folder = PurePosixPath(cfg.kubernetes.mount) / "cache" / cfg.train.cacheset
-    extra = cache.precompile_env(cache.mechanism(pre), folder)
-    for container in job["spec"]["tasks"][0]["template"]["spec"]["containers"]:
-        have = {e["name"] for e in container["env"]}
-        for name, value in extra.items():
-            if name not in have:
-                container["env"].append({"name": name, "value": value})
-    return [volcano.build_config_map(pre, "precompile"), job]
+    return [volcano.build_config_map(pre, "precompile"),
+            volcano.build_precompile_job(cfg, image=image, steps=steps)]

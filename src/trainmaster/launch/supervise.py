@@ -20,7 +20,7 @@ from trainmaster.compile import cache, lock
 from trainmaster.config import JobConfig
 from trainmaster.launch import rendezvous, state
 from trainmaster.launch.local import agent_commands
-from trainmaster.launch.torchrun import Rendezvous
+from trainmaster.launch.torchrun import AGENT_ENV, Rendezvous
 from trainmaster.storage import RunPaths, Storage
 
 
@@ -85,7 +85,7 @@ def supervise(run_dir: Path) -> int:
             state.update(run.state, etcd_pid=etcd.pid,
                          rendezvous=st.rendezvous | {"endpoint": endpoint})
         storage = Path(st.rendezvous["storage"])
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **AGENT_ENV}
         # All nodes share this machine's cores: without a limit every worker starts one thread
         # per core and they fight (torchrun only sets this when nproc_per_node > 1).
         workers = cfg.job.nnodes * cfg.job.nproc_per_node

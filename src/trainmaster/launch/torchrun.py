@@ -14,6 +14,14 @@ from trainmaster.config import JobConfig
 # The trainer's entry point (python -m trainmaster.train); torchrun starts it on every worker.
 TRAIN_MODULE = "trainmaster.train"
 
+# The environment of every torchrun agent, on every backend. Since torch 2.5 the c10d
+# rendezvous shares one TCPStore, started once by the first rank-0 agent, with the workers of
+# every restart, and keys are not scoped per attempt: after a worker dies, the restarted
+# workers can read their peers' addresses from the previous attempt and fail, or wait forever
+# in init_process_group (pytorch/pytorch#135712; seen here as a job that hung after a kill).
+# Opting out gives each rendezvous round a fresh store hosted by the rank-0 worker.
+AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
 
 @dataclass(frozen=True)
 class Rendezvous:

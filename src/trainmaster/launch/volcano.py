@@ -32,7 +32,9 @@ from typing import Any
 import yaml
 
 from trainmaster import catalog, jobfile
-from trainmaster.config import JobConfig, is_valid_job_name
+from trainmaster.compile import cache
+from trainmaster.compile import precompile as pre_mod
+from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
 from trainmaster.launch import k8s_names, podspec
 from trainmaster.launch.torchrun import Rendezvous, command
@@ -47,11 +49,6 @@ LABEL_NAME, LABEL_MANAGED = "app.kubernetes.io/name", "app.kubernetes.io/managed
 LABEL_JOB, LABEL_KIND = "trainmaster.io/job", "trainmaster.io/kind"
 MANAGED_SELECTOR = f"{LABEL_MANAGED}=trainmaster"
 ANN_CONFIG_HASH, ANN_STORAGE = "trainmaster.io/config-hash", "trainmaster.io/storage"
-PRECOMPILE_SUFFIX = "-precompile"
-PRECOMPILE_STEPS = 10  # the tutorial's precompile ran 10 steps
-# The precompile hook: what wraps torchrun per device kind (the precompile issue refines it).
-PRECOMPILE_WRAPPER: dict[str, list[str]] = {"xla": ["neuron_parallel_compile"], "cuda": [], "cpu": []}
-JOB_NAME_MAX = 40  # config.JOB_NAME: what the trainer accepts when it reads the job file
 
 
 def labels(job: str, kind: str) -> dict[str, str]:
@@ -141,19 +138,18 @@ def build_config_map(cfg: JobConfig, kind: str = "train") -> dict[str, Any]:
     }
 
 
-def _build(cfg: JobConfig, image: str | None, kind: str, wrapper: list[str] | None,
+def _build(cfg: JobConfig, image: str | None, kind: str, wrapper: list[str],
            priority_class: str | None) -> dict[str, Any]:
     inst, image = check(cfg, image)
     name, job, k = cfg.job.name, cfg.job, cfg.kubernetes
     gang = job.min_nnodes or job.nnodes
     action = "RestartJob" if job.max_restarts else "TerminateJob"
-    wrap = PRECOMPILE_WRAPPER[inst.device_kind] if wrapper is None else wrapper
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "containers": [{
             "name": "trainer", "image": image,
-            "command": ["/bin/sh", "-c", container_script(cfg, rendezvous(cfg), wrap)],
-            "env": podspec.env(cfg, inst),
+            "command": ["/bin/sh", "-c", container_script(cfg, rendezvous(cfg), wrapper)],
+            "env": podspec.env(cfg, inst, precompile=kind == "precompile"),
             "resources": podspec.resources(inst),
             "volumeMounts": podspec.volume_mounts(cfg, config_map=True),
         }],
@@ -191,29 +187,21 @@ def build_job(cfg: JobConfig, *, image: str | None = None, priority_class: str |
     return _build(cfg, image, "train", [], priority_class)
 
 
-def precompile_config(cfg: JobConfig, steps: int = PRECOMPILE_STEPS) -> JobConfig:
-    """The same job under `<job>-precompile`, a few steps; its own run folder, the same cache."""
-    name = cfg.job.name + PRECOMPILE_SUFFIX
-    if len(name) > JOB_NAME_MAX or not is_valid_job_name(name):
-        raise UserError(f"{cfg.job.name!r} is too long for its precompile job {name!r}: job names "
-                        f"have at most {JOB_NAME_MAX} characters, so use at most "
-                        f"{JOB_NAME_MAX - len(PRECOMPILE_SUFFIX)}", where="job.name")
-    data = cfg.model_dump(mode="json")
-    data["job"]["name"] = name
-    data["train"]["steps_this_run"] = min(steps, cfg.train.max_steps)
-    return jobfile.validate(data, where="precompile job")
-
-
-def build_precompile_job(cfg: JobConfig, *, image: str | None = None, steps: int = PRECOMPILE_STEPS) -> dict[str, Any]:
-    """`<job>-precompile`: on Neuron, torchrun runs under neuron_parallel_compile."""
-    return _build(precompile_config(cfg, steps), image, "precompile", None, None)
+def build_precompile_job(cfg: JobConfig, *, image: str | None = None,
+                        steps: int = pre_mod.DEFAULT_STEPS) -> dict[str, Any]:
+    """`<job>-precompile` (compile/precompile.py): the job itself, a few steps, compile on, with
+    the precompile environment of compile/cache.py; on Neuron torchrun runs under
+    neuron_parallel_compile."""
+    pre = pre_mod.precompile_config(cfg, steps)
+    wrapper = cache.precompile_command(cache.mechanism(pre, environ={}), [])
+    return _build(pre, image, "precompile", wrapper, None)
 
 
 def objects(cfg: JobConfig, *, image: str | None = None, precompile: bool = False,
             priority_class: str | None = None) -> list[dict[str, Any]]:
     """Everything a launch creates, in creation order: the ConfigMap, then the Job."""
     if precompile:
-        pre = precompile_config(cfg)
+        pre = pre_mod.precompile_config(cfg)
         return [build_config_map(pre, "precompile"), build_precompile_job(cfg, image=image)]
     return [build_config_map(cfg), build_job(cfg, image=image, priority_class=priority_class)]
 

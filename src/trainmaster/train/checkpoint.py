@@ -79,7 +79,7 @@ def save(folder: Path, *, step: int, rt: Runtime, model: nn.Module,
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     _save(to_cpu(model.state_dict()), tmp / MODEL)
-    _fault_injection(step)
+    _fault_injection(step, folder)
     _save({"optimizer": to_cpu(optimizer.state_dict()), "scheduler": scheduler.state_dict(),
            "step": step}, tmp / TRAINER)
     _save(states, tmp / RANKS)
@@ -91,11 +91,15 @@ def save(folder: Path, *, step: int, rt: Runtime, model: nn.Module,
     return final
 
 
-def _fault_injection(step: int) -> None:
+def _fault_injection(step: int, folder: Path) -> None:
     """Tests only: TRAINMASTER_FAULT_KILL_IN_CHECKPOINT=N SIGKILLs rank 0 half-way through
-    writing checkpoint N, in the first attempt only, to prove the previous one survives."""
+    writing checkpoint N, once per job, to prove the previous one survives. Once is kept by a
+    marker file, not by TORCHELASTIC_RESTART_COUNT: an agent that restarts its workers for a
+    membership change does not count a restart, so that count can be 0 again after a kill."""
     target = os.environ.get(FAULT_ENV)
-    if target and int(target) == step and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+    marker = folder / f".fault-injected-{step}"
+    if target and int(target) == step and not marker.exists():
+        marker.touch()
         os.kill(os.getpid(), signal.SIGKILL)
 
 
