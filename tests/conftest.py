@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +21,13 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     full_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
     return subprocess.run([sys.executable, "-m", "trainmaster", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def sigint_default() -> None:
+    """preexec_fn of a child the test Ctrl-Cs: SIGINT handled as in a terminal. A test run
+    started in the background of a non-interactive shell inherits SIGINT ignored (POSIX), and
+    Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:

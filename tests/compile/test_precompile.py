@@ -19,7 +19,7 @@ import pytest
 
 from tests.compile.helpers import RUN_ENV, job_file, one_error_line, summary, tm, tm_command
 from tests.compile.test_lock import Proc, holder
-from tests.conftest import wait_for
+from tests.conftest import sigint_default, wait_for
 from tests.launch.test_local import wait_final
 from trainmaster.compile import fingerprint, lock
 from trainmaster.storage import Storage
@@ -42,7 +42,7 @@ def precompiled(pydoc_storage: Path, tmp_path_factory: pytest.TempPathFactory) -
             proc = subprocess.Popen(tm_command("precompile", str(path), "--storage", str(pydoc_storage),
                                                "--steps", "2", "--wait-lock", "300", "--json"),
                                     stdout=subprocess.PIPE, stderr=fh, text=True,
-                                    env={**os.environ, **RUN_ENV})
+                                    env={**os.environ, **RUN_ENV}, preexec_fn=sigint_default)
         try:
             wait_for(lambda: "is in use by job other-job" in err.read_text(), 60, "precompile to wait")
             assert not Storage(pydoc_storage).run_dir(f"{JOB}-precompile").joinpath("state.json").exists()

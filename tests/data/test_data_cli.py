@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, sigint_default
 from tests.data.helpers import rewrite, write_docs
 from trainmaster.data.corpus import pydoc_documents
 from trainmaster.data.shards import read_arrays
@@ -108,7 +108,7 @@ def test_interrupt_leaves_nothing(tmp_path: Path, pydoc_vocab: Path, stage: str,
         [sys.executable, "-m", "trainmaster", "data", "prepare", str(text), "--output", str(out),
          "--vocab", str(pydoc_vocab), "--workers", workers, "--shards", "16"],
         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "NO_COLOR": "1"})
+        env={**os.environ, "NO_COLOR": "1"}, preexec_fn=sigint_default)
     assert proc.stderr is not None
     seen = []
     for line in proc.stderr:  # wait for the stage to begin (bounded by the run itself)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import sigint_default, wait_for
 from tests.k8s import fake_routes
 from tests.k8s.fake_api import FakeCluster, status_body
 from tests.monitor.conftest import REPORT_STEPS, one_line_error, tm, tm_cmd, tm_env
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 def serving(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """Run the command in the foreground as a user would; yield its URL line; Ctrl-C it."""
     proc = subprocess.Popen(tm_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=tm_env(env))
+                            env=tm_env(env), preexec_fn=sigint_default)
     lines: queue.Queue[str] = queue.Queue()
     assert proc.stdout is not None
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
