@@ -21,15 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from benchlib import emit, machine, prepare_corpus
 from trainmaster import jobfile
 
 BATCH = {"bert-tiny": 8, "bert-mini": 4, "bert-base": 2, "bert-large": 1}
@@ -37,13 +36,6 @@ BATCH = {"bert-tiny": 8, "bert-mini": 4, "bert-base": 2, "bert-large": 1}
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def prepare(root: Path) -> None:
-    out = root / "datasets" / "pydoc"
-    cmd = [sys.executable, "-m", "trainmaster", "data", "prepare", "--builtin", "pydoc", "--output",
-           str(out), "--shards", "1", "--dupe-factor", "1", "--vocab-size", "4096", "--quiet"]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
 def job(root: Path, name: str, model: str, steps: int, compile_: bool) -> Path:
@@ -107,22 +99,17 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-compile-") as tmp:
         root = Path(tmp)
-        prepare(root)
+        prepare_corpus(root, shards=1, extra=("--vocab-size", "4096"))
         results = [bench_model(root, m, args.steps, max(1, args.repeats)) for m in args.models.split(",")]
     report = {
         "bench": "compile_cache",
         "what": "time to first step (process start -> end of step 1), one CPU worker, cold vs warm "
                 "torch.compile cache (FX graph + AOTAutograd caches in STORAGE/cache/CACHESET)",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "torch": metadata.version("torch"),
-                    "note": "shared machine: other work may be running; figures are indicative"},
+        "machine": machine(),
         "aim": "warm <= 0.15 x cold",
         "results": results,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":

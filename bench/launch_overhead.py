@@ -20,18 +20,16 @@ The aim (issue 5): overhead within 15%.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from benchlib import emit, machine, prepare_corpus
 from trainmaster import jobfile
 from trainmaster.launch import local, state
 from trainmaster.launch.torchrun import AGENT_ENV
@@ -43,12 +41,6 @@ TIMEOUT_S = 600.0
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def prepare(root: Path) -> None:
-    cmd = [sys.executable, "-m", "trainmaster", "data", "prepare", "--builtin", "pydoc", "--output",
-           str(root / "datasets" / "pydoc"), "--shards", "2", "--dupe-factor", "1", "--quiet"]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
 def job_file(root: Path, name: str, steps: int) -> Path:
@@ -135,7 +127,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
         root = Path(tmp)
         say("preparing the built-in corpus ...")
-        prepare(root)
+        prepare_corpus(root, shards=2)
         for i in range(max(1, args.repeats)):
             order = ["launch", "torchrun"] if i % 2 == 0 else ["torchrun", "launch"]
             for way in order:
@@ -146,9 +138,7 @@ def main() -> None:
         "bench": "launch_overhead",
         "what": "seconds from starting the job to rank 0's step 1 in metrics.jsonl; bert-tiny, "
                 "2 nodes x 1 worker, c10d on loopback, built-in corpus",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "torch": metadata.version("torch"),
-                    "note": "shared machine: other work may be running; figures are indicative"},
+        "machine": machine(),
         "aim": "launch within 1.15 x torchrun",
         "repeats": len(runs["launch"]),
         "launch_first_step_s": [r["first_step_s"] for r in runs["launch"]],
@@ -158,10 +148,7 @@ def main() -> None:
         "launch_over_torchrun": round(med["launch"] / med["torchrun"], 3),
         "overhead_s": round(med["launch"] - med["torchrun"], 3),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(report, args.out)
 
 
 if __name__ == "__main__":
