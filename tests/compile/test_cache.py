@@ -15,8 +15,7 @@ from tests.k8s.schemas import validate_k8s, validate_pod_templates, validate_vol
 from trainmaster import jobfile
 from trainmaster.compile import cache
 from trainmaster.compile.precompile import precompile_config
-from trainmaster.launch import podspec
-from trainmaster.launch import precompile as runner
+from trainmaster.launch import podspec, volcano
 from trainmaster.launch.torchrun import Rendezvous, command
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -53,7 +52,7 @@ def _neuron_precompile_text() -> str:
     lines = ["# compile/cache.py: environment of every worker of the precompile job"]
     lines += [f"{k}={v}" for k, v in sorted(cache.precompile_env("neuron", folder).items())]
     lines += ["# compile/cache.py: the command of one node", " ".join(cache.precompile_command("neuron", torchrun))]
-    _, job = runner.kubernetes_objects(TRN1, steps=10)
+    _, job = volcano.objects(TRN1, precompile=True, steps=10)
     container = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
     lines += ["# the Volcano precompile job's pod: environment"]
     lines += [f"{e['name']}={e['value']}" for e in container["env"] if "value" in e]
@@ -72,7 +71,7 @@ def test_golden_neuron_precompile_command_and_environment() -> None:
 
 
 def test_kubernetes_precompile_job_is_valid_and_compiles() -> None:
-    cm, job = runner.kubernetes_objects(jobfile.preset("p5-bert-large"), steps=5)
+    cm, job = volcano.objects(jobfile.preset("p5-bert-large"), precompile=True, steps=5)
     validate_k8s(cm)
     validate_volcano_job(job)
     validate_pod_templates(job)

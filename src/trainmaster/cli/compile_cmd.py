@@ -12,6 +12,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -45,6 +46,13 @@ CachesetArg = Annotated[str, typer.Argument(metavar="CACHESET", help="A cacheset
 
 def _say(text: str) -> None:
     typer.echo(text, err=True)
+
+
+def lock_waiting(cacheset: str, wait_s: float) -> Callable[[lock.Holder], None]:
+    """What `launch` and `precompile` say while another job holds the cacheset's lock."""
+    def say(holder: lock.Holder) -> None:
+        _say(f"waiting up to {wait_s:g} s: compile cache {cacheset} is in use by {holder.describe()}")
+    return say
 
 
 def precompile(
@@ -84,14 +92,11 @@ def precompile(
             typer.echo(f"# node {i}\n{' '.join(cmd)}")
         return
 
-    def waiting(holder: lock.Holder) -> None:
-        _say(f"waiting up to {wait_lock:g} s: compile cache {cfg.train.cacheset} is in use by "
-             f"{holder.describe()}")
-
     def started(st: Any) -> None:
         _say(f"{st.job} started (runs in {plan.run.dir}; `trainmaster logs {st.job} -f`)")
 
-    result = runner.run_local(pre, store, plan, on_wait=waiting, on_start=started)
+    result = runner.run_local(pre, store, plan, on_wait=lock_waiting(cfg.train.cacheset, wait_lock),
+                              on_start=started)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
@@ -109,10 +114,9 @@ def precompile(
 
 def _precompile_kubernetes(cfg: Any, *, steps: int, image: str | None, dry_run: bool,
                            kubeconfig: str | None, context: str | None) -> None:
-    from trainmaster.launch import precompile as runner
     from trainmaster.launch import volcano
 
-    objects = runner.kubernetes_objects(cfg, steps=steps, image=image)
+    objects = volcano.objects(cfg, image=image, precompile=True, steps=steps)
     if dry_run:
         typer.echo(volcano.render_yaml(objects), nl=False)
         return

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from trainmaster import api
 from trainmaster.cli import k8s_cmd
+from trainmaster.cli.compile_cmd import lock_waiting
 from trainmaster.cli.k8s_cmd import backend_of
 from trainmaster.cli.options import (
     BackendOpt,
@@ -26,7 +27,6 @@ from trainmaster.cli.options import (
     StorageOpt,
     WaitLockOpt,
 )
-from trainmaster.compile import lock
 from trainmaster.errors import JobFailed, UserError
 from trainmaster.launch import state
 from trainmaster.monitor import cost, runinfo
@@ -66,11 +66,8 @@ def launch(
         for i, cmd in enumerate(plan.commands):
             typer.echo(f"# node {i}\n{' '.join(cmd)}")
         return
-    def waiting(holder: lock.Holder) -> None:
-        typer.echo(f"waiting up to {wait_lock:g} s: compile cache {cfg.train.cacheset} is in use "
-                   f"by {holder.describe()}", err=True)
-
-    st = api.start_launch(cfg, store, dataclasses.replace(plan, lock_wait_s=wait_lock), on_wait=waiting)
+    st = api.start_launch(cfg, store, dataclasses.replace(plan, lock_wait_s=wait_lock),
+                          on_wait=lock_waiting(cfg.train.cacheset, wait_lock))
     if plan.compile_note:  # train.compile: is the cacheset warm (after precompile) or cold
         typer.echo(plan.compile_note, err=True)
     typer.echo(f"{st.job}  (runs in {plan.run.dir}; `trainmaster status {st.job}`, "

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainmaster.errors import UserError
+from trainmaster.pids import pid_alive
 
 FILE = ".lock"
 HEARTBEAT_S = 30.0
@@ -52,20 +53,6 @@ class Holder:
 
 def path_of(cache_dir: Path) -> Path:
     return cache_dir / FILE
-
-
-def pid_alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie (launch.state's rule; no import)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def read(cache_dir: Path) -> tuple[Holder, float] | None:

@@ -3,8 +3,8 @@
 local       `<job>-precompile` through the local launcher (lock, supervisor, torchrun agents),
             awaited to its end; the result is checked: the cacheset's fingerprint must be the
             job's and compiled graphs must be there, else JobFailed.
-kubernetes  a Volcano job built by launch/volcano.py's precompile builder, with the precompile
-            environment of compile/cache.py added (on Neuron: torchrun under
+kubernetes  the objects of launch/volcano.objects(precompile=True), which carry the precompile
+            environment of compile/cache.py (on Neuron: torchrun under
             neuron_parallel_compile); submitted, not awaited (follow it with `status`).
 
 The run folder of a previous precompile is removed first: it is disposable, and a stale
@@ -23,7 +23,7 @@ from trainmaster.compile import lock
 from trainmaster.compile import precompile as pre_mod
 from trainmaster.config import JobConfig
 from trainmaster.errors import JobFailed, UserError
-from trainmaster.launch import local, state, volcano
+from trainmaster.launch import local, state
 from trainmaster.storage import RunPaths, Storage
 
 POLL_S = 0.5
@@ -71,11 +71,3 @@ def run_local(pre: JobConfig, store: Storage, plan: local.Plan, *,
         raise JobFailed(f"precompile job {pre.job.name} ended, but the cache is not warm for the "
                         f"job (fingerprint {result['fingerprint']}, entries {result['entries']})")
     return result
-
-
-def kubernetes_objects(cfg: JobConfig, *, steps: int, image: str | None = None
-                       ) -> list[dict[str, Any]]:
-    """The ConfigMap and the Volcano job of `<job>-precompile` (a pure builder)."""
-    pre = pre_mod.precompile_config(cfg, steps)
-    return [volcano.build_config_map(pre, "precompile"),
-            volcano.build_precompile_job(cfg, image=image, steps=steps)]

@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from trainmaster.pids import pid_alive as pid_alive  # re-exported: callers use state.pid_alive
+
 Phase = Literal["pending", "running", "succeeded", "failed", "cancelled"]
 FINAL: tuple[str, ...] = ("succeeded", "failed", "cancelled")
 
@@ -89,23 +91,6 @@ def update(path: Path, **changes: Any) -> RunState:
         new = RunState.model_validate(data)
         write_atomic(path, new.model_dump_json(indent=2))
         return new
-
-
-def pid_alive(pid: int | None) -> bool:
-    """True while the process exists and is not a zombie."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped) is dead for our purposes
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def observed(path: Path) -> RunState:

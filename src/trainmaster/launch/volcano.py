@@ -198,11 +198,12 @@ def build_precompile_job(cfg: JobConfig, *, image: str | None = None,
 
 
 def objects(cfg: JobConfig, *, image: str | None = None, precompile: bool = False,
-            priority_class: str | None = None) -> list[dict[str, Any]]:
-    """Everything a launch creates, in creation order: the ConfigMap, then the Job."""
+            steps: int = pre_mod.DEFAULT_STEPS, priority_class: str | None = None) -> list[dict[str, Any]]:
+    """Everything a launch creates, in creation order: the ConfigMap, then the Job; with
+    precompile, those of `<job>-precompile` (`steps` steps)."""
     if precompile:
-        pre = pre_mod.precompile_config(cfg)
-        return [build_config_map(pre, "precompile"), build_precompile_job(cfg, image=image)]
+        pre = pre_mod.precompile_config(cfg, steps)
+        return [build_config_map(pre, "precompile"), build_precompile_job(cfg, image=image, steps=steps)]
     return [build_config_map(cfg), build_job(cfg, image=image, priority_class=priority_class)]
 
 
