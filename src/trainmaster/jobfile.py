@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import tomli_w
 from pydantic import ValidationError
 
 from trainmaster.config import MODEL_PRESETS, JobConfig
@@ -103,24 +104,32 @@ def preset(name: str, overrides: list[str] | None = None) -> JobConfig:
 
 
 # --- the commented writer ---------------------------------------------------------------------
+# Keys and scalars are written by tomli-w, a TOML writer: a key such as
+# `node.kubernetes.io/instance-type` must be quoted, and a string outside the BMP must not
+# become a JSON surrogate pair (both made runs/JOB/job.toml unreadable, and every pod exit 2).
+# Arrays and inline tables are assembled here so that each key stays one commented line.
+
+def _scalar(value: Any) -> str:
+    return tomli_w.dumps({"v": value})[len("v = "):].rstrip("\n")
+
+
+def _key(key: str) -> str:
+    return tomli_w.dumps({key: True}).removesuffix(" = true\n")
+
 
 def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string for everything we write
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, dict):  # an empty one stays `{  }`, as the examples/ files have it
+        return "{ " + ", ".join(f"{_key(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (bool, int, float, str)):
+        return _scalar(value)
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
 def render(cfg: JobConfig, title: str) -> str:
     """The resolved job as a TOML file with every key and a comment on each."""
-    lines = [f"# {title}", "# Every key is listed with its meaning; unset keys are commented out.",
+    lines = [f"# {' '.join(title.split())}", "# Every key is listed with its meaning; unset keys are commented out.",
              "# Check with `trainmaster config validate FILE`, see derived values with `config show`.", ""]
     for section_name in JobConfig.model_fields:
         section = getattr(cfg, section_name)
@@ -132,8 +141,8 @@ def render(cfg: JobConfig, title: str) -> str:
             if value is None and section_name == "model" and cfg.model.preset and key in MODEL_PRESETS[cfg.model.preset]:
                 lines.append(f"# {key} = {cfg.model.size(key)}  (the preset's; uncomment to change)")
             elif value is None:
-                lines.append(f"# {key} =")
+                lines.append(f"# {_key(key)} =")
             else:
-                lines.append(f"{key} = {_toml_value(value)}")
+                lines.append(f"{_key(key)} = {_toml_value(value)}")
         lines.append("")
     return "\n".join(lines)

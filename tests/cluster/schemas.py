@@ -1,23 +1,18 @@
-"""Validators for the plan's files: the published schemas (../shared/schemas), the Kubernetes
-OpenAPI schema (kubernetes-validate, strict) and cfn-lint. No cluster or AWS account needed."""
+"""Validators for the plan's files: the published schemas (shipped in trainmaster/schemas), the
+Kubernetes OpenAPI schema (kubernetes-validate, strict) and cfn-lint. No cluster or AWS account
+needed."""
 
 from __future__ import annotations
 
-import functools
-import json
 from typing import Any
 
 import jsonschema
 
-from tests.schemas import SCHEMAS, assert_valid, crd_validator, errors_of, validate_k8s
+from tests.schemas import assert_valid, crd_validator, errors_of, validate_k8s
+from trainmaster.schemas import VOLCANO_QUEUE, eksctl_validator
 
-__all__ = ["cfn_lint", "errors_of", "validate_eksctl", "validate_k8s", "validate_queue"]
-
-
-@functools.cache
-def eksctl_validator() -> jsonschema.Draft7Validator:
-    schema = json.loads((SCHEMAS / "eksctl" / "clusterconfig.schema.json").read_text())
-    return jsonschema.Draft7Validator(schema)
+__all__ = ["cfn_lint", "eksctl_validator", "errors_of", "queue_validator", "validate_eksctl",
+           "validate_k8s", "validate_queue"]
 
 
 def validate_eksctl(obj: dict[str, Any]) -> None:
@@ -25,7 +20,7 @@ def validate_eksctl(obj: dict[str, Any]) -> None:
 
 
 def queue_validator() -> jsonschema.Draft7Validator:
-    return crd_validator("volcano/scheduling.volcano.sh_queues.yaml", "v1beta1")
+    return crd_validator(*VOLCANO_QUEUE)
 
 
 def validate_queue(obj: dict[str, Any]) -> None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from tests.schemas import assert_valid, crd_validator, validate_k8s
+from trainmaster.schemas import VOLCANO_JOB
 
 __all__ = ["validate_k8s", "validate_pod_templates", "validate_volcano_job"]
 
 
 def validate_volcano_job(job: dict[str, Any]) -> None:
-    assert_valid(crd_validator("volcano/batch.volcano.sh_jobs.yaml", "v1alpha1"), job)
+    assert_valid(crd_validator(*VOLCANO_JOB), job)
 
 
 def validate_pod_templates(job: dict[str, Any]) -> None:

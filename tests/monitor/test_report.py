@@ -12,7 +12,7 @@ from PIL import Image
 
 from tests.monitor.conftest import REPORT_STEPS, one_line_error, tm
 from trainmaster.launch import state
-from trainmaster.monitor import report, runinfo
+from trainmaster.monitor import history, report, runinfo
 from trainmaster.storage import RunPaths, Storage
 
 pytestmark = pytest.mark.slow
@@ -39,6 +39,30 @@ def curve_pixels(img: np.ndarray, top: int, bottom: int) -> tuple[np.ndarray, np
     return ys + top + 2, xs
 
 
+COST = re.compile(r"estimated cost\s*│\s*\$([\d,.]+)\s+\(2 x cpu at \$1\.61/node-hour "
+                  r"\(catalog\) x ([\d.]+) h\)")
+
+
+def printed_cost(text: str) -> tuple[float, float]:
+    """(dollars, hours) from the report's "estimated cost" row, as printed."""
+    m = COST.search(text)
+    assert m, text
+    return float(m[1].replace(",", "")), float(m[2])
+
+
+def test_printed_cost_is_parsed_numerically() -> None:
+    """The cost row as Report.rows() writes it is what printed_cost reads (quick: the slow
+    test below relies on this parser to compare the printed figures numerically)."""
+    rep = report.Report(job="j", phase="succeeded", steps=1, max_steps=1, wall_s=41.925,
+                        avg_seq_per_s=None, peak_seq_per_s=None, mfu=None, restarts=0,
+                        compile_cache="off", final_loss=None,
+                        price=history.Price(1.61, 2, "cpu", "catalog"), png=Path("r.png"))
+    text = "\n".join(f"{k} │ {v}" for k, v in rep.rows())
+    spent, hours = printed_cost(text)
+    assert rep.cost is not None and spent == round(rep.cost, 2)
+    assert hours == round(41.925 / 3600, 3)
+
+
 def test_report_table_and_three_panels(finished_run: tuple[Path, str]) -> None:
     store, job = finished_run
     run = RunPaths(Storage(store).run_dir(job))
@@ -51,9 +75,13 @@ def test_report_table_and_three_panels(finished_run: tuple[Path, str]) -> None:
     assert f"{max(r['seq_per_s'] for r in rows):.2f}" in text  # peak seq/s from the metrics
     assert re.search(r"compile cache\s*│\s*off", text) and re.search(r"restarts\s*│\s*0", text)
     assert "2 x cpu at $1.61/node-hour (catalog)" in text  # price x nodes x hours
+    # One figure: the cost and the hours the report printed, checked against each other and
+    # against state.json numerically (recomputing the cent from other timestamps is flaky).
+    spent, hours = printed_cost(text)
+    assert spent == pytest.approx(2 * 1.61 * hours, abs=0.005 + 2 * 1.61 * 0.0005)
     st = state.read(run.state)
-    hours = (st.finished_at - st.started_at) / 3600
-    assert f"${2 * 1.61 * hours:.2f}" in text
+    assert st.finished_at is not None and st.started_at is not None
+    assert hours == pytest.approx((st.finished_at - st.started_at) / 3600, abs=0.0005)
 
     img = np.asarray(Image.open(run.report_png).convert("RGB")).astype(int)
     frames = spine_rows(img)

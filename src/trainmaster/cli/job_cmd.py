@@ -57,6 +57,11 @@ def launch(
     cfg = api.load_job(file, [*(overrides or []), *extra])
     if cfg.job.backend == "kubernetes":
         mode = "server" if dry_run_server else "client" if dry_run else None
+        if mode == "client":  # check what we print against Volcano's CRD: no cluster needed
+            from trainmaster import schemas
+            from trainmaster.launch import volcano
+
+            schemas.check_objects(volcano.objects(cfg, image=image))
         k8s_cmd.launch(cfg, image=image, dry_run=mode, kubeconfig=kubeconfig, context=context)
         return
     store, plan = api.plan_launch(cfg, storage, resume=resume)

@@ -16,7 +16,8 @@ from typing import Final
 SUPPORTED_KUBERNETES: Final = ("1.30", "1.31", "1.32", "1.33", "1.34")
 
 # --- add-ons -------------------------------------------------------------------------------
-# volcano-sh/volcano tag v1.15.1: the release whose CRDs are in ../shared/schemas/volcano.
+# volcano-sh/volcano tag v1.15.1: the release whose CRDs trainmaster ships in
+# trainmaster/schemas/volcano (`launch --dry-run` and the tests; replace them when this moves).
 VOLCANO_VERSION: Final = "v1.15.1"
 VOLCANO_INSTALLER: Final = (f"https://raw.githubusercontent.com/volcano-sh/volcano/{VOLCANO_VERSION}"
                             "/installer/volcano-development.yaml")

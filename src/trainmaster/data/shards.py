@@ -2,8 +2,9 @@
 
 Writing is reproducible to the byte: no timestamps in the HDF5 object headers
 (track_times=False), fixed chunk shapes, a fixed compression level, and a dataset.json that
-holds no date. A shard only ever appears under its final name complete: it is written as
-`.NAME_training_K.hdf5.tmp` (which SHARD_GLOB does not match), fsync'd, then renamed.
+holds no date. A shard only ever appears under its final name complete: `data prepare` writes
+it as `part-K.hdf5` in a hidden staging folder (no `training` in the name, so no loader takes
+it), fsync's it, then renames it (data/output.py).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def shard_name(name: str, k: int | str) -> str:
 
 
 def temp_name(final: str) -> str:
-    """Hidden and ending in .tmp: never taken for a shard by SHARD_GLOB or by a loader."""
+    """Hidden and ending in .tmp: the temporary of a small file (dataset.json, vocab.txt)."""
     return f".{final}{TMP_SUFFIX}"
 
 
