@@ -27,7 +27,10 @@ def test_tutorial_example_dry_run_validates() -> None:
     assert (limits[NEURON], limits[EFA]) == ("16", "8")  # the resource names, not `neurondevice`
     assert requests["cpu"] == limits["cpu"] and requests["memory"] == limits["memory"]  # Guaranteed
     script = " ".join(pod["containers"][0]["command"])
-    assert "--rdzv-backend=etcd" in script and "--rdzv-endpoint=etcd-server:2379" in script
+    # c10d through pod 0's stable name (etcd 3.6 has no v2 API), the id from the attempt
+    assert "--rdzv-backend=c10d" in script
+    assert "--rdzv-endpoint=bert-large-trn1-worker-0.bert-large-trn1:29400" in script
+    assert '"--rdzv-id=$rdzv_id"' in script
     assert {"event": "PodEvicted", "action": "RestartJob"} in spec["policies"]
 
 

@@ -84,8 +84,8 @@ def test_golden_stage_pod() -> None:
 
 def test_sources_and_names(tmp_path: Path) -> None:
     assert stage.parse_source(TUTORIAL_TAR).kind == "s3-archive"
-    assert stage.parse_source("s3://b/x.tgz") == stage.Source("s3-archive", "s3://b/x.tgz", gzip=True)
-    assert stage.parse_source("s3://b/data") == stage.Source("s3-prefix", "s3://b/data/")
+    assert stage.parse_source("s3://bkt/x.tgz") == stage.Source("s3-archive", "s3://bkt/x.tgz", gzip=True)
+    assert stage.parse_source("s3://bkt/data") == stage.Source("s3-prefix", "s3://bkt/data/")
     assert stage.parse_source(str(tmp_path)).kind == "local"
     for bad, says in [("s3:///x", "names no bucket"), ("gs://b/x", "use an s3:// URL"),
                       (str(tmp_path / "nope"), "not a folder")]:

@@ -108,11 +108,16 @@ def test_tutorial_job_with_our_corrections() -> None:
     for key, value in {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1",
                        "CCOM_SOCKET_IFNAME": "eth0", "NEURON_RT_RESET_CORES": "1",
                        "NEURON_RT_STOCHASTIC_ROUNDING_EN": "1", "TRAINMASTER_STORAGE": "/data",
-                       "NEURON_CC_FLAGS": "--cache_dir=/data/cache/bert-large/neuron"}.items():
+                       "NEURON_CC_FLAGS": "--model-type=transformer --retry_failed_compilation "
+                                          "--cache_dir=/data/cache/bert-large/neuron"}.items():
         assert env[key] == value, key
     assert env["POD_NAME"] == "<ref>"
     script = script_of(job)
-    assert "--rdzv-endpoint=etcd-server:2379" in script and "--nproc-per-node=32" in script
+    # c10d through pod 0's stable name (etcd 3.6 has no v2 API for torch's etcd rendezvous)
+    assert "--rdzv-endpoint=bert-large-trn1-worker-0.bert-large-trn1:29400" in script
+    assert "--rdzv-backend=c10d" in script and "--nproc-per-node=32" in script
+    etcd = script_of(volcano.build_job(job_cfg("trn1-32xl", ["rendezvous.backend=etcd"])))
+    assert "--rdzv-endpoint=etcd-server.trainmaster-etcd.svc:2379" in etcd
     mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["/data"] == "storage" and "/etc/trainmaster" in mounts
     claim = next(v for v in pod["volumes"] if v["name"] == "storage")["persistentVolumeClaim"]
@@ -122,10 +127,10 @@ def test_tutorial_job_with_our_corrections() -> None:
 def test_every_pod_runs_the_local_backends_command_line() -> None:
     cfg = job_cfg("p5-48xl")
     _, job = volcano.objects(cfg)
-    rdzv = Rendezvous("c10d", "bert-large-p5-worker-0.bert-large-p5:29400")
+    rdzv = Rendezvous("c10d", "bert-large-p5-worker-0.bert-large-p5:29400", run_id="$rdzv_id")
     expected = command(cfg, rdzv, job_file="/data/runs/bert-large-p5/job.toml", storage="/data")
     last = script_of(job).strip().splitlines()[-1]
-    assert shlex.split(last) == ["exec", *expected]
+    assert shlex.split(last) == ["exec", "$@", *expected]  # "$@": pod 0's cache lock holder, if any
 
 
 def test_resources_per_node_type() -> None:
@@ -163,13 +168,13 @@ def test_precompile_job() -> None:
     cm, job = volcano.objects(job_cfg("trn1-32xl"), precompile=True)
     assert job["metadata"]["name"] == "bert-large-trn1-precompile"
     assert job["metadata"]["labels"]["trainmaster.io/kind"] == "precompile"
-    assert "exec neuron_parallel_compile python3 -m torch.distributed.run" in script_of(job)
+    assert 'exec "$@" neuron_parallel_compile python3 -m torch.distributed.run' in script_of(job)
     assert "--job /data/runs/bert-large-trn1-precompile/job.toml" in script_of(job)
     assert "steps_this_run = 10" in cm["data"]["job.toml"]
     train = volcano.build_job(job_cfg("trn1-32xl"))
     assert env_of(job)["NEURON_CC_FLAGS"] == env_of(train)["NEURON_CC_FLAGS"]  # one cache
     gpu = volcano.build_precompile_job(job_cfg("p5-48xl"))
-    assert "exec python3 -m torch.distributed.run" in script_of(gpu)
+    assert 'exec "$@" python3 -m torch.distributed.run' in script_of(gpu)
 
 
 def test_options_reach_the_pod() -> None:
@@ -202,7 +207,8 @@ def run_script(job: dict[str, Any], tmp: Path, pod: str, pod_ip: str, host: str 
     script = script_of(job).replace("/etc/trainmaster", str(conf))
     if host:
         script = script.replace(host, "localhost")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "POD_NAME": pod, "POD_IP": pod_ip}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "POD_NAME": pod, "POD_IP": pod_ip,
+           volcano.ENV_PODGROUP: "demo-0f2c", volcano.ENV_JOB_VERSION: "0"}
     return subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=30)
 
 

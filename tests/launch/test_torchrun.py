@@ -15,8 +15,10 @@ GOLDEN = Path(__file__).parent / "golden"
 
 @pytest.mark.parametrize(("preset", "rdzv"), [
     ("local-cpu", Rendezvous("c10d", "127.0.0.1:29400")),
-    ("trn1-bert-large", Rendezvous("etcd", "etcd-server:2379")),
-    ("p5-bert-large", Rendezvous("c10d", "bert-large-p5-worker-0-0.bert-large-p5:29400")),
+    # as the Volcano pods run it: c10d through pod 0's stable name, the attempt's id
+    ("trn1-bert-large", Rendezvous("c10d", "bert-large-trn1-worker-0.bert-large-trn1:29400",
+                                   run_id="bert-large-trn1-7c9e6679-7425-40de-944b-e07fc1f90ae7-v1")),
+    ("p5-bert-large", Rendezvous("c10d", "bert-large-p5-worker-0.bert-large-p5:29400")),
 ])
 def test_golden_command(preset: str, rdzv: Rendezvous) -> None:
     cfg = api.preset_job(preset)
@@ -26,11 +28,14 @@ def test_golden_command(preset: str, rdzv: Rendezvous) -> None:
 
 def test_command_carries_the_job() -> None:
     cfg = api.preset_job("trn1-bert-large")
-    cmd = command(cfg, Rendezvous("etcd", "etcd-server:2379"), job_file="/j.toml", storage="/data")
+    etcd = Rendezvous("etcd", "etcd-server.trainmaster-etcd.svc:2379")  # the tutorial's option
+    cmd = command(cfg, etcd, job_file="/j.toml", storage="/data")
     assert cmd[:3] == ["python3", "-m", "torch.distributed.run"]
     for arg in ("--nnodes=2", "--nproc-per-node=32", "--rdzv-backend=etcd", "--max-restarts=3",
-                "--rdzv-endpoint=etcd-server:2379", "--rdzv-id=bert-large-trn1"):
+                "--rdzv-endpoint=etcd-server.trainmaster-etcd.svc:2379", "--rdzv-id=bert-large-trn1"):
         assert arg in cmd
+    attempt = Rendezvous(etcd.backend, etcd.endpoint, run_id="bert-large-trn1-uid-v3")
+    assert "--rdzv-id=bert-large-trn1-uid-v3" in command(cfg, attempt, job_file="/j.toml", storage="/data")
     assert cmd[-6:] == ["-m", "trainmaster.train", "--job", "/j.toml", "--storage", "/data"]
 
 

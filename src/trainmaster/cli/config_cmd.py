@@ -14,6 +14,7 @@ from rich.table import Table
 from trainmaster import api
 from trainmaster.cli.options import JobFileArg, SetOpt, StorageOpt
 from trainmaster.errors import UserError
+from trainmaster.launch.volcano import ETCD_VERSIONS
 
 config_app = typer.Typer(help="Check a job file and show its resolved and derived values.",
                          no_args_is_help=True)
@@ -45,6 +46,11 @@ def validate(file: JobFileArg, overrides: SetOpt = None) -> None:
     d = cfg.derived
     typer.echo(f"{file}: valid (world size {d.world_size}, gradient accumulation {d.grad_accum}, "
                f"hash {d.config_hash})")
+    if cfg.rendezvous.backend in ("etcd", "etcd-v2"):
+        # Said at validation, not found at the first rendezvous: torch's etcd rendezvous speaks
+        # etcd's v2 API, which etcd 3.6 removed (pytorch/pytorch issues 158326 and 170707).
+        typer.echo(f"note: rendezvous.backend = {cfg.rendezvous.backend} works with {ETCD_VERSIONS}; "
+                   "rendezvous.backend = c10d needs no etcd")
 
 
 @config_app.command()

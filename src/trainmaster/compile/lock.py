@@ -154,16 +154,18 @@ def _break(path: Path, seen: bytes) -> None:
 
 def acquire(cache_dir: Path, *, job: str, purpose: str, wait_s: float = 0.0,
             on_wait: Callable[[Holder], None] | None = None, stale_s: float = STALE_S,
-            pid: int | None = None, reclaim_own_job: bool = False) -> CacheLock:
+            pid: int | None = None, reclaim_own_job: bool = False, token: str | None = None) -> CacheLock:
     """Take the cacheset's lock, waiting up to wait_s; UserError naming the holder after that.
 
     reclaim_own_job: a lock held under this job's name is taken over at once (a restarted
     Kubernetes job finds the lock its previous rank-0 pod left).
+    token: the holder's token (default: a new one); the Kubernetes pods of one attempt know
+    theirs in advance (launch/cache_hold.py), so rank 0 on any pod finds the lock is its job's.
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = path_of(cache_dir)
     me = Holder(pid=pid or os.getpid(), host=socket.gethostname(), job=job, purpose=purpose,
-                since=time.time(), token=uuid.uuid4().hex)
+                since=time.time(), token=token or uuid.uuid4().hex)
     deadline = time.monotonic() + wait_s
     told: str | None = None
     while True:

@@ -12,6 +12,23 @@ data-stage pod. Decisions (DESIGN 5: no BestEffort pods, bounded /dev/shm):
 - /dev/shm is a memory-backed emptyDir with a size limit of 1/8 of the pod's memory (at most
   64 GiB): it counts against the pod's memory limit, and an unbounded one (the tutorial's)
   lets a leak take the node down instead of the pod.
+- Scratch (issue 12.6): TMPDIR and HOME point at /tmp, an emptyDir on the node's ephemeral
+  storage, which the cluster's node groups put on the instance-store NVMe (trn1.32xlarge:
+  4 x 1900 GB, p5.48xlarge: 8 x 3840 GB; https://aws.amazon.com/ec2/instance-types/trn1/ and
+  /p5/). Only the compile cache stays on the shared FSx volume: compilers' temporary files are
+  many, short-lived and per node, which Lustre serves slowly and which would outlive a killed pod.
+- Security (issue 17.10): every container runs without privilege escalation, with all Linux
+  capabilities dropped and a read-only root filesystem; what it writes goes to the volumes
+  (storage, /tmp, /dev/shm). No capability is needed for the accelerators: the Neuron and EFA
+  device plugins add the container's /dev/neuron* and /dev/infiniband/uverbs* device nodes for
+  the requested resources (aws-neuron-sdk, containers/kubernetes-getting-started, "Neuron device
+  plugin"; aws/eks-charts stable/aws-efa-k8s-device-plugin). EFA registers (pins) memory, which
+  counts against RLIMIT_MEMLOCK, and libfabric aborts with "Cannot allocate memory" under a low
+  limit (awslabs/awsome-distributed-ai issue 647; ofiwg/libfabric prov/efa/docs/overview.md asks
+  for `ulimit -l unlimited`). Kubernetes has no ulimit field, and CAP_IPC_LOCK lifts that limit
+  for a root process, so EFA pods keep IPC_LOCK: registration never depends on the node's
+  container-runtime memlock setting. The images run as root (the Neuron/CUDA base images do;
+  runAsNonRoot would refuse them): a root user with no capabilities cannot change the node.
 """
 
 from __future__ import annotations
@@ -29,6 +46,12 @@ STORAGE_VOLUME = "storage"
 CONFIG_VOLUME = "job-config"
 SHM_VOLUME = "dshm"
 SHM_MAX_GIB = 64
+SCRATCH_VOLUME = "scratch"
+SCRATCH_DIR = "/tmp"  # TMPDIR and HOME: node-local, writable under a read-only root filesystem
+# The containers' working directory too: tools write beside themselves, e.g. neuronx-cc's
+# --logfile defaults to "log-neuron-cc.txt" in the current directory (aws-neuron-sdk docs,
+# compiler/neuronx-cc/api-reference-guide/neuron-compiler-cli-reference-guide.rst).
+WORKING_DIR = SCRATCH_DIR
 
 
 def cpu_limit(inst: catalog.InstanceType) -> int:
@@ -78,6 +101,25 @@ def cache_dir(cfg: JobConfig) -> PurePosixPath:
     return PurePosixPath(cfg.kubernetes.mount) / "cache" / cfg.train.cacheset
 
 
+def security_context(inst: catalog.InstanceType | None) -> dict[str, Any]:
+    """The container's securityContext (module docstring: what the devices need and why)."""
+    caps: dict[str, list[str]] = {"drop": ["ALL"]}
+    if inst is not None and inst.efa_interfaces:
+        caps["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
+            "capabilities": caps}
+
+
+def scratch_env() -> dict[str, str]:
+    # HOME too: ~/.cache (pip, torch hub, triton, aws cli) must be writable on a read-only root.
+    return {"TMPDIR": SCRATCH_DIR, "HOME": SCRATCH_DIR}
+
+
+def uses_cache(cfg: JobConfig) -> bool:
+    """Whether the pods compile into the shared cacheset (and so take its lock)."""
+    return cache.mechanism(cfg, environ={}) != "inductor" or cfg.train.compile
+
+
 def _field(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -111,17 +153,30 @@ def env(cfg: JobConfig, inst: catalog.InstanceType, *, precompile: bool = False)
     else:
         plain["GLOO_SOCKET_IFNAME"] = "eth0"
     kind = cache.mechanism(cfg, environ={})
-    if kind != "inductor" or cfg.train.compile:
+    if uses_cache(cfg):
         plain |= (cache.precompile_env if precompile else cache.env)(kind, cache_dir(cfg))
+    plain |= scratch_env()  # after the cache's settings: scratch is node-local, never on FSx
     out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain.items()]
     return out + [_field("POD_NAME", "metadata.name"), _field("POD_IP", "status.podIP"),
                   _field("NODE_NAME", "spec.nodeName")]
+
+
+def scratch_volume() -> dict[str, Any]:
+    # No medium: the node's ephemeral storage (the kubelet root, on instance-store NVMe on the
+    # accelerator node groups), deleted with the pod. No sizeLimit: compiler work folders are
+    # large, and exceeding a limit evicts the whole gang.
+    return {"name": SCRATCH_VOLUME, "emptyDir": {}}
+
+
+def scratch_mount() -> dict[str, Any]:
+    return {"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR}
 
 
 def volumes(cfg: JobConfig, *, config_map: str | None, shm_size_gib: int) -> list[dict[str, Any]]:
     vols: list[dict[str, Any]] = [
         {"name": STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": cfg.kubernetes.pvc}},
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": f"{shm_size_gib}Gi"}},
+        scratch_volume(),
     ]
     if config_map is not None:
         vols.append({"name": CONFIG_VOLUME, "configMap": {"name": config_map}})
@@ -132,6 +187,7 @@ def volume_mounts(cfg: JobConfig, *, config_map: bool) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [
         {"name": STORAGE_VOLUME, "mountPath": cfg.kubernetes.mount},
         {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+        scratch_mount(),
     ]
     if config_map:
         mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})

@@ -36,6 +36,11 @@ EXISTS_EXIT = 3  # the script's exit code when datasets/NAME is already there
 WAIT_UPLOAD_S = 6 * 3600  # a local upload must finish within this
 DEADLINE_S = 24 * 3600  # activeDeadlineSeconds: no stage pod outlives a day, even if orphaned
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+# S3 bucket naming rules (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html)
+# and the key characters S3 calls safe (.../userguide/object-keys.html, "Safe characters"):
+# a URL that also holds a shell's or a tar's special characters is refused before any quoting.
+S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+S3_KEY = re.compile(r"[A-Za-z0-9!_.*'()/-]*")
 CHUNK = 256 << 10
 ANN_SOURCE, ANN_DEST, ANN_STAGING = "trainmaster.io/source", "trainmaster.io/dest", "trainmaster.io/staging"
 
@@ -52,6 +57,12 @@ def parse_source(src: str) -> Source:
         bucket, _, key = src[5:].partition("/")
         if not bucket:
             raise UserError(f"{src!r} names no bucket (s3://BUCKET/PREFIX)", where="SRC")
+        if not S3_BUCKET.fullmatch(bucket):
+            raise UserError(f"{src!r}: {bucket!r} is not an S3 bucket name (3-63 of a-z 0-9 . -)",
+                            where="SRC")
+        if not S3_KEY.fullmatch(key):
+            raise UserError(f"{src!r}: an S3 key here is letters, digits and ! - _ . * ' ( ) / "
+                            "(S3's safe characters)", where="SRC")
         if key.endswith((".tar.gz", ".tgz")):
             return Source("s3-archive", src, gzip=True)
         if key.endswith(".tar"):
@@ -79,18 +90,18 @@ def paths(cfg: JobConfig, dataset: str) -> tuple[str, str]:
 
 def script(source: Source, dest: str, tmp: str, *, no_sign_request: bool = False,
            verify: list[str] | None = None) -> str:
-    q = shlex.quote
+    q = shlex.quote  # every value below enters the shell quoted (issue 17.9)
     unsigned = " --no-sign-request" if no_sign_request else ""
     if source.kind == "s3-prefix":
-        copy = [f"aws s3 sync {q(source.location)} \"$tmp\" --no-progress{unsigned}"]
+        copy = [f"aws s3 sync \"$src_url\" \"$tmp\" --no-progress{unsigned}"]
     elif source.kind == "s3-archive":
         flags = "-xzf" if source.gzip else "-xf"
         copy = ["rc=0",
-                f"( aws s3 cp {q(source.location)} -{unsigned} || touch \"$tmp.failed\" ) | "
+                f"( aws s3 cp \"$src_url\" -{unsigned} || touch \"$tmp.failed\" ) | "
                 f"tar {flags} - -C \"$tmp\" || rc=$?",
-                f"if [ -e \"$tmp.failed\" ]; then echo \"trainmaster: aws s3 cp {source.location} "
+                "if [ -e \"$tmp.failed\" ]; then echo \"trainmaster: aws s3 cp $src_url "
                 "failed\" >&2; exit 1; fi",
-                f"if [ \"$rc\" -ne 0 ]; then echo \"trainmaster: {source.location} is not a readable "
+                "if [ \"$rc\" -ne 0 ]; then echo \"trainmaster: $src_url is not a readable "
                 "tar archive (tar exit $rc)\" >&2; exit 1; fi"]
     else:  # the runner streams a tar into $tmp over exec, then creates $tmp.done
         copy = ["n=0", "until [ -e \"$tmp.done\" ]; do",
@@ -98,7 +109,7 @@ def script(source: Source, dest: str, tmp: str, *, no_sign_request: bool = False
                 "upload arrived\" >&2; exit 1; fi", "  sleep 1", "done"]
     return "\n".join([
         "set -eu",
-        f"dest={q(dest)}", f"tmp={q(tmp)}",
+        f"dest={q(dest)}", f"tmp={q(tmp)}", f"src_url={q(source.location)}",
         "if [ -e \"$dest\" ]; then echo \"trainmaster: $dest exists; choose another --name or "
         f"remove it\" >&2; exit {EXISTS_EXIT}; fi",
         "trap 'rm -rf \"$tmp\" \"$tmp.done\" \"$tmp.failed\"' EXIT",
@@ -131,11 +142,16 @@ def build_stage_pod(cfg: JobConfig, src: str, dataset: str, *, image: str | None
             "name": "stage", "image": image,
             "command": ["/bin/sh", "-c", script(source, dest, tmp, no_sign_request=no_sign_request,
                                                 verify=verify)],
-            "env": [{"name": "TRAINMASTER_STORAGE", "value": k.mount}],
+            "env": [{"name": "TRAINMASTER_STORAGE", "value": k.mount},
+                    *({"name": key, "value": v} for key, v in podspec.scratch_env().items())],
             "resources": {"requests": dict(res), "limits": dict(res)},
-            "volumeMounts": [{"name": podspec.STORAGE_VOLUME, "mountPath": k.mount}],
+            "volumeMounts": [{"name": podspec.STORAGE_VOLUME, "mountPath": k.mount},
+                             podspec.scratch_mount()],
+            "securityContext": podspec.security_context(None),
+            "workingDir": podspec.WORKING_DIR,
         }],
-        "volumes": [{"name": podspec.STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": k.pvc}}],
+        "volumes": [{"name": podspec.STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": k.pvc}},
+                    podspec.scratch_volume()],
         # No node selector: any node that can mount the volume, accelerator nodes included.
         "tolerations": podspec.tolerations(cfg, None),
     }

@@ -29,6 +29,9 @@ class Rendezvous:
 
     backend: str  # c10d | etcd | etcd-v2
     endpoint: str
+    # --rdzv-id: unique per submission and per job-level retry, equal on every node of one
+    # attempt (see rdzv_id docs in the backends). None = the job name (TODO issue 12.1).
+    run_id: str | None = None
 
 
 def nnodes_arg(cfg: JobConfig) -> str:
@@ -44,8 +47,7 @@ def torchrun_args(cfg: JobConfig, rdzv: Rendezvous) -> list[str]:
         f"--nproc-per-node={cfg.job.nproc_per_node}",
         f"--rdzv-backend={rdzv.backend}",
         f"--rdzv-endpoint={rdzv.endpoint}",
-        # The job name is the rendezvous id: agents of one job meet, two jobs never mix.
-        f"--rdzv-id={cfg.job.name}",
+        f"--rdzv-id={rdzv.run_id or cfg.job.name}",
         f"--rdzv-conf=join_timeout={cfg.rendezvous.timeout},timeout={cfg.rendezvous.timeout}",
         f"--max-restarts={cfg.job.max_restarts}",
         # Tee every worker's output (prefixed with its local rank) into the agent's stream:

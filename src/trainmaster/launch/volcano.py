@@ -7,12 +7,24 @@ of the local backend (launch/torchrun.py); only where it runs differs.
   per node. Volcano names the pods `<job>-worker-<index>`; the index is that suffix (and the
   env plugin's VC_TASK_INDEX): a pod template is shared by all replicas, so no label can carry
   it. Volcano adds its own pod labels volcano.sh/job-name and volcano.sh/task-spec=worker.
-- Rendezvous: c10d through the job's headless Service (svc plugin, not-ready addresses
-  published) at `<job>-worker-0.<job>:29400`, or etcd (rendezvous.endpoint, else
-  etcd-server:2379). Each pod first waits, bounded by rendezvous.timeout, until that name
-  resolves; pod 0 waits until it resolves to its own IP, because torchrun decides who hosts
-  the c10d store by matching the endpoint's address, and a stale record after a restart would
-  leave nobody hosting it.
+- Rendezvous: c10d (the default) through the job's headless Service (svc plugin, not-ready
+  addresses published) at `<job>-worker-0.<job>:29400`, as TorchX does, or etcd
+  (rendezvous.endpoint, else etcd-server.trainmaster-etcd.svc:2379: etcd 3.4/3.5 with
+  --enable-v2, since torch's etcd rendezvous speaks the v2 API that etcd 3.6 removed).
+  Each pod first waits, bounded by rendezvous.timeout, until that name resolves; pod 0 waits
+  until it resolves to its own IP, because torchrun decides who hosts the c10d store by
+  matching the endpoint's address, and a stale record after a restart would leave nobody
+  hosting it.
+- Rendezvous id (issue 12.1): torch's etcd rendezvous closes its id for 2 h when the agents
+  exit, so the id must be new for every submission and every job-level retry (RestartJob),
+  yet the same on every pod of one attempt. The pod script builds it from two annotations
+  Volcano's job controller puts on every pod it creates (downward API env): the PodGroup name
+  `<job>-<job uid>` (new per submission) and the job version, bumped each time the job is
+  killed for a restart. An endpoint or id never enters the script unquoted (issue 17.9).
+- Compile cache lock (issue 17.3): when the pods compile into the shared cacheset (Neuron
+  always, torch.compile jobs), pod 0 runs its command under launch/cache_hold.py, which holds
+  the cacheset's lock until the command (neuron_parallel_compile included) has ended; the
+  token is the rendezvous id, exported to every pod, so the trainer's rank 0 sees its job's lock.
 - The resolved job file travels in the ConfigMap `<job>-config` (mounted read-only at
   /etc/trainmaster) and is copied to STORAGE/runs/JOB/job.toml, the trainer's run folder, by
   temporary file + rename: every pod writes the same bytes and no reader sees half a file. It
@@ -25,6 +37,8 @@ of the local backend (launch/torchrun.py); only where it runs differs.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -37,18 +51,38 @@ from trainmaster.compile import precompile as pre_mod
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
 from trainmaster.launch import k8s_names, podspec
+from trainmaster.launch.pod_script import (  # noqa: F401 - CACHE_HOLD, RDZV_ID_*: part of this API
+    ANN_JOB_VERSION,
+    ANN_PODGROUP,
+    CACHE_HOLD,
+    ENV_JOB_VERSION,
+    ENV_PODGROUP,
+    LOCK_WAIT_S,
+    RDZV_ID_BEGIN,
+    RDZV_ID_END,
+    TASK,
+    annotation_env,
+    lock_lines,
+    rdzv_id_lines,
+)
 from trainmaster.launch.torchrun import Rendezvous, command
 from trainmaster.storage import RunPaths, Storage
 
 GROUP, VERSION, PLURAL = "batch.volcano.sh", "v1alpha1", "jobs"
 API_VERSION = f"{GROUP}/{VERSION}"
-TASK = "worker"
 C10D_PORT = 29400
-DEFAULT_ETCD = "etcd-server:2379"
+# The in-cluster etcd lives in its own namespace (cluster/addons.py), reached by its Service name.
+DEFAULT_ETCD = "etcd-server.trainmaster-etcd.svc:2379"
+# Versions that serve the v2 API torch's etcd rendezvous needs: etcd 3.6 removed it
+# (pytorch/pytorch issues 158326 and 170707).
+ETCD_VERSIONS = "etcd 3.4 or 3.5 started with --enable-v2 (etcd 3.6 and later removed the v2 API)"
 LABEL_NAME, LABEL_MANAGED = "app.kubernetes.io/name", "app.kubernetes.io/managed-by"
 LABEL_JOB, LABEL_KIND = "trainmaster.io/job", "trainmaster.io/kind"
 MANAGED_SELECTOR = f"{LABEL_MANAGED}=trainmaster"
 ANN_CONFIG_HASH, ANN_STORAGE = "trainmaster.io/config-hash", "trainmaster.io/storage"
+_ID_MARK = "@TRAINMASTER_RDZV_ID@"  # stands for "$rdzv_id" in the torchrun line until rendered
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_ENDPOINT = re.compile(rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\]):([0-9]{{1,5}})")
 
 
 def labels(job: str, kind: str) -> dict[str, str]:
@@ -75,6 +109,16 @@ def image_of(cfg: JobConfig, image: str | None) -> str:
     return image
 
 
+def check_endpoint(endpoint: str | None, where: str = "rendezvous.endpoint") -> None:
+    """host:port (a DNS name, an IPv4 or a [IPv6] address): the endpoint goes into the pod's
+    shell script and torchrun's arguments, so nothing else gets through."""
+    if endpoint is None:
+        return
+    m = _ENDPOINT.fullmatch(endpoint)
+    if m is None or not 0 < int(m.group(1)) < 65536:
+        raise UserError(f"{endpoint!r} is not host:port (e.g. etcd.example.internal:2379)", where=where)
+
+
 def check_settings(cfg: JobConfig) -> None:
     k = cfg.kubernetes
     k8s_names.check_settings(queue=k.queue, pvc=k.pvc, namespace=k.namespace, mount=k.mount,
@@ -92,6 +136,7 @@ def check(cfg: JobConfig, image: str | None) -> tuple[catalog.InstanceType, str]
                         f"{inst.max_workers}", where="job.nproc_per_node")
     image = image_of(cfg, image)
     check_settings(cfg)
+    check_endpoint(cfg.rendezvous.endpoint)
     k8s_names.check_job_name(cfg.job.name, TASK, cfg.job.nnodes)
     host = rendezvous(cfg).endpoint.rpartition(":")[0]
     if cfg.job.nnodes > 1 and (host == "localhost" or host.startswith("127.") or not host):
@@ -101,8 +146,11 @@ def check(cfg: JobConfig, image: str | None) -> tuple[catalog.InstanceType, str]
     return inst, image
 
 
-def container_script(cfg: JobConfig, rdzv: Rendezvous, wrapper: list[str]) -> str:
-    """The pod's shell: run folder + job file, wait for the rendezvous name, exec torchrun."""
+def container_script(cfg: JobConfig, rdzv: Rendezvous, wrapper: list[str], purpose: str = "train") -> str:
+    """The pod's shell: run folder + job file, wait for the rendezvous name, exec torchrun.
+
+    Every value from the config enters the script through shlex.quote; the rendezvous id is
+    the one expansion, "$rdzv_id", in double quotes."""
     name, mount = cfg.job.name, cfg.kubernetes.mount
     run = RunPaths(Storage(Path(mount)).run_dir(name))
     q = shlex.quote
@@ -111,7 +159,14 @@ def container_script(cfg: JobConfig, rdzv: Rendezvous, wrapper: list[str]) -> st
     pod0 = k8s_names.pod_name(name, TASK, 0)
     own = f' && {{ [ "$POD_NAME" != {q(pod0)} ] || [ "$ip" = "$POD_IP" ]; }}' if host == f"{pod0}.{name}" else ""
     timeout = cfg.rendezvous.timeout
-    torchrun = command(cfg, rdzv, job_file=str(run.job_toml), storage=mount, python="python3")
+    torchrun = command(cfg, dataclasses.replace(rdzv, run_id=_ID_MARK), job_file=str(run.job_toml),
+                       storage=mount, python="python3")
+    line = shlex.join([*wrapper, *torchrun])
+    mark = shlex.quote(f"--rdzv-id={_ID_MARK}")
+    if line.count(mark) != 1:  # pragma: no cover - torchrun.py renders --rdzv-id once
+        raise AssertionError(f"--rdzv-id not found once in {line!r}")
+    line = line.replace(mark, '"--rdzv-id=$rdzv_id"')
+    late = q(f"trainmaster: {host} did not resolve to the rendezvous host within {timeout} s")
     return "\n".join([
         "set -eu",
         f"mkdir -p {q(str(run.dir))}",
@@ -120,11 +175,12 @@ def container_script(cfg: JobConfig, rdzv: Rendezvous, wrapper: list[str]) -> st
         "n=0",
         f"until ip=$(getent hosts {q(host)} | head -n 1 | cut -d' ' -f1) && [ -n \"$ip\" ]{own}; do",
         "  n=$((n + 1))",
-        f"  if [ \"$n\" -ge {timeout} ]; then echo \"trainmaster: {host} did not resolve to the "
-        f"rendezvous host within {timeout} s\" >&2; exit 1; fi",
+        f"  if [ \"$n\" -ge {timeout} ]; then echo {late} >&2; exit 1; fi",
         "  sleep 1",
         "done",
-        "exec " + shlex.join([*wrapper, *torchrun]),
+        *rdzv_id_lines(),
+        *lock_lines(cfg, purpose),
+        'exec "$@" ' + line,
     ]) + "\n"
 
 
@@ -148,10 +204,14 @@ def _build(cfg: JobConfig, image: str | None, kind: str, wrapper: list[str],
         "restartPolicy": "Never",
         "containers": [{
             "name": "trainer", "image": image,
-            "command": ["/bin/sh", "-c", container_script(cfg, rendezvous(cfg), wrapper)],
-            "env": podspec.env(cfg, inst, precompile=kind == "precompile"),
+            "command": ["/bin/sh", "-c", container_script(cfg, rendezvous(cfg), wrapper,
+                                                          "precompile" if kind == "precompile" else "train")],
+            "env": podspec.env(cfg, inst, precompile=kind == "precompile") + [
+                annotation_env(ENV_PODGROUP, ANN_PODGROUP), annotation_env(ENV_JOB_VERSION, ANN_JOB_VERSION)],
             "resources": podspec.resources(inst),
             "volumeMounts": podspec.volume_mounts(cfg, config_map=True),
+            "securityContext": podspec.security_context(inst),
+            "workingDir": podspec.WORKING_DIR,
         }],
         "volumes": podspec.volumes(cfg, config_map=config_map_name(name), shm_size_gib=podspec.shm_gib(inst)),
     }
