@@ -45,7 +45,7 @@ class JobSection(Section):
 
 class RendezvousSection(Section):
     backend: Literal["c10d", "etcd", "etcd-v2"] = Field("c10d", description="torchrun rendezvous: c10d (no extra service), etcd or etcd-v2")
-    endpoint: str | None = Field(None, description="host:port; unset = a free loopback port / private etcd (local), the job's service / etcd-server:2379 (kubernetes)")
+    endpoint: str | None = Field(None, description="host:port; unset = a free loopback port / private etcd (local), pod 0's service name (kubernetes, c10d) / etcd-server.trainmaster-etcd.svc:2379 (kubernetes, etcd)")
     timeout: PositiveInt = Field(600, description="seconds to wait for all nodes to join")
 
 
@@ -105,7 +105,7 @@ class TrainSection(Section):
     precision: Literal["fp32", "bf16"] = Field("fp32", description="fp32 | bf16 (autocast on cpu/cuda, bf16 weights with stochastic rounding on Neuron)")
     batch_size: PositiveInt = Field(16, description="micro-batch per worker")
     global_batch_size: PositiveInt = Field(32, description="sequences per optimizer step; fixed when nodes change (accumulation is derived)")
-    optimizer: Literal["adamw", "lamb"] = Field("adamw", description="adamw (linear decay) | lamb (polynomial 0.5 decay)")
+    optimizer: Literal["adamw", "lamb", "nvlamb"] = Field("adamw", description="adamw (linear decay) | lamb (polynomial 0.5 decay) | nvlamb (lamb, trust ratio on every parameter)")
     lr: PositiveFloat = Field(1e-3, description="peak learning rate")
     weight_decay: Annotated[float, Field(ge=0)] = Field(0.01, description="not applied to bias and LayerNorm")
     warmup_steps: NonNegativeInt = Field(20, description="linear warm-up steps")

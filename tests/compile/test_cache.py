@@ -37,8 +37,7 @@ def test_mechanism_per_device() -> None:
 def test_inductor_settings_stay_inside_the_cacheset() -> None:
     env = cache.env("inductor", PurePosixPath("/s/cache/c"))
     assert env == {"TORCHINDUCTOR_CACHE_DIR": "/s/cache/c/inductor", "TRITON_CACHE_DIR": "/s/cache/c/triton",
-                   "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-                   "TMPDIR": "/s/cache/c/tmp"}
+                   "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
     assert cache.precompile_command("inductor", ["python3", "-m", "x"]) == ["python3", "-m", "x"]
     assert cache.worker_env("xla", PurePosixPath("/c"), 3)["XLA_PERSISTENT_CACHE_PATH"] == "/c/xla/rank3"
 
@@ -65,8 +64,12 @@ def test_golden_neuron_precompile_command_and_environment() -> None:
     text = _neuron_precompile_text()
     check(GOLDEN / "neuron-precompile.txt", text)
     # What the golden file must say, whatever else changes around it:
-    assert "exec neuron_parallel_compile python3 -m torch.distributed.run --nnodes=2 --nproc-per-node=32" in text
-    assert "NEURON_CC_FLAGS=--cache_dir=/data/cache/bert-large/neuron" in text  # one shared cache
+    assert "\nneuron_parallel_compile python3 -m torch.distributed.run --nnodes=2 --nproc-per-node=32" in text
+    assert "neuron_parallel_compile python3 -m torch.distributed.run" in text.split("\nexec ")[1]
+    # the recipe's compiler flags, and one shared cache
+    assert ("NEURON_CC_FLAGS=--model-type=transformer --retry_failed_compilation "
+            "--cache_dir=/data/cache/bert-large/neuron") in text
+    assert "--max-restarts=0" in text and "--max-restarts=3" not in text  # issue 12.8
     assert "--job /data/runs/bert-large-trn1-precompile/job.toml" in text
 
 
@@ -80,9 +83,20 @@ def test_kubernetes_precompile_job_is_valid_and_compiles() -> None:
     assert resolved.job.name == "bert-large-p5-precompile"
     env = {e["name"]: e.get("value") for e in job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]}
     assert env["TORCHINDUCTOR_CACHE_DIR"] == "/data/cache/bert-large-p5/inductor"
-    assert env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1" and env["TMPDIR"] == "/data/cache/bert-large-p5/tmp"
+    assert env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1"
+    assert not env["TMPDIR"].startswith("/data/")  # scratch on the node, not on the shared storage
     script = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["command"][2]
     assert "neuron_parallel_compile" not in script
+
+
+@pytest.mark.parametrize("kind", ["inductor", "neuron", "xla"])
+def test_only_caches_live_on_the_shared_storage(kind: cache.Mechanism, tmp_path: Path) -> None:
+    """Issue 12.6: no scratch (TMPDIR) under the cacheset, in any worker's environment."""
+    folder = tmp_path / "cache" / "c"
+    settings = cache.env(kind, folder) | cache.precompile_env(kind, folder) | cache.worker_env(kind, folder, 1)
+    assert "TMPDIR" not in settings
+    assert not any(v.startswith(f"{folder}/tmp") for v in settings.values())
+    assert all(d.name != "tmp" for d in cache.dirs_to_make(kind, folder))
 
 
 @pytest.mark.parametrize("preset", ["trn1-bert-large", "p5-bert-large"])
@@ -102,5 +116,5 @@ def test_cli_dry_run_of_the_kubernetes_precompile() -> None:
     assert result.returncode == 0, result.stderr
     cm, job = list(yaml.safe_load_all(result.stdout))
     assert job["metadata"]["name"] == "bert-large-trn1-precompile"
-    assert "exec neuron_parallel_compile python3 -m torch.distributed.run" in job["spec"]["tasks"][0][
+    assert "neuron_parallel_compile python3 -m torch.distributed.run" in job["spec"]["tasks"][0][
         "template"]["spec"]["containers"][0]["command"][2]

@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.golden import check
 from trainmaster import jobfile
 from trainmaster.compile import cache, fingerprint
 from trainmaster.compile import precompile as pre_mod
 from trainmaster.errors import UserError
 from trainmaster.storage import Storage
 
-FIXED = {"versions.python": "3.11", "versions.torch": "2.13.0+cpu"}
+GOLDEN = Path(__file__).parent / "golden"
+FIXED: dict[str, fingerprint.Value] = {"versions.python": "3.11", "versions.torch": "2.13.0+cpu"}
 
 
 def cfg(*sets: str):  # type: ignore[no-untyped-def]
@@ -93,10 +95,26 @@ def test_expect_cold_warm_and_mismatch(tmp_path: Path) -> None:
 
 
 def test_precompile_config() -> None:
-    pre = pre_mod.precompile_config(cfg("train.compile=false"), steps=3)
+    pre = pre_mod.precompile_config(cfg("train.compile=false", "job.max_restarts=5"), steps=3)
     assert pre.job.name == "demo-precompile" and pre.train.compile and pre.train.steps_this_run == 3
+    assert pre.job.max_restarts == 0  # issue 12.8: a failing trial run is not repeated
     assert pre_mod.precompile_config(cfg("train.max_steps=2", "train.warmup_steps=1"), 10).train.steps_this_run == 2
     with pytest.raises(UserError, match="job.name: 'a{39}' is too long"):
         pre_mod.precompile_config(cfg(f'job.name="{"a" * 39}"'))
     with pytest.raises(UserError, match="--steps: must be at least 1"):
         pre_mod.precompile_config(cfg(), 0)
+
+
+def test_neuron_compiler_flags_are_in_it_on_xla(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 12.4: a change of the neuronx-cc flags must make the cache another job's."""
+    trn = jobfile.preset("trn1-bert-large")
+    saved = fingerprint.compute(trn, 30522, installed=FIXED)
+    check(GOLDEN / "fingerprint-trn1-bert-large.json", json.dumps(saved, indent=2) + "\n")
+    assert saved["neuron_cc_flags"] == "--model-type=transformer --retry_failed_compilation"
+    # the flags the workers get are the ones in the fingerprint (plus the cache's own folder)
+    flags = cache.env("neuron", Path("/data/cache/c"))["NEURON_CC_FLAGS"].split()
+    assert flags == [*saved["neuron_cc_flags"].split(), "--cache_dir=/data/cache/c/neuron"]
+    monkeypatch.setattr(cache, "NEURON_CC_OPTIONS", ("--model-type=transformer", "-O2"))
+    now = fingerprint.compute(trn, 30522, installed=FIXED)
+    assert [d.field for d in fingerprint.compare(saved, now)] == ["neuron_cc_flags"]
+    assert "neuron_cc_flags" not in fingerprint.compute(cfg(), 4096, installed=FIXED)  # cpu: no neuronx-cc

@@ -59,6 +59,9 @@ def test_rendezvous_id_changes_with_each_retry_and_submission(tmp_path: Path) ->
     assert {r.returncode for r in (pod0, pod1, retry, again)} == {0}
     assert pod0.stdout == pod1.stdout == f"{uid_a}-v0"
     assert len({pod0.stdout, retry.stdout, again.stdout}) == 3
+    assert "warning" not in pod0.stderr
+    old = rdzv_id(tmp_path, "bert-large-p5", "0")  # Volcano < 1.6: the PodGroup is the job's name
+    assert old.returncode == 0 and "older than v1.6" in old.stderr
     missing = rdzv_id(tmp_path, "", "0")  # a pod not created by Volcano's job controller
     assert missing.returncode == 1 and "scheduling.k8s.io/group-name" in missing.stderr
 
@@ -161,14 +164,10 @@ def test_stage_script_quotes_the_s3_url(hostile: str, kind: str, tmp_path: Path)
 
 
 # --- 12.6 + 17.10: node-local scratch, no privileges, schema-valid --------------------------
-def containers(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for obj in objs:
-        if obj["kind"] == "Job":
-            out.append((pod_spec(obj), pod_spec(obj)["containers"][0]))
-        elif obj["kind"] == "Pod":
-            out.append((obj["spec"], obj["spec"]["containers"][0]))
-    return out  # type: ignore[return-value]
+def containers(objs: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(pod spec, its container) of every Volcano job and pod among objs."""
+    specs = [pod_spec(o) if o["kind"] == "Job" else o["spec"] for o in objs if o["kind"] in ("Job", "Pod")]
+    return [(spec, spec["containers"][0]) for spec in specs]
 
 
 @pytest.mark.parametrize("case", ["trn1-32xl", "p5-48xl", "cpu"])
@@ -182,7 +181,7 @@ def test_pods_are_unprivileged_with_node_local_scratch(case: str) -> None:
             validate_pod_templates(obj)
         elif obj["kind"] == "Pod":
             validate_k8s(obj)
-    for spec, container in containers(objs):  # type: ignore[misc]
+    for spec, container in containers(objs):
         sc = container["securityContext"]
         assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
         assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]

@@ -34,9 +34,12 @@ def test_xla_losses_are_the_cpu_losses(pydoc_storage: Path) -> None:
     assert (xla.parent / "checkpoints" / "step_6" / "model.pt").exists()
 
 
-def test_xla_resumes_from_its_checkpoint(pydoc_storage: Path) -> None:
-    job = make_job(pydoc_storage, "xla-resume", 'train.device="xla"', *STEPS,
-                   "train.steps_this_run=3", nproc=1)
+@pytest.mark.parametrize("sets", [(), ('train.precision="bf16"', 'train.optimizer="lamb"'),
+                                  ('train.precision="bf16"',)], ids=["fp32", "bf16-lamb", "bf16-adamw"])
+def test_xla_resumes_from_its_checkpoint(pydoc_storage: Path, sets: tuple[str, ...]) -> None:
+    """bf16 weights use the fp32-state optimizers (issues 12.5, 17.12) through a resume."""
+    job = make_job(pydoc_storage, f"xla-resume-{len(sets)}", 'train.device="xla"', *STEPS,
+                   "train.steps_this_run=3", *sets, nproc=1)
     for _ in range(2):
         result = trainer(job, pydoc_storage, timeout=600, env=XLA_ENV)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -51,3 +54,47 @@ def test_more_than_one_xla_worker_on_a_cpu_is_refused(pydoc_storage: Path) -> No
     lines = result.error_lines()
     assert lines and all("PJRT_DEVICE=CPU" in line and "2 workers" in line for line in lines)
     assert not processes_mentioning(str(job))
+
+
+@pytest.mark.parametrize("name", ["lamb", "adamw"])
+def test_a_resumed_optimizer_step_is_the_fresh_runs_graph(name: str) -> None:
+    """Issue 17.12: after loading a (CPU) checkpoint, the optimizer's state sits where a fresh
+    run's does and the resumed steps compile nothing: they are the fresh run's steady graph,
+    which the precompile job put in the cache.
+
+    Before the fix `step` stayed on the CPU (and the moments became bf16); the first resumed
+    step compiled one more graph: its IR text equals the steady graph's, the graph hash does
+    not, because a 0-dim `step` uploaded from the CPU is another kind of input than one computed
+    on the device. The load now compiles one tiny graph (a clone of the steps) instead.
+    """
+    import torch
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+
+    from trainmaster.train import checkpoint, optim
+
+    device = xm.xla_device()
+    make = optim.Lamb if name == "lamb" else optim.Fp32AdamW
+
+    def compiled() -> int:
+        return int(met.metric_data("CompileTime")[0])
+
+    def steps(opt: torch.optim.Optimizer, p: torch.nn.Parameter, n: int) -> None:
+        for _ in range(n):
+            p.grad = torch.full_like(p, 0.01)
+            opt.step()
+            xm.mark_step()
+
+    p = torch.nn.Parameter(torch.ones(8, 4, dtype=torch.bfloat16, device=device))
+    fresh = make([p], lr=0.1)
+    steps(fresh, p, 3)  # step 1 builds the state; steps 2 and 3 are the steady graph
+    saved = checkpoint.to_cpu(fresh.state_dict())
+    q = torch.nn.Parameter(p.detach().cpu().to(device))  # as the trainer loads model.pt
+    resumed = make([q], lr=0.1)
+    resumed.load_state_dict(saved)
+    assert {k: (v.device, v.dtype) for k, v in resumed.state[q].items()} == {
+        k: (v.device, v.dtype) for k, v in fresh.state[p].items()}
+    assert resumed.state[q]["step"].device == q.device
+    loaded = compiled()
+    steps(resumed, q, 3)
+    assert compiled() == loaded

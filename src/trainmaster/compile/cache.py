@@ -5,13 +5,19 @@ STORAGE/cache/CACHESET/
   triton/    Triton kernels (cuda)
   neuron/    Neuron: compiled NEFFs, keyed by the hash of the XLA graph and compiler flags
   xla/       plain torch_xla's persistent cache, one folder per process (rankN/)
-  tmp/       the compilers' temporary files (TMPDIR), large and short-lived
   fingerprint.json, .lock
+
+Only caches live here. The compilers' scratch (TMPDIR: neuronx-cc work folders, inductor's
+temporary sources) is large, short-lived and written by every worker at once: on the shared
+Lustre file system it costs metadata operations of all nodes for nothing kept (issue 12.6). It
+stays on the node: an emptyDir on the instance storage in pods (launch/podspec.py), the system
+default locally. This module therefore never sets TMPDIR.
 
 Mechanisms (performance-anchors 5, aws-tutorial 4):
 - inductor: TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR inside the cacheset, the FX graph and
-  AOTAutograd caches forced on, TMPDIR inside the cacheset (not a node's small /tmp).
-- neuron: NEURON_CC_FLAGS=--cache_dir=<cacheset>/neuron, ONE cache on shared storage for all
+  AOTAutograd caches forced on.
+- neuron: NEURON_CC_FLAGS = the compiler flags of the Neuron BERT recipe (NEURON_CC_OPTIONS) and
+  --cache_dir=<cacheset>/neuron, ONE cache on shared storage for all
   nodes (the tutorial kept one per node, so every node compiled every graph). The precompile
   job runs the same torchrun command under `neuron_parallel_compile`, which extracts the graphs
   of a few steps and compiles them in parallel.
@@ -34,7 +40,18 @@ from trainmaster.config import JobConfig
 Mechanism = Literal["inductor", "neuron", "xla"]
 SUBDIRS: dict[Mechanism, tuple[str, ...]] = {
     "inductor": ("inductor", "triton"), "neuron": ("neuron",), "xla": ("xla",)}
-TMP = "tmp"
+# The compiler flags of the Neuron BERT pretraining recipe, part of the compile fingerprint
+# (compile/fingerprint.py): Neuron's cache key hashes the flags with the graph, so a graph
+# compiled under other flags is a miss, and a fingerprint without them could call such a cache
+# warm (optimum-neuron issue 457: flags missing from the cache key gave wrong cache hits).
+# - --model-type=transformer: aws-neuron-samples
+#   torch-neuronx/training/dp_bert_hf_pretrain/dp_bert_large_hf_pretrain_hdf5.py appends it to
+#   NEURON_CC_FLAGS at import (transformer-specific scheduling in neuronx-cc, see
+#   aws-neuron-sdk compiler/neuronx-cc/api-reference-guide/neuron-compiler-cli-reference-guide.rst).
+# - --retry_failed_compilation: the same script at HEAD; neuronx-cc caches a failed compilation as
+#   failed and, without it, later runs fail on that entry instead of compiling again (aws-neuron-sdk
+#   frameworks/torch/torch-neuronx/api-reference-guide/training/pytorch-neuron-parallel-compile.rst).
+NEURON_CC_OPTIONS = ("--model-type=transformer", "--retry_failed_compilation")
 PRECOMPILE_WRAPPER = "neuron_parallel_compile"
 CACHE_ENV = "TRAINMASTER_COMPILE_CACHE"  # the cacheset's path, for the trainer
 LOCK_ENV = "TRAINMASTER_CACHE_LOCK"  # the token of the lock the launcher holds for this job
@@ -56,22 +73,20 @@ def mechanism(cfg: JobConfig, environ: Mapping[str, str] | None = None) -> Mecha
 
 
 def env(kind: Mechanism, cache_dir: PurePath) -> dict[str, str]:
-    """The environment of every worker of a compile job (train or precompile)."""
-    tmp = str(cache_dir / TMP)
+    """The environment of every worker of a compile job (train or precompile); no scratch."""
     if kind == "inductor":
         return {
             "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"),
             "TRITON_CACHE_DIR": str(cache_dir / "triton"),
             "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
             "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-            "TMPDIR": tmp,
         }
     if kind == "neuron":
         neuron = str(cache_dir / "neuron")
         # --cache_dir in NEURON_CC_FLAGS wins over NEURON_COMPILE_CACHE_URL; both say the same.
-        return {"NEURON_CC_FLAGS": f"--cache_dir={neuron}", "NEURON_COMPILE_CACHE_URL": neuron,
-                "TMPDIR": tmp}
-    return {"XLA_PERSISTENT_CACHE_PATH": str(cache_dir / "xla"), "TMPDIR": tmp}
+        return {"NEURON_CC_FLAGS": " ".join((*NEURON_CC_OPTIONS, f"--cache_dir={neuron}")),
+                "NEURON_COMPILE_CACHE_URL": neuron}
+    return {"XLA_PERSISTENT_CACHE_PATH": str(cache_dir / "xla")}
 
 
 def worker_env(kind: Mechanism, cache_dir: PurePath, rank: int) -> dict[str, str]:
@@ -102,11 +117,11 @@ def precompile_command(kind: Mechanism, torchrun: list[str]) -> list[str]:
 
 
 def dirs_to_make(kind: Mechanism, cache_dir: Path) -> list[Path]:
-    return [cache_dir / sub for sub in (*SUBDIRS[kind], TMP)]
+    return [cache_dir / sub for sub in SUBDIRS[kind]]
 
 
 def entries(cache_dir: Path) -> dict[str, int]:
-    """Files per compiler folder (tmp/, .lock and fingerprint.json are not entries)."""
+    """Files per compiler folder (.lock and fingerprint.json are not entries)."""
     out: dict[str, int] = {}
     for sub in ("inductor", "triton", "neuron", "xla"):
         folder = cache_dir / sub

@@ -13,6 +13,10 @@ What is in it, and why:
 - train.precision, train.optimizer: dtypes; on XLA the optimizer update is in the graph
 - job.nnodes, job.nproc_per_node, world_size: collectives (DDP buckets, XLA all-reduce)
 - grad_accum (XLA only): the step graph spans the micro-steps between graph cuts
+- neuron_cc_flags (XLA only): the neuronx-cc flags the job sets (cache.NEURON_CC_OPTIONS); the
+  same graph compiled under other flags is another NEFF, and a cache filled under old flags must
+  not pass for warm (optimum-neuron issue 457). The --cache_dir part is left out: it is the
+  cacheset itself, not a property of the graphs
 - train.device, instance_type: the device kind and the accelerator the code is generated for
 - versions of python, torch, torch_xla, torch_neuronx, neuronx-cc, triton, transformers: a new
   compiler (or model code) produces other graphs; read with importlib.metadata, so that the
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainmaster.compile import cache
 from trainmaster.config import DEFAULT_VOCAB, JobConfig
 from trainmaster.errors import UserError
 from trainmaster.storage import Storage, dataset_path
@@ -108,6 +113,7 @@ def compute(cfg: JobConfig, vocab_size: int, *, installed: dict[str, Value] | No
     }
     if device == "xla":
         fields["grad_accum"] = d.grad_accum
+        fields["neuron_cc_flags"] = " ".join(cache.NEURON_CC_OPTIONS)
     return fields | (versions() if installed is None else installed)
 
 

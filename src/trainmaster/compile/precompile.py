@@ -39,11 +39,18 @@ def precompile_name(job: str) -> str:
 
 
 def precompile_config(cfg: JobConfig, steps: int = DEFAULT_STEPS) -> JobConfig:
-    """The same job under `<job>-precompile`, `steps` steps, compile on; the same cacheset."""
+    """The same job under `<job>-precompile`, `steps` steps, compile on; the same cacheset.
+
+    No restarts (issue 12.8): a precompile run that fails fails the same way again (a compiler
+    error, a bad shape), so torchrun's restarts only repeat the trial run and its graph
+    extraction; neuron_parallel_compile already retries the compilation of a failed graph
+    (cache.precompile_env). The job's own max_restarts stays what it was for the job.
+    """
     if steps < 1:
         raise UserError(f"must be at least 1 (got {steps})", where="--steps")
     data = cfg.model_dump(mode="json")
     data["job"]["name"] = precompile_name(cfg.job.name)
+    data["job"]["max_restarts"] = 0
     data["train"]["compile"] = True
     data["train"]["steps_this_run"] = min(steps, cfg.train.max_steps)
     return jobfile.validate(data, where="precompile job")

@@ -25,7 +25,7 @@ from torch import nn
 from trainmaster.compile import counters as compile_counters
 from trainmaster.compile import fingerprint
 from trainmaster.errors import UserError
-from trainmaster.train import checkpoint, ckptdir, dataset
+from trainmaster.train import checkpoint, ckptdir, dataset, netplugin
 from trainmaster.train import model as model_mod
 from trainmaster.train.data import ShardLoader
 from trainmaster.train.device import Runtime, resolve_kind
@@ -95,6 +95,7 @@ class Trainer:
                                   first_shard=plan.first_shard or None)
         self.flops = model_mod.flops_for(cfg, plan.vocab_size)
         self.metrics: MetricsLog | None = None
+        self.net_plugin: str | None = None
         if rt.rank == 0:
             write_rank0(plan.run, node_rank=plan.env.node_rank, local_rank=plan.env.local_rank)
             # The Kubernetes backend finds rank 0's pod by this exact line (launch/k8s_status.py).
@@ -151,6 +152,9 @@ class Trainer:
             if first_step_s is None:
                 first_step_s = time.time() - self.started
                 self._compiled()
+                if rt.rank == 0 and rt.kind == "cuda":  # NCCL opens its plugin at the first collective
+                    self.net_plugin = netplugin.describe(rt.kind)
+                    log(f"nccl net plugin: {self.net_plugin}")
             if self.metrics is not None:
                 self.metrics.step(step=step, loss=loss_v, mlm_loss=mlm_v, nsp_loss=nsp_v,
                                   lr=result.lr, grad_norm=norm, step_s=time.perf_counter() - t0)
@@ -187,7 +191,8 @@ class Trainer:
             steps_this_run=step - self.start_step, grad_accum=p.grad_accum, device=rt.kind,
             precision=cfg.train.precision, param_checksum=sums[0],
             cacheset=cfg.train.cacheset if p.compile else None,
-            compile_counters=compile_counters.snapshot() if p.compile else {})
+            compile_counters=compile_counters.snapshot() if p.compile else {},
+            nccl_net_plugin=self.net_plugin or netplugin.describe(rt.kind))
         self.metrics.close()
         log(f"done: step {step}, loss {last}, {summary['avg_seq_per_s']} seq/s average, "
             f"ranks agree: {summary['ranks_agree']}")

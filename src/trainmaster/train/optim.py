@@ -1,22 +1,40 @@
 """Optimizers and learning-rate schedules of BERT pretraining.
 
-AdamW is torch's (fused kernels on cpu/cuda, foreach on xla). LAMB (You et al. 2019, as in
-NVIDIA's FusedLAMB with adam_w_mode, bias correction and no trust clipping) is written here with
-tensor ops only (no .item()), so it runs unchanged on XLA:
+AdamW on fp32 parameters is torch's (fused kernels on cpu/cuda, foreach on xla). With bf16
+parameters (train.precision="bf16" on XLA) torch's AdamW would keep its moments in bf16, whose
+8-bit mantissa loses the small updates of v; the Neuron BERT recipe keeps optimizer state and a
+master copy of the weights in fp32 (aws-neuron-samples torch-neuronx/training/dp_bert_hf_pretrain/
+adamw_fp32_optim_params.py and adamw_fp32_params_copy.py). Fp32AdamW here does that, and so does
+LAMB (You et al. 2019, as NVIDIA's FusedLAMB with adam_w_mode, bias correction and no trust
+clipping). Both are written with tensor ops only (no .item()), so they run unchanged on XLA:
 
     m = b1 m + (1 - b1) g          v = b2 v + (1 - b2) g^2
     u = m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd * p
-    r = ||p|| / ||u||   (1 when either norm is 0)
+    r = ||p|| / ||u||   (1 when either norm is 0; LAMB only)
     p = p - lr * r * u
+
+LAMB ("lamb") applies the trust ratio r only to parameters with weight decay, as apex's FusedLAMB
+with use_nvlamb=False, which NVIDIA's BERT uses (NVIDIA/apex csrc/multi_tensor_lamb.cu, stage 2:
+`(use_nvlamb || decay != 0) && param_norm != 0 && update_norm != 0 ? lr * ratio : lr`; flag
+documented in apex/optimizers/fused_lamb.py): biases and LayerNorm get the plain Adam step.
+"nvlamb" applies it to every parameter (use_nvlamb=True).
 
 Neither decays biases or LayerNorm weights (NVIDIA's no_decay list). Schedules: linear warm-up,
 then linear decay to 0 at max_steps (AdamW, Hugging Face's get_linear_schedule_with_warmup) or
 (1 - progress)^0.5 (LAMB, NVIDIA's PolyWarmUpScheduler).
+
+State placement survives a checkpoint: torch's Optimizer.load_state_dict casts every state tensor
+but `step` to the parameter's dtype (bf16 moments again) and leaves `step` where the checkpoint
+had it (the CPU, checkpoint.to_cpu), while a fresh run creates it on the device; on XLA a CPU
+step changes the step graph, so a resumed run would recompile everything (issue 17.12).
+Fp32StateOptimizer.load_state_dict puts every tensor back where a fresh run has it.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
+from itertools import chain
 from typing import Any
 
 import torch
@@ -30,7 +48,69 @@ EPS = 1e-6
 NO_DECAY = ("bias", "LayerNorm", "layer_norm", "gamma", "beta")
 
 
-class Lamb(torch.optim.Optimizer):
+class Fp32StateOptimizer(torch.optim.Optimizer):
+    """Adam-family state in fp32 on the parameter's device, and an fp32 master of bf16 weights."""
+
+    def _state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
+            if p.dtype != torch.float32:
+                state["master"] = p.detach().float().clone()
+        return state
+
+    @staticmethod
+    def _adam_direction(state: dict[str, torch.Tensor], grad: torch.Tensor, group: dict[str, Any]
+                        ) -> torch.Tensor:
+        """Advance the moments one step; the bias-corrected m / (sqrt(v) + eps)."""
+        b1, b2 = group["betas"]
+        step, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+        step += 1
+        m.mul_(b1).add_(grad, alpha=1 - b1)
+        v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        m_hat = m / (1 - b1 ** step)
+        v_hat = v / (1 - b2 ** step)
+        return m_hat / (v_hat.sqrt() + group["eps"])
+
+    @staticmethod
+    def _write(p: torch.Tensor, state: dict[str, torch.Tensor], weight: torch.Tensor) -> None:
+        if "master" in state:
+            state["master"].copy_(weight)
+        p.copy_(weight)  # rounds to bf16 when p is bf16; the master keeps the fp32 value
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = state_dict["state"]
+        ids = list(chain.from_iterable(g["params"] for g in state_dict["param_groups"]))
+        super().load_state_dict(state_dict)
+        params = list(chain.from_iterable(g["params"] for g in self.param_groups))
+        for key, p in zip(ids, params, strict=True):
+            if key in saved:  # from the checkpoint's own fp32 values, not torch's bf16 casts
+                self.state[p] = {name: _placed(name, value, p) for name, value in saved[key].items()}
+        if any(p.device.type == "xla" for p in params):
+            # Materialize the on-device copies of `step` (see _placed) before the first step.
+            importlib.import_module("torch_xla").sync()
+
+
+def _placed(name: str, value: Any, p: torch.Tensor) -> Any:
+    """A loaded state value where a fresh run has it: fp32 on the parameter's device.
+
+    On XLA, a 0-dim `step` uploaded from the CPU makes the first resumed step another graph than
+    the fresh run's steady one (same IR text, other graph hash; measured with torch_xla 2.9 on
+    CPU, tests/train/test_xla.py), i.e. a compilation of the whole step after every resume.
+    As the output of a device computation (clone, materialized by the caller's sync) it is the
+    same kind of input as the fresh run's and the precompiled step graph is reused.
+    """
+    if not isinstance(value, torch.Tensor):
+        return value
+    out = value.detach().to(device=p.device, dtype=torch.float32, copy=True)
+    return out.clone() if name == "step" and p.device.type == "xla" else out
+
+
+class Fp32AdamW(Fp32StateOptimizer):
+    """torch.optim.AdamW's rule (decoupled weight decay) with fp32 state and master weights."""
+
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = BETAS,
                  eps: float = EPS, weight_decay: float = 0.01) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
@@ -42,30 +122,44 @@ class Lamb(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            b1, b2 = group["betas"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                grad = p.grad.float()
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                    state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32)
-                step, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
-                step += 1
-                m.mul_(b1).add_(grad, alpha=1 - b1)
-                v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-                m_hat = m / (1 - b1 ** step)
-                v_hat = v / (1 - b2 ** step)
-                weight = p.float()
-                update = m_hat / (v_hat.sqrt() + group["eps"])
+                state = self._state(p)
+                weight = state["master"] if "master" in state else p.float()
+                weight = weight * (1 - group["lr"] * group["weight_decay"])
+                direction = self._adam_direction(state, p.grad.float(), group)
+                self._write(p, state, weight - group["lr"] * direction)
+        return loss
+
+
+class Lamb(Fp32StateOptimizer):
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = BETAS,
+                 eps: float = EPS, weight_decay: float = 0.01, nvlamb: bool = False) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+                                  "nvlamb": nvlamb})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self._state(p)
+                weight = state["master"] if "master" in state else p.float()
+                update = self._adam_direction(state, p.grad.float(), group)
                 if group["weight_decay"]:
                     update = update + group["weight_decay"] * weight
-                w_norm, u_norm = weight.norm(), update.norm()
-                ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm,
-                                    torch.ones_like(w_norm))
-                p.copy_(weight - group["lr"] * ratio * update)
+                if group["weight_decay"] or group["nvlamb"]:
+                    w_norm, u_norm = weight.norm(), update.norm()
+                    ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm,
+                                        torch.ones_like(w_norm))
+                    update = ratio * update
+                self._write(p, state, weight - group["lr"] * update)
         return loss
 
 
@@ -83,8 +177,11 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 def make_optimizer(cfg: JobConfig, model: nn.Module, device_kind: str) -> torch.optim.Optimizer:
     t = cfg.train
     groups = param_groups(model, t.weight_decay)
-    if t.optimizer == "lamb":
-        return Lamb(groups, lr=t.lr, betas=BETAS, eps=EPS, weight_decay=t.weight_decay)
+    if t.optimizer in ("lamb", "nvlamb"):
+        return Lamb(groups, lr=t.lr, betas=BETAS, eps=EPS, weight_decay=t.weight_decay,
+                    nvlamb=t.optimizer == "nvlamb")
+    if any(p.dtype != torch.float32 for g in groups for p in g["params"]):
+        return Fp32AdamW(groups, lr=t.lr, betas=BETAS, eps=EPS, weight_decay=t.weight_decay)
     fast: dict[str, bool] = {"fused": True} if device_kind in ("cpu", "cuda") else {"foreach": True}
     return torch.optim.AdamW(groups, lr=t.lr, betas=BETAS, eps=EPS, weight_decay=t.weight_decay,
                              **fast)
@@ -110,5 +207,5 @@ class Schedule:
 
 def make_scheduler(cfg: JobConfig, optimizer: torch.optim.Optimizer) -> LambdaLR:
     t = cfg.train
-    power = 0.5 if t.optimizer == "lamb" else 1.0
+    power = 0.5 if t.optimizer in ("lamb", "nvlamb") else 1.0
     return LambdaLR(optimizer, Schedule(t.warmup_steps, t.max_steps, power))
