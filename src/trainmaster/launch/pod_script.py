@@ -15,7 +15,8 @@ from trainmaster.launch import k8s_names, podspec
 
 TASK = "worker"  # the Volcano job's one task (launch/volcano.py)
 # Pod annotations set by Volcano's job controller in createJobPod, on every pod it creates
-# (volcano-sh/volcano pkg/controllers/job/job_controller_util.go at ed72c7c8:
+# (volcano-sh/volcano pkg/controllers/job/job_controller_util.go, tag v1.15.1 - the version
+# cluster/versions.py installs - and unchanged at main ed72c7c8:
 #   pgName := job.Name + "-" + string(job.UID)
 #   pod.Annotations[schedulingv2.KubeGroupNameAnnotationKey] = pgName
 #   pod.Annotations[batch.JobVersion] = fmt.Sprintf("%d", job.Status.Version)
@@ -23,6 +24,8 @@ TASK = "worker"  # the Volcano job's one task (launch/volcano.py)
 # labels.go). job.Status.Version++ happens in killJob (job_controller_actions.go: "Job version
 # is bumped only when job is killed"), which RestartJob runs (state/running.go) before the
 # pods of the next attempt are created, so all pods of one attempt share both values.
+# The job uid is in the PodGroup name since Volcano v1.6.0; before, the name was the job's
+# alone, so a job deleted and submitted again would meet its old id: the script says so.
 ANN_PODGROUP, ANN_JOB_VERSION = "scheduling.k8s.io/group-name", "volcano.sh/job-version"
 ENV_PODGROUP, ENV_JOB_VERSION = "TRAINMASTER_PODGROUP", "TRAINMASTER_JOB_VERSION"
 CACHE_HOLD = "trainmaster.launch.cache_hold"
@@ -30,13 +33,18 @@ LOCK_WAIT_S = 600.0  # how long pod 0 waits for another job's cache lock, as the
 RDZV_ID_BEGIN, RDZV_ID_END = "# rendezvous id: begin", "# rendezvous id: end"
 
 
-def rdzv_id_lines() -> list[str]:
-    """Shell lines that set $rdzv_id from the Volcano annotations above (launch/volcano.py says why)."""
+def rdzv_id_lines(job: str) -> list[str]:
+    """Shell lines that set $rdzv_id from the Volcano annotations above (launch/volcano.py says
+    why); job: the Volcano job's name."""
     return [
         RDZV_ID_BEGIN,
         f'if [ -z "${{{ENV_PODGROUP}:-}}" ] || [ -z "${{{ENV_JOB_VERSION}:-}}" ]; then',
         f'  echo "trainmaster: no {ANN_PODGROUP} / {ANN_JOB_VERSION} annotation: this pod was not '
         'created by the Volcano job controller" >&2; exit 1',
+        "fi",
+        f'if [ "${ENV_PODGROUP}" = {shlex.quote(job)} ]; then',
+        '  echo "trainmaster: warning: Volcano older than v1.6 (PodGroup name without the job uid): '
+        'the rendezvous id repeats if this job is submitted again" >&2',
         "fi",
         f'rdzv_id="${{{ENV_PODGROUP}}}-v${{{ENV_JOB_VERSION}}}"',
         RDZV_ID_END,

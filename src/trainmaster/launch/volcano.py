@@ -178,7 +178,7 @@ def container_script(cfg: JobConfig, rdzv: Rendezvous, wrapper: list[str], purpo
         f"  if [ \"$n\" -ge {timeout} ]; then echo {late} >&2; exit 1; fi",
         "  sleep 1",
         "done",
-        *rdzv_id_lines(),
+        *rdzv_id_lines(name),
         *lock_lines(cfg, purpose),
         'exec "$@" ' + line,
     ]) + "\n"
