@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import select
@@ -169,3 +170,62 @@ def test_worker_uses_the_launchers_lock(tmp_path: Path) -> None:
     own = lock.for_worker(tmp_path, job="job", launcher_token=None, wait_s=0)
     assert own is not None and own.owned()
     own.release()
+
+
+# --- issue 17.3: a lock is never seen half-written ------------------------------------------------
+
+def test_a_contender_never_steals_a_lock_being_created(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A contender runs while the first acquirer is writing its lock's content. Creating the lock
+    file first and writing it after showed the contender an empty file, which it took for a dead
+    holder's and stole: both then believed they held the cacheset."""
+    contender: list[object] = []
+    real_dumps = json.dumps
+
+    def dumps_with_a_contender(obj: object, **kw: object) -> str:
+        if not contender:  # the first acquirer is between creating and writing its lock
+            contender.append(None)  # the contender's own dumps goes straight through
+            try:
+                contender.append(lock.acquire(tmp_path, job="second", purpose="train"))
+            except UserError as err:
+                contender.append(err)
+        return real_dumps(obj, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lock.json, "dumps", dumps_with_a_contender)
+    try:
+        first: object = lock.acquire(tmp_path, job="first", purpose="train")
+    except UserError as err:
+        first = err
+    monkeypatch.setattr(lock.json, "dumps", real_dumps)
+    holders = [h for h in (first, *contender[1:]) if isinstance(h, lock.CacheLock)]
+    assert len(holders) == 1, (first, contender)  # exactly one holds the cacheset
+    assert holders[0].owned()
+
+
+def _with_other_start(holder: lock.Holder) -> lock.Holder:
+    return dataclasses.replace(holder, also=tuple((p, (t or 0) + 1) for p, t in holder.also))
+
+
+# --- issue 17.7: a killed supervisor does not free the cache while its workers compile -------------
+
+def test_lock_of_a_dead_holder_is_held_while_its_agents_live(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    held = lock.acquire(tmp_path, job="first", purpose="train", pid=int(dead.stdout))
+    agent = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        held.also_held_by([agent.pid])
+        holder, mtime = lock.read(tmp_path)  # type: ignore[misc]
+        assert [pid for pid, _ in holder.also] == [agent.pid]
+        assert lock.stale_reason(holder, mtime) is None  # the supervisor's pid alone is gone
+        # The dead supervisor's heartbeat stopped too: the live agent still holds the lock.
+        assert lock.stale_reason(holder, mtime, now=mtime + 10 * lock.STALE_S) is None
+        reused = _with_other_start(holder)  # the agent's pid, another process by now
+        assert lock.stale_reason(reused, mtime) == f"pid {holder.pid} on this host is gone"
+        with pytest.raises(UserError, match="in use by job first"):
+            lock.acquire(tmp_path, job="second", purpose="train")
+    finally:
+        agent.communicate(b"", timeout=30)
+    holder, mtime = lock.read(tmp_path)  # type: ignore[misc]
+    assert lock.stale_reason(holder, mtime) == f"pid {holder.pid} on this host is gone"

@@ -4,10 +4,16 @@ Two jobs compiling into one cache at once corrupt it (the Neuron docs and the AW
 about it). The lock is a file created with O_CREAT | O_EXCL, which is atomic on a local disk,
 NFS and Lustre (FSx), so it works across the nodes of a cluster, unlike flock on a Lustre mount
 without `-o flock`. It holds who has it (pid, host, job, purpose, since) so that a waiting job
-and `cache show` can name the holder.
+and `cache show` can name the holder. The file appears complete or not at all: the content is
+written to a temp file first and hard-linked into place (link fails when the name exists, the
+same guarantee as O_EXCL), so a contender never reads a just-created, still-empty lock and takes
+it for a dead holder's.
 
 A holder that dies leaves the file behind, so a lock is stale, and taken over, when
-- its host is this host and its pid is not alive (a killed launcher or supervisor), or
+- its host is this host and neither its pid nor any of its `also` processes is alive (a killed
+  launcher or supervisor; the local supervisor records its node agents as `also`, so a killed
+  supervisor, whose heartbeat stops with it, does not free the cache while its workers still
+  compile into it: while one of them lives the lock is held, heartbeat or not), or
 - its heartbeat stopped: the holder touches the file every HEARTBEAT_S seconds, and a file
   untouched for STALE_S seconds belongs to a holder that is gone (another node, a deleted pod,
   a pid reused by another process).
@@ -29,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainmaster.errors import UserError
-from trainmaster.pids import pid_alive
+from trainmaster.pids import pid_alive, start_time
 
 FILE = ".lock"
 HEARTBEAT_S = 30.0
@@ -45,6 +51,9 @@ class Holder:
     purpose: str  # precompile | train | clear
     since: float
     token: str
+    # More processes of this host that keep the lock held, as (pid, pids.start_time): with the
+    # start time a pid reused by an unrelated process does not hold the lock forever.
+    also: tuple[tuple[int, int | None], ...] = ()
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
@@ -71,7 +80,9 @@ def _parse(raw: bytes) -> Holder:
         data = json.loads(raw)
         return Holder(pid=int(data["pid"]), host=str(data["host"]), job=str(data["job"]),
                       purpose=str(data["purpose"]), since=float(data["since"]),
-                      token=str(data["token"]))
+                      token=str(data["token"]),
+                      also=tuple((int(p), None if t is None else int(t))
+                                 for p, t in data.get("also", ())))
     except (ValueError, KeyError, TypeError):
         # Half-written by a holder that died between create and write: nobody owns it.
         return Holder(pid=0, host="?", job="?", purpose="?", since=0.0, token="")
@@ -83,8 +94,11 @@ def stale_reason(holder: Holder, mtime: float, *, now: float | None = None,
     now = time.time() if now is None else now
     if not holder.token:
         return "an unreadable lock file"
-    if holder.host == socket.gethostname() and not pid_alive(holder.pid):
-        return f"pid {holder.pid} on this host is gone"
+    if holder.host == socket.gethostname():
+        if any(pid_alive(pid, started) for pid, started in holder.also):
+            return None  # the workers' agents live: they may still be compiling into the cache
+        if not pid_alive(holder.pid):
+            return f"pid {holder.pid} on this host is gone"
     if now - mtime > stale_s:
         return f"no heartbeat for {now - mtime:.0f} s"
     return None
@@ -105,7 +119,16 @@ class CacheLock:
 
     def hand_over(self, pid: int) -> None:
         """Record another process of this host (the supervisor) as the holder; same token."""
-        self.holder = Holder(**{**asdict(self.holder), "pid": pid})
+        self._rewrite(Holder(**{**asdict(self.holder), "pid": pid}))
+
+    def also_held_by(self, pids: list[int]) -> None:
+        """Processes of this host (the node agents) that keep the lock held when the holder's
+        own pid is gone: their workers may still be compiling into the cache."""
+        also = tuple((pid, start_time(pid)) for pid in pids)
+        self._rewrite(Holder(**{**asdict(self.holder), "also": also}))
+
+    def _rewrite(self, holder: Holder) -> None:
+        self.holder = holder
         tmp = self.path.with_name(f"{FILE}.{self.holder.token}.tmp")
         tmp.write_text(json.dumps(asdict(self.holder)), encoding="utf-8")
         os.replace(tmp, self.path)
@@ -128,14 +151,20 @@ class CacheLock:
 
 
 def _create(path: Path, holder: Holder) -> bool:
+    """Put a complete lock file in place, or return False when one is there. Creating the
+    lock itself and writing it after would show contenders an empty file for a moment."""
+    tmp = path.with_name(f"{FILE}.{holder.token}.new")
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.write(json.dumps(asdict(holder)))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.link(tmp, path)  # atomic, and fails if the name exists (also over NFS and Lustre)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(asdict(holder)))
-        fh.flush()
-        os.fsync(fh.fileno())
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
     return True
 
 
