@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -250,3 +250,89 @@ def test_etcd_requested_but_not_installed(pydoc_storage: Path, tmp_path: Path) -
     bindir = str(Path(os.sys.executable).parent)
     result = run_cli("launch", str(path), "--storage", str(pydoc_storage), env={"PATH": bindir})
     _assert_refused(result, "apt-get install -y etcd-server", pydoc_storage, "needetcd")
+
+
+# --- issue 12.1: a fresh rendezvous id per launch ------------------------------------------------
+
+@pytest.fixture
+def external_etcd(tmp_path: Path) -> Iterator[str]:
+    """A long-lived etcd as on a cluster: it outlives each launch, so a closed rendezvous stays."""
+    proc, endpoint = rendezvous.start_private_etcd(tmp_path / "etcd", tmp_path / "etcd.log", 30)
+    try:
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _launch(path: Path, store: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    result = run_cli("launch", str(path), "--storage", str(store), *extra, env=env)
+    assert result.returncode == 0, result.stderr
+
+
+@needs_etcd
+def test_relaunch_of_the_same_job_name_meets_in_a_fresh_rendezvous(
+        pydoc_storage: Path, tmp_path: Path, external_etcd: str) -> None:
+    """torch's etcd handler closes a rendezvous when its agent exits and keeps it for 2 h: a
+    second launch under the job name as --rdzv-id failed at once with RendezvousClosedError."""
+    path = job_file(tmp_path, "chunks", "job.nnodes=1", 'rendezvous.backend="etcd"',
+                    f'rendezvous.endpoint="{external_etcd}"', "train.max_steps=20",
+                    "train.steps_this_run=10")
+    _launch(path, pydoc_storage)
+    first = wait_final(pydoc_storage, "chunks")
+    assert first.phase == "succeeded", diagnosis(pydoc_storage, "chunks")
+    _launch(path, pydoc_storage, "--resume")
+    second = wait_final(pydoc_storage, "chunks")
+    assert second.phase == "succeeded", diagnosis(pydoc_storage, "chunks")
+    assert second.rendezvous["run_id"] != first.rendezvous["run_id"]
+    assert second.rendezvous["run_id"].startswith("chunks-")
+    assert summary(pydoc_storage, "chunks")["resumed_from"] == 10
+
+
+@needs_etcd
+def test_relaunch_after_torchrun_gave_up_succeeds(pydoc_storage: Path, tmp_path: Path,
+                                                 external_etcd: str) -> None:
+    path = job_file(tmp_path, "gaveup", "job.nnodes=1", 'rendezvous.backend="etcd"',
+                    f'rendezvous.endpoint="{external_etcd}"', "train.max_steps=20",
+                    "job.max_restarts=0")
+    _launch(path, pydoc_storage, env=FAULT_ENV | {"TRAINMASTER_FAULT_KILL_IN_CHECKPOINT": "20"})
+    assert wait_final(pydoc_storage, "gaveup").phase == "failed"  # no restarts left
+    _launch(path, pydoc_storage, "--resume")
+    final = wait_final(pydoc_storage, "gaveup")
+    assert final.phase == "succeeded", diagnosis(pydoc_storage, "gaveup")
+    assert summary(pydoc_storage, "gaveup")["resumed_from"] == 10
+
+
+def test_cancel_right_after_launch_stops_the_job(pydoc_storage: Path, tmp_path: Path) -> None:
+    """Issue 17.1: a cancel while the job is pending used to be recorded but not honoured: the
+    supervisor started the agents anyway and training ran under a `cancelled` status."""
+    path = job_file(tmp_path, "early", "train.max_steps=100000")
+    _launch(path, pydoc_storage)
+    cancel = run_cli("cancel", "early", "--grace", "20", "--storage", str(pydoc_storage))
+    assert cancel.returncode == 0 and "cancelled" in cancel.stdout, cancel.stderr
+    run = Storage(pydoc_storage).run_dir("early")
+    st = wait_final(pydoc_storage, "early")
+    assert st.phase == "cancelled"
+    # Whatever the supervisor had started by then, nothing of the run is left running.
+    wait_job(pydoc_storage, "early", lambda: not state.live_processes(state.read(run / "state.json")),
+             60, "every process of the run to exit")
+    assert not runinfo.workers(state.read(run / "state.json"))
+
+
+@needs_etcd
+def test_killed_supervisor_run_still_ends_right(pydoc_storage: Path, tmp_path: Path) -> None:
+    """Issue 17.7: the agents outlive a SIGKILLed supervisor and finish the run; whoever sees
+    the end then records it from the workers' summary (not `failed`) and stops the private etcd."""
+    path = job_file(tmp_path, "orphan", "job.nnodes=1", 'rendezvous.backend="etcd"',
+                    "train.max_steps=20")
+    _launch(path, pydoc_storage)
+    wait_step(pydoc_storage, "orphan", 2, 300)
+    run = Storage(pydoc_storage).run_dir("orphan")
+    before = state.read(run / "state.json")
+    assert before.etcd_pid and state.pid_alive(before.etcd_pid, before.etcd_start)
+    os.kill(before.supervisor_pid or 0, signal.SIGKILL)
+    final = wait_final(pydoc_storage, "orphan")
+    assert final.phase == "succeeded", diagnosis(pydoc_storage, "orphan")
+    wait_job(pydoc_storage, "orphan", lambda: not state.pid_alive(before.etcd_pid, before.etcd_start),
+             60, "the private etcd to stop")
+    assert no_processes_left(final)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -91,6 +92,11 @@ def plan(cfg: JobConfig, store: Storage, *, resume: bool = False, precompile: bo
         if current.phase in ("pending", "running"):
             raise UserError(f"job {cfg.job.name} is {current.phase}; see `trainmaster status "
                             f"{cfg.job.name}` or cancel it first", where="job.name")
+        live = state.live_processes(current)
+        if live:  # e.g. a cancelled run whose agents still exit: two copies would share the folder
+            raise UserError(f"job {cfg.job.name} is {current.phase} but its processes "
+                            f"{', '.join(map(str, live))} are still running; wait for them to "
+                            f"exit or `trainmaster cancel {cfg.job.name}`", where="job.name")
         if not resume:
             raise UserError(f"job {cfg.job.name} exists ({run.dir}, {current.phase}); pass --resume "
                             "to continue it from its last checkpoint, or choose another job.name",
@@ -137,6 +143,15 @@ def start(cfg: JobConfig, store: Storage, p: Plan,
         raise
 
 
+def rdzv_id(job: str) -> str:
+    """--rdzv-id of one launch: torch's etcd handler closes a rendezvous when its agents exit
+    and keeps the closed key for 2 h (CONST_RUNID_SUBROOT_TTL = 7200 and EtcdRendezvousHandler
+    .shutdown -> set_closed in torch/distributed/elastic/rendezvous/etcd_rendezvous.py), so a
+    relaunch under the same id fails with RendezvousClosedError. Unique per launch, the same
+    for every node of it (the supervisor hands this one value to every agent)."""
+    return f"{job}-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
 def _start(cfg: JobConfig, store: Storage, p: Plan, held: lock.CacheLock | None) -> state.RunState:
     run = p.run
     run.dir.mkdir(parents=True, exist_ok=True)
@@ -146,6 +161,7 @@ def _start(cfg: JobConfig, store: Storage, p: Plan, held: lock.CacheLock | None)
         job=cfg.job.name, backend="local", config_hash=cfg.derived.config_hash,
         nnodes=cfg.job.nnodes, nproc_per_node=cfg.job.nproc_per_node,
         rendezvous={"backend": p.rdzv.backend, "endpoint": p.rdzv.endpoint,
+                    "run_id": rdzv_id(cfg.job.name),
                     "private_etcd": str(p.private_etcd).lower(), "storage": str(store.root.resolve())},
         nodes=[state.NodeState(index=i, log=str(run.logs / f"node{i}.log")) for i in range(cfg.job.nnodes)],
     )
@@ -159,17 +175,22 @@ def _start(cfg: JobConfig, store: Storage, p: Plan, held: lock.CacheLock | None)
                                 start_new_session=True, env=env)
     if held is not None:
         held.hand_over(proc.pid)
-    return state.update(run.state, supervisor_pid=proc.pid)
+    return state.update(run.state, supervisor_pid=proc.pid, supervisor_start=state.start_time(proc.pid))
 
 
 def cancel(run: RunPaths, grace_s: float = 10.0) -> state.RunState:
     """SIGTERM every node's process group, SIGKILL what is left after the grace period.
 
     The trainer checkpoints atomically, so whatever a signal interrupts, the last complete
-    checkpoint stays loadable.
+    checkpoint stays loadable. A run that has ended is left as it is: its pids may belong to
+    other processes by now, so only a pid whose recorded start time matches is ever signalled.
     """
+    current = state.observed(run.state)
+    if current.phase in state.FINAL:
+        return current
     st = state.update(run.state, cancel_requested=True)
-    groups = [n.pid for n in st.nodes if n.pid] + ([st.etcd_pid] if st.etcd_pid else [])
+    groups = state.live_agents(st) + ([st.etcd_pid] if st.etcd_pid and
+                                      state.pid_alive(st.etcd_pid, st.etcd_start) else [])
     workers = [w.pid for w in procs.workers(st)]  # own sessions: not in the agents' groups
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         live = [g for g in groups if state.pid_alive(g)]
@@ -185,7 +206,8 @@ def cancel(run: RunPaths, grace_s: float = 10.0) -> state.RunState:
         while any(state.pid_alive(p) for p in live + left) and time.monotonic() < end:
             time.sleep(0.1)  # waiting for processes to exit after a signal (bounded)
     # The supervisor records the end when it sees its agents exit; if it is gone, record it here.
-    if not state.pid_alive(st.supervisor_pid):
+    if not state.supervisor_alive(st):
+        state.stop_etcd(st)
         return state.update(run.state, phase="cancelled", finished_at=time.time())
     end = time.monotonic() + 10.0
     while state.read(run.state).phase not in state.FINAL and time.monotonic() < end:

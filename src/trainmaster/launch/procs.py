@@ -25,7 +25,7 @@ def workers(st: state.RunState) -> list[Worker]:
     """Live worker processes of a local run: the children of each node's agent, by their RANK."""
     found = []
     for node in st.nodes:
-        if not state.pid_alive(node.pid):
+        if not state.pid_alive(node.pid, node.start_time):
             continue
         for child in _children(node.pid or 0):
             env = _environ(child)

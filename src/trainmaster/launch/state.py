@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from trainmaster.pids import pid_alive as pid_alive  # re-exported: callers use state.pid_alive
+from trainmaster.pids import start_time as start_time
 
 Phase = Literal["pending", "running", "succeeded", "failed", "cancelled"]
 FINAL: tuple[str, ...] = ("succeeded", "failed", "cancelled")
@@ -27,6 +29,7 @@ FINAL: tuple[str, ...] = ("succeeded", "failed", "cancelled")
 class NodeState(BaseModel):
     index: int
     pid: int | None = None  # the torchrun agent; its process group id is the same
+    start_time: int | None = None  # of pid (pids.start_time): a reused pid is not this agent
     exit_code: int | None = None
     log: str = ""
 
@@ -40,7 +43,9 @@ class RunState(BaseModel):
     nproc_per_node: int = 1
     rendezvous: dict[str, str] = Field(default_factory=dict)
     supervisor_pid: int | None = None
+    supervisor_start: int | None = None  # pids.start_time of supervisor_pid
     etcd_pid: int | None = None
+    etcd_start: int | None = None  # pids.start_time of etcd_pid
     nodes: list[NodeState] = Field(default_factory=list)
     created_at: float = Field(default_factory=time.time)
     started_at: float | None = None
@@ -93,18 +98,59 @@ def update(path: Path, **changes: Any) -> RunState:
         return new
 
 
+def supervisor_alive(state: RunState) -> bool:
+    return pid_alive(state.supervisor_pid, state.supervisor_start)
+
+
+def live_agents(state: RunState) -> list[int]:
+    """The node agents of this run still running (start times checked: not a reused pid)."""
+    return [n.pid for n in state.nodes if n.pid and pid_alive(n.pid, n.start_time)]
+
+
+def live_processes(state: RunState) -> list[int]:
+    """Every process of this run still running: supervisor, private etcd, node agents."""
+    own = [(state.supervisor_pid, state.supervisor_start), (state.etcd_pid, state.etcd_start)]
+    return [p for p, t in own if p and pid_alive(p, t)] + live_agents(state)
+
+
+def summary_of_attempt(path: Path, state: RunState) -> bool:
+    """True when this attempt's workers finished: rank 0 writes summary.json only at a normal
+    end ("completed" at max_steps, "stopped" after train.steps_this_run, train/loop.py). One
+    left by an earlier launch of the same job (older than this start) does not count."""
+    summary = path.with_name("summary.json")
+    try:
+        mtime = summary.stat().st_mtime
+        data = json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    started = state.started_at if state.started_at is not None else state.created_at
+    return mtime >= started and isinstance(data, dict) and data.get("status") in ("completed", "stopped")
+
+
+def stop_etcd(state: RunState) -> None:
+    """Stop the run's private etcd, whoever sees the run end (supervisor, status, cancel)."""
+    if state.etcd_pid and pid_alive(state.etcd_pid, state.etcd_start):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(state.etcd_pid, signal.SIGTERM)
+
+
 def observed(path: Path) -> RunState:
     """The state as recorded, corrected for processes that died without updating it.
 
     A run whose phase says running but whose supervisor is gone (killed, machine rebooted) is
-    failed: nobody is left to finish it. The correction is written back so every reader agrees.
+    over once its agents are gone too: nobody is left to finish it. The workers' own record
+    decides how it ended (a summary.json of this attempt: succeeded), the
+    private etcd it left is stopped, and the correction is written back so every reader agrees.
     """
     state = read(path)
-    if state.phase in ("pending", "running") and not pid_alive(state.supervisor_pid):
-        alive = [n.index for n in state.nodes if pid_alive(n.pid)]
-        if not alive:
-            msg = "the supervisor and all node agents are gone without recording an end"
-            return update(path, phase="failed", finished_at=time.time(), message=msg)
+    if state.phase in ("pending", "running") and not supervisor_alive(state) \
+            and not live_agents(state):
+        stop_etcd(state)
+        if state.phase == "running" and summary_of_attempt(path, state):
+            return update(path, phase="succeeded", finished_at=time.time(),
+                          message="the supervisor is gone; the workers completed the run")
+        msg = "the supervisor and all node agents are gone without recording an end"
+        return update(path, phase="failed", finished_at=time.time(), message=msg)
     return state
 
 

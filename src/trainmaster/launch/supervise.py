@@ -2,7 +2,10 @@
 
 Started detached by `launch`, it starts the private etcd (if any) and one torchrun agent per
 node, each in its own process group, waits for them, records exit codes and the final phase
-in state.json, and stops etcd. SIGTERM (from `cancel`) is passed on to every agent's group.
+in state.json, and stops etcd. SIGTERM (from `cancel`) is passed on to every agent's group;
+a cancel recorded while it is still starting (no group to signal yet) is honoured at every
+step of the start-up. If the supervisor itself is killed, the agents finish the run on their
+own and whoever next reads the state (state.observed) records the end and stops the etcd.
 """
 
 from __future__ import annotations
@@ -30,15 +33,38 @@ def _signal_groups(pids: list[int], sig: int) -> None:
             os.killpg(pid, sig)
 
 
-def _final_phase(run: RunPaths, codes: list[int], elastic: bool, cancelled: bool) -> str:
-    if cancelled:
+def _final_phase(run: RunPaths, st: state.RunState, codes: list[int], elastic: bool) -> str:
+    if st.cancel_requested:
         return "cancelled"
     if all(c == 0 for c in codes):
         return "succeeded"
-    # An elastic job may lose a node and still finish: the survivors' agents exit 0.
-    if elastic and any(c == 0 for c in codes) and run.summary.exists():
+    # An elastic job may lose a node and still finish: the survivors' agents exit 0. Only a
+    # summary this attempt wrote counts; one left by an earlier launch of the job does not.
+    if elastic and any(c == 0 for c in codes) and state.summary_of_attempt(run.state, st):
         return "succeeded"
     return "failed"
+
+
+class Cancelled(Exception):
+    """`cancel` asked for the end while the supervisor was still starting the run."""
+
+
+def _check_cancel(run: RunPaths) -> None:
+    if state.read(run.state).cancel_requested:
+        raise Cancelled
+
+
+def _stop(etcd: subprocess.Popen[bytes] | None) -> None:
+    """Stop the private etcd; a cleanup that fails must not lose the run's final phase."""
+    if etcd is None:
+        return
+    try:
+        etcd.terminate()
+        etcd.wait(timeout=30)
+    except Exception:  # noqa: BLE001 - still running after 30 s, or already gone: kill it
+        with contextlib.suppress(Exception):
+            etcd.kill()
+            etcd.wait(timeout=5)
 
 
 def cache_env(cfg: JobConfig, storage: Path) -> dict[str, str]:
@@ -68,7 +94,9 @@ def supervise(run_dir: Path) -> int:
     st = state.read(run.state)
     cfg = jobfile.load(run.job_toml)
     etcd: subprocess.Popen[bytes] | None = None
-    rdzv = Rendezvous(st.rendezvous["backend"], st.rendezvous["endpoint"])
+    # A fresh --rdzv-id per launch (launch/local.py); state files of older versions have none.
+    rdzv = Rendezvous(st.rendezvous["backend"], st.rendezvous["endpoint"],
+                      run_id=st.rendezvous.get("run_id") or None)
     agents: list[subprocess.Popen[bytes]] = []
 
     def on_term(signum: int, _frame: object) -> None:
@@ -77,12 +105,16 @@ def supervise(run_dir: Path) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     held = _hold_cache_lock(cfg, Path(st.rendezvous["storage"]))
+    codes: list[int] = []
     try:
+        # `cancel` of a pending run finds no process group to signal: it only records the
+        # request, so every step of the start-up looks for it before starting anything more.
+        _check_cancel(run)
         if st.rendezvous.get("private_etcd") == "true":
             etcd, endpoint = rendezvous.start_private_etcd(run.dir / "etcd", run.logs / "etcd.log",
                                                            timeout_s=30.0)
-            rdzv = Rendezvous(rdzv.backend, endpoint)
-            state.update(run.state, etcd_pid=etcd.pid,
+            rdzv = Rendezvous(rdzv.backend, endpoint, run_id=rdzv.run_id)
+            state.update(run.state, etcd_pid=etcd.pid, etcd_start=state.start_time(etcd.pid),
                          rendezvous=st.rendezvous | {"endpoint": endpoint})
         storage = Path(st.rendezvous["storage"])
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **AGENT_ENV}
@@ -93,27 +125,39 @@ def supervise(run_dir: Path) -> int:
         if cfg.train.compile:
             env |= cache_env(cfg, storage)
         for i, cmd in enumerate(agent_commands(cfg, rdzv, run, storage)):
+            _check_cancel(run)
             with (run.logs / f"node{i}.log").open("ab") as log:
                 agents.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                stdin=subprocess.DEVNULL, start_new_session=True,
                                                env={**env, "TRAINMASTER_NODE_INDEX": str(i)}))
-        nodes = [n.model_copy(update={"pid": a.pid}) for n, a in zip(st.nodes, agents, strict=True)]
-        state.update(run.state, phase="running", started_at=time.time(), nodes=nodes)
+        if held is not None:  # a killed supervisor must not free the cache its workers use
+            held.also_held_by([a.pid for a in agents])
+        nodes = [n.model_copy(update={"pid": a.pid, "start_time": state.start_time(a.pid)})
+                 for n, a in zip(st.nodes, agents, strict=True)]
+        now = state.update(run.state, phase="running", started_at=time.time(), nodes=nodes)
+        # Read under the same lock as the write: a cancel recorded before it saw no agents to
+        # signal, so they are signalled here; a cancel after it finds them in state.json.
+        if now.cancel_requested:
+            _signal_groups([a.pid for a in agents], signal.SIGTERM)
+        codes = [a.wait() for a in agents]
+    except Cancelled:
+        _signal_groups([a.pid for a in agents], signal.SIGTERM)
         codes = [a.wait() for a in agents]
     except Exception as exc:  # record why, then let the traceback reach supervisor.log
         _signal_groups([a.pid for a in agents], signal.SIGKILL)
         state.update(run.state, phase="failed", finished_at=time.time(), message=str(exc))
         raise
     finally:
-        if etcd is not None:
-            etcd.terminate()
-            etcd.wait(timeout=30)
+        _stop(etcd)
         if held is not None:
-            held.release()
+            with contextlib.suppress(Exception):
+                held.release()
     final = state.read(run.state)
-    nodes = [n.model_copy(update={"exit_code": c}) for n, c in zip(final.nodes, codes, strict=True)]
+    nodes = [n.model_copy(update={"exit_code": c}) for n, c in zip(final.nodes, codes, strict=False)]
+    if len(codes) < len(final.nodes):  # cancelled before every agent started
+        nodes += final.nodes[len(codes):]
     elastic = bool(cfg.job.min_nnodes and cfg.job.min_nnodes < cfg.job.nnodes)
-    phase = _final_phase(run, codes, elastic, final.cancel_requested)
+    phase = _final_phase(run, final, codes, elastic)
     state.update(run.state, phase=phase, nodes=nodes, finished_at=time.time())
     return 0 if phase == "succeeded" else 1
 
