@@ -160,3 +160,17 @@ def test_supervisor_cleanup_that_fails_does_not_raise() -> None:
     stuck = Stuck()
     supervise._stop(stuck)  # type: ignore[arg-type]
     assert stuck.killed
+
+
+def test_cancel_cli_says_a_finished_job_had_ended(tmp_path: Path,
+                                                  sleeper: subprocess.Popen[bytes]) -> None:
+    """`trainmaster cancel` of a job that ended long ago says so, and signals nothing."""
+    run = RunPaths(Storage(tmp_path).run_dir("old"))
+    other = (pids.start_time(sleeper.pid) or 0) + 1
+    _state(run.state, phase="succeeded", supervisor_pid=_dead_pid(), finished_at=time.time() - 3600,
+           nodes=[state.NodeState(index=0, pid=sleeper.pid, start_time=other)])
+    done = subprocess.run([sys.executable, "-m", "trainmaster", "cancel", "old", "--storage",
+                           str(tmp_path), "--grace", "1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "already succeeded; nothing to cancel" in done.stdout
+    assert sleeper.poll() is None

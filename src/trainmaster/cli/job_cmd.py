@@ -191,5 +191,10 @@ def cancel(
     if backend_of(backend) == "kubernetes":
         k8s_cmd.cancel(k8s_cmd.connect(kubeconfig, context, namespace), job)
         return
+    asked = time.time()
     st = api.cancel_job(job, storage, grace)
+    if st.phase in state.FINAL and st.finished_at is not None and st.finished_at < asked:
+        # Ended before we asked: its pids may be other processes' by now, so nothing was signalled.
+        typer.echo(f"{job}: already {st.phase}; nothing to cancel, nothing signalled")
+        return
     typer.echo(f"{job}: {st.phase}")
