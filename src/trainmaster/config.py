@@ -146,6 +146,9 @@ class ClusterSection(Section):
     nodes: PositiveInt | None = Field(None, description="accelerator nodes; unset = job.nnodes")
     zones: list[str] = Field(default_factory=list, description="availability zones; empty = looked up where the type is offered")
     price_per_hour: PositiveFloat | None = Field(None, description="override the catalog's on-demand price (USD per node-hour)")
+    public_access_cidrs: list[str] | None = Field(None, description="CIDRs that may reach the EKS API endpoint; unset = this machine's public IP/32, looked up by `cluster plan`")
+    capacity_reservation_id: str | None = Field(None, description="On-Demand Capacity Reservation (cr-...) the accelerator nodes launch into")
+    capacity_block_id: str | None = Field(None, description="Capacity Block for ML (cr-...) the accelerator nodes launch into")
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from trainmaster import jobfile
+from trainmaster.cluster import spec as _spec
 from trainmaster.config import JobConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 TRN1_ZONES = '["us-west-2d", "us-west-2b"]'
 P5_ZONES = '["us-east-1a", "us-east-1b"]'
-FAKE_TOOLS = ("aws", "eksctl", "kubectl", "helm", "docker")
+FAKE_TOOLS = ("aws", "eksctl", "kubectl", "helm", "docker", "trainmaster")
 
 # `trainmaster ...` with the cluster commands registered even before app.py adds them.
 _MAIN = """
@@ -129,3 +130,13 @@ def fake_tools(tmp_path: Path) -> dict[str, str]:
         path.chmod(0o755)
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_DIR": str(state),
             "FAKE_LOG": str(tmp_path / "calls.log"), "TRAINMASTER_SRC": str(ROOT)}
+
+
+@pytest.fixture(autouse=True)
+def _caller_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cluster plan` opens the API endpoint to this machine's address, looked up on the network
+    (spec.caller_cidr, kept as REAL_CALLER_CIDR); tests use a documentation address instead."""
+    monkeypatch.setattr(_spec, "caller_cidr", lambda: "203.0.113.7/32")
+
+
+REAL_CALLER_CIDR = _spec.caller_cidr

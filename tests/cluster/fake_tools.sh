@@ -29,7 +29,9 @@ aws)
   "aws ecr describe-repositories"*) m ecr || { echo "An error occurred (RepositoryNotFoundException)" >&2; exit 254; } ;;
   "aws ecr delete-repository"*) rmk ecr; echo trainmaster ;;
   "aws ecr get-login-password"*) echo password ;;
-  "aws ecr describe-images"*) m image || { echo "An error occurred (ImageNotFoundException)" >&2; exit 254; } ;;
+  "aws ecr describe-images"*)
+    m image || { echo "An error occurred (ImageNotFoundException)" >&2; exit 254; }
+    case "$line" in *imageDigest*) echo "sha256:$(printf '%064d' 7)" ;; esac ;;
   "aws eks update-kubeconfig"*) echo "Updated context" ;;
   "aws eks describe-cluster"*)
     m cluster || notfound cluster
@@ -81,7 +83,7 @@ kubectl)
   *" get csidriver"*) echo csidriver.storage.k8s.io/fsx.csi.aws.com ;;
   *" get "*)
     if [ "${FAKE_K8S_EXISTS:-}" = 1 ]; then
-      case "$line" in *role-arn*) echo arn:aws:iam::1:role/x ;; *volumeName*) echo pv-fake ;; *status.phase*) echo Bound ;; esac
+      case "$line" in *role-arn*) echo arn:aws:iam::1:role/x ;; *volumeHandle*) echo fs-0fake ;; *volumeName*) echo pv-fake ;; *status.phase*) echo Bound ;; esac
     else
       echo 'Error from server (NotFound): not found' >&2; exit 1
     fi ;;
@@ -93,6 +95,7 @@ helm)
   "helm upgrade --install"*) mk "helm-$3" ;;
   *) ;;
   esac ;;
+trainmaster) ;;  # `cluster wait-fsx` (tested with moto in test_aws.py)
 docker)
   case "$line" in
   "docker login"*) cat >/dev/null; echo "Login Succeeded" ;;

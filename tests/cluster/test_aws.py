@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from tests.cluster.conftest import trn1_config
+from tests.cluster.conftest import tm_here, trn1_config
 from trainmaster.cluster import aws, plan, spec
 from trainmaster.errors import UserError
 
@@ -128,3 +129,75 @@ def test_expired_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(UserError) as err:
         aws.eks_cluster("us-west-2", "tm")
     assert "refused the credentials" in str(err.value) and "expired" in str(err.value)
+
+
+def _lustre(subnet: str, cluster: str = "tm") -> str:
+    fsx = boto3.client("fsx", region_name="us-west-2")
+    made = fsx.create_file_system(FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[subnet],
+                                  Tags=[{"Key": "trainmaster.io/cluster", "Value": cluster}])
+    return str(made["FileSystem"]["FileSystemId"])
+
+
+def test_down_waits_until_the_file_system_is_gone(aws_env: None) -> None:
+    """12.7: the PV is gone before the file system; the wait polls FSx until it is."""
+    _, subnet = _vpc()
+    fs, other = _lustre(subnet), _lustre(subnet)  # `other` is not being deleted: not waited for
+    said: list[str] = []
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the deletion finishes during the second wait
+        slept.append(seconds)
+        if len(slept) == 2:
+            boto3.client("fsx", region_name="us-west-2").delete_file_system(FileSystemId=fs)
+
+    aws.wait_file_systems_deleted("us-west-2", "tm", [fs], interval_s=30, progress=said.append,
+                                  clock=lambda: 100.0, sleep=sleep)
+    assert slept == [30, 30] and len(said) == 2 and fs in said[0] and other not in said[0]
+    assert [f["FileSystemId"] for f in aws.file_systems("us-west-2", "tm")] == [other]
+
+
+def test_waiting_for_the_file_system_is_bounded(aws_env: None) -> None:
+    _, subnet = _vpc()
+    fs = _lustre(subnet)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    with pytest.raises(UserError) as err:
+        aws.wait_file_systems_deleted("us-west-2", "tm", [fs], timeout_s=100, interval_s=30,
+                                      progress=lambda _: None, clock=lambda: now[0], sleep=sleep)
+    assert fs in str(err.value) and "100 s" in str(err.value) and now[0] == 100
+
+
+def test_ecr_image_digest(aws_env: None) -> None:
+    """17.10: the digest the pushed tag points at (what jobs pin), None before the push."""
+    ecr = boto3.client("ecr", region_name="us-west-2")
+    assert aws.ecr_image_digest("us-west-2", "trainmaster", "0.1.0-neuron") is None
+    ecr.create_repository(repositoryName="trainmaster")
+    assert aws.ecr_image_digest("us-west-2", "trainmaster", "0.1.0-neuron") is None
+    manifest = '{"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json"}'
+    ecr.put_image(repositoryName="trainmaster", imageManifest=manifest, imageTag="0.1.0-neuron")
+    digest = aws.ecr_image_digest("us-west-2", "trainmaster", "0.1.0-neuron")
+    listed = ecr.describe_images(repositoryName="trainmaster")["imageDetails"][0]["imageDigest"]
+    assert digest and digest == listed and re.fullmatch(r"sha256:[0-9a-f]{64}", digest)
+
+
+def test_wait_with_no_time_is_a_check(aws_env: None) -> None:
+    """`--timeout 0` is down-claim's check: done only when nothing of the cluster is DELETING."""
+    _, subnet = _vpc()
+    aws.wait_file_systems_deleted("us-west-2", "tm", timeout_s=0, sleep=pytest.fail)
+    fs = _lustre(subnet)
+    with pytest.raises(UserError):
+        aws.wait_file_systems_deleted("us-west-2", "tm", [fs], timeout_s=0, sleep=pytest.fail)
+
+
+def test_wait_fsx_command(aws_env: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """What runbook.sh runs: exit 0 when the file systems are gone, 2 (one line) when not in time."""
+    _, subnet = _vpc()
+    code, out, _ = tm_here(capsys, "cluster", "wait-fsx", "--region", "us-west-2", "--cluster", "tm")
+    assert code == 0 and "deleted" in out
+    fs = _lustre(subnet)
+    code, _, err = tm_here(capsys, "cluster", "wait-fsx", "--region", "us-west-2", "--cluster", "tm",
+                           "--file-system-id", fs, "--timeout", "0")
+    assert code == 2 and fs in err

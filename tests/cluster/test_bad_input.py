@@ -33,6 +33,14 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("cluster.zones=[\"us-west-2a\", \"us-west-2a\"]", "cluster.zones: a zone is listed twice"),
     ("kubernetes.queue=\"Big_Queue\"", "kubernetes.queue: 'Big_Queue' is not a valid Kubernetes name"),
     ("kubernetes.mount=\"data\"", "kubernetes.mount: 'data' is not an absolute path"),
+    ('cluster.public_access_cidrs=["10.0.0.1/8"]', "cluster.public_access_cidrs: '10.0.0.1/8' is not an IPv4 CIDR block"),
+    ('cluster.public_access_cidrs=["my-office"]', "cluster.public_access_cidrs: 'my-office' is not an IPv4 CIDR block"),
+    ('cluster.public_access_cidrs=["2001:db8::/32"]', "cluster.public_access_cidrs: '2001:db8::/32' is not an IPv4 CIDR block"),
+    ('cluster.public_access_cidrs=["0.0.0.0/0"]', "cluster.public_access_cidrs: 0.0.0.0/0 opens the API endpoint to the whole internet"),
+    ('cluster.public_access_cidrs=["1.2.3.4/32", "1.2.3.4/32"]', "cluster.public_access_cidrs: a CIDR is listed twice"),
+    ("cluster.public_access_cidrs=[]", "cluster.public_access_cidrs: eksctl cannot create a cluster with a private-only API endpoint"),
+    ('cluster.capacity_reservation_id="0123456789abcdef0"', "cluster.capacity_reservation_id: '0123456789abcdef0' is not a capacity reservation id"),
+    ('cluster.capacity_block_id="cr-XYZ"', "cluster.capacity_block_id: 'cr-XYZ' is not a capacity reservation id"),
 ])
 def test_plan_refuses(capsys: pytest.CaptureFixture[str], job: Path, tmp_path: Path, override: str,
                       expected: str) -> None:
@@ -72,3 +80,11 @@ def test_plan_into_a_file_is_refused(tmp_path: Path) -> None:
     target.write_text("x")
     with pytest.raises(ConfigError.__mro__[1], match="not a folder"):
         plan.write_plan(trn1_config(), target)
+
+
+def test_one_kind_of_capacity_only() -> None:
+    cfg = trn1_config("cluster.capacity_block_id=\"cr-0123456789abcdef0\"",
+                      "cluster.capacity_reservation_id=\"cr-0123456789abcdef1\"")
+    with pytest.raises(ConfigError, match="set either cluster.capacity_reservation_id or "
+                                          "cluster.capacity_block_id, not both"):
+        spec.resolve(cfg, cidr_lookup=lambda: "203.0.113.7/32")

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import p5_config, trn1_config
+from tests.cluster.conftest import REAL_CALLER_CIDR, p5_config, trn1_config
 from trainmaster.cluster import addons, cloudformation, eksctl, fsx, image, spec, versions
+from trainmaster.errors import ConfigError
 
 EFA_CASES = [  # (instance type, workers per node, EFA interfaces = network cards)
     ("trn1.32xlarge", 32, 8), ("trn1n.32xlarge", 32, 16), ("trn2.48xlarge", 64, 16),
@@ -47,7 +48,7 @@ def test_launch_template_basics() -> None:
     s = spec.resolve(trn1_config())
     data = launch_data(s)
     assert data["MetadataOptions"] == {"HttpEndpoint": "enabled", "HttpTokens": "required",
-                                       "HttpPutResponseHopLimit": 2}
+                                       "HttpPutResponseHopLimit": 1}
     assert data["InstanceType"] == "trn1.32xlarge"
     assert data["Placement"] == {"GroupName": {"Ref": "PlacementGroup"}}
     assert "IamInstanceProfile" not in data  # managed node groups refuse one
@@ -117,9 +118,9 @@ def test_addons_follow_the_job() -> None:
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--logdir") + 1] == "/mnt/fsx/runs"
     assert service["spec"]["type"] == "ClusterIP"
-    etcd, server, client = addons.etcd(s)
+    _, etcd, server, client, _ = addons.etcd(s)
     assert {server["metadata"]["name"], client["metadata"]["name"]} == {"etcd-server", "etcd-client"}
-    assert etcd["metadata"]["namespace"] == "ml"
+    assert etcd["metadata"]["namespace"] == "trainmaster-etcd"  # not the job's: 12.9c
     container = etcd["spec"]["template"]["spec"]["containers"][0]
     assert "--enable-v2" in container["command"]
     assert re.fullmatch(r"quay\.io/coreos/etcd:v3\.5\.\d+", container["image"])
@@ -148,3 +149,122 @@ def test_dockerfiles_are_pinned_and_install_torch_first() -> None:
         if flavour != "neuron":
             assert text.index(f'"torch=={versions.TORCH_VERSION}"') < project
     assert files["Dockerfile.neuron.dockerignore"].startswith("#")
+
+
+def test_cuda_image_finds_the_ofi_nccl_plugin_where_ubuntu_installs_it() -> None:
+    """12.3: on Ubuntu the EFA installer puts aws-ofi-nccl under lib/x86_64-linux-gnu; with
+    lib/ alone on LD_LIBRARY_PATH NCCL falls back to TCP sockets."""
+    text = image.dockerfiles()["Dockerfile.cuda"]
+    path = re.search(r"LD_LIBRARY_PATH=(\S+)", text)
+    assert path and path.group(1).split(":")[0] == "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"
+    assert "/opt/amazon/ofi-nccl/lib:" not in text
+    # the build fails when the plugin is not where LD_LIBRARY_PATH looks
+    assert "ls /opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-ofi*.so" in text
+
+
+def _resolve(*overrides: str, cidr: str | None = "203.0.113.7/32") -> spec.ClusterSpec:
+    return spec.resolve(trn1_config(*overrides), cidr_lookup=lambda: cidr)
+
+
+def test_api_endpoint_is_public_only_to_the_callers_address() -> None:
+    """12.9a: eksctl's default endpoint is public to 0.0.0.0/0."""
+    s = _resolve()
+    vpc = eksctl.cluster_config(s)["vpc"]
+    assert vpc == {"clusterEndpoints": {"privateAccess": True, "publicAccess": True},
+                   "publicAccessCIDRs": ["203.0.113.7/32"]}
+    assert "203.0.113.7/32" in s.endpoint_note and "update-cluster-endpoints" in s.endpoint_note
+
+
+def test_api_endpoint_cidrs_from_the_job_file() -> None:
+    listed = _resolve('cluster.public_access_cidrs=["198.51.100.0/24"]', cidr=None)  # no look-up
+    assert eksctl.cluster_config(listed)["vpc"]["publicAccessCIDRs"] == ["198.51.100.0/24"]
+    assert listed.endpoint_note == ""
+
+
+def test_no_endpoint_open_to_everyone_when_the_address_is_unknown() -> None:
+    """Unknown address: refuse (never 0.0.0.0/0); eksctl cannot create a private-only endpoint."""
+    with pytest.raises(ConfigError, match="could not learn this machine's public IP") as err:
+        _resolve(cidr=None)
+    assert err.value.where == "cluster.public_access_cidrs"
+    with pytest.raises(ConfigError, match="cannot create a cluster with a private-only API endpoint"):
+        _resolve("cluster.public_access_cidrs=[]")
+
+
+def test_caller_cidr_is_none_without_an_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spec, "CHECKIP_URL", "http://127.0.0.1:9/")  # the discard port: refused
+    assert REAL_CALLER_CIDR() is None
+
+
+def test_pods_cannot_reach_the_node_role_through_imds() -> None:
+    """12.9b: hop limit 2 lets a pod's request reach IMDS and take the node role."""
+    for s in (_resolve(), spec.resolve(p5_config(), cidr_lookup=lambda: "203.0.113.7/32")):
+        meta = launch_data(s)["MetadataOptions"]
+        assert meta["HttpPutResponseHopLimit"] == 1 and meta["HttpTokens"] == "required"
+        [system] = eksctl.cluster_config(s)["managedNodeGroups"]
+        assert system["disablePodIMDS"] is True and system["disableIMDSv1"] is True
+
+
+def test_etcd_has_its_own_namespace_and_only_trainmasters_pods_reach_it() -> None:
+    """12.9c: etcd without auth in `default`, open to every pod of the cluster."""
+    from trainmaster.cluster import steps
+    from trainmaster.launch.volcano import DEFAULT_ETCD, labels
+
+    s = _resolve()
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in addons.etcd(s)}
+    assert ("Namespace", "trainmaster-etcd") in objs
+    assert all(o["metadata"].get("namespace") == "trainmaster-etcd"
+               for (kind, _), o in objs.items() if kind != "Namespace")
+    assert f"{objs['Service', 'etcd-server']['metadata']['name']}.trainmaster-etcd.svc:2379" == DEFAULT_ETCD
+    policy = objs["NetworkPolicy", "etcd-clients"]["spec"]
+    etcd_pods = objs["Deployment", "etcd-server"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"] == etcd_pods and policy["policyTypes"] == ["Ingress"]
+    [rule] = policy["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 2379}]
+    [peer] = rule["from"]  # one entry: the label, in any namespace (not "any pod OR any namespace")
+    assert peer["namespaceSelector"] == {}
+    wanted = peer["podSelector"]["matchLabels"]
+    assert wanted == {"app.kubernetes.io/managed-by": "trainmaster"}
+    assert wanted.items() <= labels("bert", "train").items()  # the job's pods carry it
+    # the network policy agent that enforces it is on
+    [cni] = eksctl.cluster_config(s)["addons"]
+    assert cni["name"] == "vpc-cni" and '"enableNetworkPolicy": "true"' in cni["configurationValues"]
+    etcd_step = next(st for st in steps.up_steps(s) if st.id == "etcd")
+    assert all("--namespace trainmaster-etcd" in c for c in etcd_step.commands[1:] + (etcd_step.check or "",))
+
+
+def test_kubelet_and_containerd_use_the_instance_store() -> None:
+    """12.6: emptyDir scratch (TMPDIR) and image layers on the NVMe, not the root EBS volume."""
+    import yaml
+
+    for s in (_resolve(), spec.resolve(p5_config(), cidr_lookup=lambda: "203.0.113.7/32")):
+        text = cloudformation.user_data(s)
+        part = text.split("Content-Type: application/node.eks.aws\n", 1)[1].split("--==BOUNDARY==")[0]
+        node_config = yaml.safe_load(part.replace("${", "").replace("}", ""))
+        assert node_config["kind"] == "NodeConfig"
+        assert node_config["spec"]["instance"] == {"localStorage": {"strategy": "RAID0"}}
+
+
+def test_launch_template_targets_a_capacity_reservation() -> None:
+    """12.10: On-Demand Capacity Reservation: targeted, on-demand market."""
+    s = _resolve("cluster.capacity_reservation_id=\"cr-0123456789abcdef0\"")
+    data = launch_data(s)
+    assert data["CapacityReservationSpecification"] == {
+        "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}}
+    assert "InstanceMarketOptions" not in data
+    assert "instanceMarketOptions" not in eksctl.nodegroup_config(s)["managedNodeGroups"][0]
+
+
+def test_launch_template_targets_a_capacity_block() -> None:
+    s = spec.resolve(p5_config("cluster.capacity_block_id=\"cr-0fedcba9876543210\""),
+                     cidr_lookup=lambda: "203.0.113.7/32")
+    data = launch_data(s)
+    assert data["CapacityReservationSpecification"]["CapacityReservationTarget"] == {
+        "CapacityReservationId": "cr-0fedcba9876543210"}
+    assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
+    assert eksctl.nodegroup_config(s)["managedNodeGroups"][0]["instanceMarketOptions"] == {
+        "marketType": "capacity-block"}
+
+
+def test_no_capacity_reservation_by_default() -> None:
+    data = launch_data(_resolve())
+    assert "CapacityReservationSpecification" not in data and "InstanceMarketOptions" not in data

@@ -10,14 +10,19 @@ import pytest
 import yaml
 
 from tests.cluster import schemas
-from tests.cluster.conftest import TRN1_ZONES, p5_config, tm, trn1_config
+from tests.cluster.conftest import TRN1_ZONES, p5_config, tm, tm_here, trn1_config
 from tests.golden import check
 from trainmaster import api
 from trainmaster.cluster import plan, spec
 from trainmaster.config import JobConfig
 
 GOLDEN = Path(__file__).parent / "golden"
-CASES = {"trn1": trn1_config, "p5": p5_config}
+# Fixed endpoint CIDRs (the default looks up this machine's address) and both capacity kinds, so
+# the goldens, the eksctl schema and cfn-lint see every field the plan can write.
+TRN1_CASE = ('cluster.public_access_cidrs=["198.51.100.0/24", "203.0.113.7/32"]',
+             "cluster.capacity_reservation_id=cr-0123456789abcdef0")
+P5_CASE = ('cluster.public_access_cidrs=["192.0.2.0/28"]', "cluster.capacity_block_id=cr-0fedcba9876543210")
+CASES = {"trn1": lambda: trn1_config(*TRN1_CASE), "p5": lambda: p5_config(*P5_CASE)}
 COMMON = ["cloudformation/accelerator-nodes.yaml", "eksctl/cluster.yaml", "eksctl/fsx-irsa.yaml",
           "eksctl/nodegroup.yaml", "helm/aws-fsx-csi-driver.yaml", "helm/efa-device-plugin.yaml",
           "image/Dockerfile.cpu", "image/Dockerfile.cuda", "image/Dockerfile.neuron",
@@ -43,7 +48,8 @@ def test_cli_plan_writes_every_file(tmp_path: Path) -> None:
     job = tmp_path / "job.toml"
     job.write_text(api.init_job("trn1-bert-large"))
     out = tmp_path / "plan"
-    result = tm("cluster", "plan", str(job), "--out", str(out), "--set", f"cluster.zones={TRN1_ZONES}")
+    result = tm("cluster", "plan", str(job), "--out", str(out), "--set", f"cluster.zones={TRN1_ZONES}",
+                "--set", 'cluster.public_access_cidrs=["192.0.2.0/28"]')  # no look-up in a subprocess
     assert result.returncode == 0, result.stderr
     expected = [*COMMON, "k8s/neuron-device-plugin.yaml"]
     for rel in expected:
@@ -114,7 +120,7 @@ def test_strict_validation_catches_unknown_fields(case: tuple[str, JobConfig, di
     queue = docs(files["k8s/queue.yaml"])[0]
     queue["spec"]["capabilities"] = {"cpu": "2"}
     assert schemas.errors_of(schemas.queue_validator(), queue)
-    service = docs(files["k8s/etcd.yaml"])[1]
+    service = next(d for d in docs(files["k8s/etcd.yaml"]) if d["kind"] == "Service")
     service["spec"]["clusterIp"] = "None"
     with pytest.raises(kubernetes_validate.ValidationError):
         schemas.validate_k8s(service, cfg.cluster.kubernetes_version)
@@ -143,3 +149,23 @@ def test_no_public_endpoints(case: tuple[str, JobConfig, dict[str, str]]) -> Non
         assert props.get("FromPort") != 22, name
     assert "AmazonSSMManagedInstanceCore" in files["cloudformation/accelerator-nodes.yaml"]
     assert "AmazonFSxFullAccess" not in files["eksctl/fsx-irsa.yaml"]
+
+
+def test_plan_says_who_reaches_the_api_endpoint(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """12.9a: the endpoint is open to the looked-up address only, and the user is told."""
+    job = tmp_path / "job.toml"
+    job.write_text(api.init_job("trn1-bert-large"))
+    monkeypatch.setattr(spec, "caller_cidr", lambda: "203.0.113.7/32")
+    code, stdout, stderr = tm_here(capsys, "cluster", "plan", str(job), "--out", str(tmp_path / "plan"),
+                                   "--set", f"cluster.zones={TRN1_ZONES}")
+    assert code == 0, stderr
+    assert "note: the EKS API endpoint is public to 203.0.113.7/32 only" in stdout
+    cluster = yaml.safe_load((tmp_path / "plan/eksctl/cluster.yaml").read_text())
+    assert cluster["vpc"] == {"clusterEndpoints": {"privateAccess": True, "publicAccess": True},
+                              "publicAccessCIDRs": ["203.0.113.7/32"]}
+    monkeypatch.setattr(spec, "caller_cidr", lambda: None)  # offline: refused, nothing written
+    code, stdout, stderr = tm_here(capsys, "cluster", "plan", str(job), "--out", str(tmp_path / "other"),
+                                   "--set", f"cluster.zones={TRN1_ZONES}")
+    assert code == 2 and "cluster.public_access_cidrs: could not learn this machine's public IP" in stderr
+    assert not (tmp_path / "other").exists()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import p5_config, trn1_config
+from tests.cluster.conftest import TRN1_ZONES, p5_config, tm_here, trn1_config
+from trainmaster import api
 from trainmaster.cluster import plan, spec, steps
 
 # The AWS tutorial's steps (reference sections 1 and 5), in its order, each with what in the
@@ -93,7 +94,9 @@ def test_runbook_runs_end_to_end_by_itself(tmp_path: Path, fake_tools: dict[str,
     result = subprocess.run(["bash", str(tmp_path / "plan" / "runbook.sh")], env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "kubernetes.image=123456789012.dkr.ecr.us-west-2.amazonaws.com/trainmaster:0.1.0-neuron" in result.stdout
+    # 17.10: pinned by digest, the tag named beside it
+    assert (f"kubernetes.image=123456789012.dkr.ecr.us-west-2.amazonaws.com/trainmaster@sha256:{7:064d}"
+            in result.stdout) and "(tag 0.1.0-neuron)" in result.stdout
     rendered = (tmp_path / "plan" / ".rendered" / "eksctl" / "nodegroup.yaml").read_text()
     assert "lt-0fake" in rendered and "fake-node-role" in rendered and "@" not in rendered.split("\n", 2)[2]
     again = subprocess.run(["bash", str(tmp_path / "plan" / "runbook.sh")], env=env,
@@ -117,3 +120,13 @@ def test_scale_command(nodes: int) -> None:
     assert cmd[:3] == ["eksctl", "scale", "nodegroup"]
     assert cmd[cmd.index("--nodes") + 1] == str(nodes)
     assert cmd[cmd.index("--nodes-max") + 1] == str(max(nodes, 1))
+
+
+def test_plan_output_says_to_launch_by_digest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """17.10: `cluster plan` says the tag moves and where the pinned reference comes from."""
+    job = tmp_path / "job.toml"
+    job.write_text(api.init_job("trn1-bert-large"))
+    code, out, err = tm_here(capsys, "cluster", "plan", str(job), "--out", str(tmp_path / "plan"),
+                             "--set", f"cluster.zones={TRN1_ZONES}")
+    assert code == 0, err
+    assert "tagged trainmaster:0.1.0-neuron" in out and "kubernetes.image=REPO@sha256:" in out

@@ -108,6 +108,22 @@ def test_status_of_nothing(aws_env: None, loaded: plan.LoadedPlan, capsys: pytes
     assert "trainmaster-trn1: not created" in out
     assert "trainmaster-trn1-accelerator-nodes: not created" in out
     assert ".dkr.ecr.us-west-2.amazonaws.com/trainmaster (tags: none)" in out
+    assert f"tag {loaded.cluster['image_tag']} not pushed" in out
+
+
+def test_status_prints_the_image_pinned_by_digest(aws_env: None, loaded: plan.LoadedPlan,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """17.10: the tag is pushed again on every build; jobs get repo@sha256:..., not the tag."""
+    ecr = boto3.client("ecr", region_name="us-west-2")
+    uri = ecr.create_repository(repositoryName="trainmaster")["repository"]["repositoryUri"]
+    ecr.put_image(repositoryName="trainmaster", imageTag=loaded.cluster["image_tag"],
+                  imageManifest='{"schemaVersion": 2, "mediaType": '
+                                '"application/vnd.docker.distribution.manifest.v2+json"}')
+    digest = ecr.describe_images(repositoryName="trainmaster")["imageDetails"][0]["imageDigest"]
+    code, out, err = tm_here(capsys, "cluster", "status", "--plan", str(loaded.dir))
+    assert code == 0, err
+    assert f"--set kubernetes.image={uri}@{digest}" in out and digest.startswith("sha256:")
+    assert status.gather(loaded, kube=False).image == f"{uri}@{digest}"
 
 
 def test_status_of_a_cluster(aws_env: None, loaded: plan.LoadedPlan) -> None:

@@ -42,6 +42,11 @@ def test_up_runs_every_step_in_order(plan_dir: Path, fake_tools: dict[str, str])
     assert positions == sorted(positions)
     assert "[18/18] summary" in result.stdout
     assert "port-forward service/tensorboard 6006:6006" in result.stdout
+    # 17.10: what runs is pinned by digest (the tag is pushed again by every build)
+    pinned = f"123456789012.dkr.ecr.us-west-2.amazonaws.com/trainmaster@sha256:{7:064d}"
+    assert f"--set kubernetes.image={pinned}" in result.stdout
+    assert (plan_dir / ".state/image").read_text().strip() == pinned
+    assert f"image: '{pinned}'" in (plan_dir / ".rendered/k8s/tensorboard.yaml").read_text()
     storage = (plan_dir / ".rendered/k8s/storageclass.yaml").read_text()
     assert "subnetId: 'subnet-accel'" in storage and "securityGroupIds: 'sg-lustre'" in storage
     state = json.loads((plan_dir / ".state/up.json").read_text())
@@ -109,6 +114,7 @@ def test_down_follows_the_tutorial_order(plan_dir: Path, fake_tools: dict[str, s
              "kubectl delete -f " + str(plan_dir / "k8s/storageclass.yaml"),
              "kubectl delete -f " + str(plan_dir / "k8s/claim.yaml"),
              "kubectl wait --for=delete pv/pv-fake",
+             "trainmaster cluster wait-fsx --region us-west-2 --cluster trainmaster-trn1 --file-system-id fs-0fake",
              "eksctl delete nodegroup", "aws cloudformation delete-stack",
              "aws cloudformation wait stack-delete-complete", "eksctl delete cluster",
              "aws ecr delete-repository", "aws fsx describe-file-systems"]

@@ -48,8 +48,14 @@ def plan_cmd(
               f"Kubernetes {s.kubernetes_version}", markup=False)
     for rel in written.files:
         out.print(f"  {rel}", markup=False)
+    if s.endpoint_note:  # who can reach the API endpoint (12.9): the user must know before `up`
+        out.print(f"note: {s.endpoint_note}", markup=False)
     out.print(f"next: review them, then `trainmaster cluster up --plan {written.dir}` "
               "(`--dry-run` prints every command first)", markup=False)
+    # the tag is pushed again by every build; jobs should name the image by digest (17.10)
+    out.print(f"the training image is tagged {s.image_repository}:{s.image_tag} and rebuilt under that "
+              "tag; launch with the digest that `cluster up` and `cluster status` print "
+              "(kubernetes.image=REPO@sha256:...)", markup=False)
 
 
 @cluster_app.command()
@@ -93,6 +99,9 @@ def status(
     rows.append(("node stack", f"{c['stack']}: {st.stack_status or 'not created'}"))
     rows.append(("image repository", f"{st.repository} (tags: {', '.join(st.image_tags) or 'none'})"
                  if st.repository else f"{c['image_repository']}: not created"))
+    if st.repository:  # the tag is pushed again on every build: jobs pin the digest
+        rows.append(("training image", f"{st.image} (tag {c['image_tag']}; launch with --set "
+                     f"kubernetes.image={st.image})" if st.image else f"tag {c['image_tag']} not pushed"))
     for fs in st.file_systems:
         rows.append((f"file system {fs.get('FileSystemId')}",
                      f"{fs.get('Lifecycle')}, {fs.get('StorageCapacity')} GiB"))
@@ -156,3 +165,18 @@ def down(
     up_mod.down(plan, out, dry_run=dry_run, fresh=fresh)
     if not dry_run:
         out.print(f"cluster {plan.cluster['name']} and its resources are deleted", markup=False)
+
+
+@cluster_app.command("wait-fsx", hidden=True)
+def wait_fsx(
+    region: Annotated[str, typer.Option("--region")],
+    cluster: Annotated[str, typer.Option("--cluster")],
+    file_system_id: Annotated[list[str] | None, typer.Option("--file-system-id", metavar="ID")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS")] = 1800,
+) -> None:
+    """Wait until the FSx file systems are deleted (runbook.sh's down-claim step calls this)."""
+    from trainmaster.cluster import aws
+
+    aws.wait_file_systems_deleted(region, cluster, file_system_id or [], timeout_s=timeout,
+                                  progress=lambda line: out.print(line, markup=False))
+    out.print("FSx file systems deleted", markup=False)

@@ -7,9 +7,11 @@
 - Volcano's job queue (scheduling.volcano.sh/v1beta1). No `capability`: the tutorial's
   `cpu: 2` would refuse every job whose pods request CPU, as ours do.
 - etcd 3.5 with the v2 API (torch's etcd rendezvous), as a one-replica Deployment on the
-  system nodes, with Services etcd-server (2379, 2380) and etcd-client (2379): ClusterIP,
-  reachable only inside the cluster, in the job's namespace (the endpoint etcd-server:2379 is
-  a namespace-relative name).
+  system nodes, with Services etcd-server (2379, 2380) and etcd-client (2379): ClusterIP, in
+  its own namespace trainmaster-etcd (jobs reach etcd-server.trainmaster-etcd.svc:2379). etcd
+  runs without authentication (torch's etcd handler has no credentials to give), so a
+  NetworkPolicy lets only pods labelled app.kubernetes.io/managed-by=trainmaster, from any
+  namespace, reach port 2379; the VPC CNI's network policy agent enforces it (eksctl.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ SYSTEM_SELECTOR = {ROLE_LABEL: "system"}
 MANAGED = {"app.kubernetes.io/managed-by": "trainmaster"}
 NEURON_PLUGIN = "neuron-device-plugin"
 ETCD = "etcd-server"
+ETCD_NAMESPACE = "trainmaster-etcd"  # launch/volcano.py DEFAULT_ETCD names this namespace too
 
 
 def _meta(name: str, namespace: str | None = None, **labels: str) -> dict[str, Any]:
@@ -121,7 +124,7 @@ def queue(spec: ClusterSpec) -> dict[str, Any]:
 
 
 def etcd(spec: ClusterSpec) -> list[dict[str, Any]]:
-    ns, labels = spec.namespace, {"app": "etcd", "etcd_node": ETCD}
+    ns, labels = ETCD_NAMESPACE, {"app": "etcd", "etcd_node": ETCD}
     args = ["--name", ETCD, "--data-dir", "/var/lib/etcd", "--enable-v2",
             "--listen-client-urls", "http://0.0.0.0:2379",
             "--advertise-client-urls", f"http://{ETCD}:2379",
@@ -154,8 +157,19 @@ def etcd(spec: ClusterSpec) -> list[dict[str, Any]]:
                          "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"}
                                    for n, p in ports]}}
 
-    return [deployment, service(ETCD, [("client", 2379), ("peer", 2380)]),
-            service("etcd-client", [("client", 2379)])]
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(ns)}
+    # One `from` entry holding both selectors: pods with the label in ANY namespace (an empty
+    # namespaceSelector matches every namespace). Nothing else may open 2379; the single member
+    # has no peers, so 2380 stays closed too.
+    policy = {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": _meta("etcd-clients", ns),
+        "spec": {"podSelector": {"matchLabels": labels}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(MANAGED)}}],
+                              "ports": [{"protocol": "TCP", "port": 2379}]}]},
+    }
+    return [namespace, deployment, service(ETCD, [("client", 2379), ("peer", 2380)]),
+            service("etcd-client", [("client", 2379)]), policy]
 
 
 # --- TensorBoard ------------------------------------------------------------------------------

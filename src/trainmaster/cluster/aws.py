@@ -9,7 +9,8 @@ profile to configure, or the IAM action that was denied.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 import boto3
@@ -29,7 +30,8 @@ T = TypeVar("T")
 DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "UnauthorizedAccess"}
 BAD_CREDENTIALS = {"UnrecognizedClientException", "InvalidClientTokenId", "ExpiredToken",
                    "ExpiredTokenException", "AuthFailure", "SignatureDoesNotMatch"}
-NOT_FOUND = {"ResourceNotFoundException", "RepositoryNotFoundException", "FileSystemNotFound",
+NOT_FOUND = {"ResourceNotFoundException", "RepositoryNotFoundException", "ImageNotFoundException",
+             "FileSystemNotFound",
              "ValidationError", "ParameterNotFound"}
 FIX_CREDENTIALS = ("configure credentials: `aws configure sso` (or `aws configure`), or set "
                    "AWS_PROFILE; no administrator user's static keys are needed")
@@ -129,6 +131,26 @@ def ecr_image_tags(region: str, name: str) -> list[str]:
     return sorted(t for d in page.get("imageDetails", []) for t in d.get("imageTags", []))
 
 
+def ecr_image_digest(region: str, name: str, tag: str) -> str | None:
+    """The manifest digest (sha256:...) the tag points at now, or None when it is not pushed.
+
+    Jobs pin `repo@digest`, not `repo:tag`: `cluster up` pushes the same `<version>-<flavour>`
+    tag again on every build, so nodes that pulled earlier would run another image than nodes
+    that pull later. The digest ECR reports is the registry's manifest digest, the one a pull
+    by digest resolves (https://docs.aws.amazon.com/AmazonECR/latest/APIReference/API_ImageDetail.html).
+    """
+    ecr = client("ecr", region)
+    try:
+        page = call("ecr:DescribeImages", ecr.describe_images, repositoryName=name,
+                    imageIds=[{"imageTag": tag}])
+    except ClientError as exc:
+        if _missing(exc):
+            return None
+        raise
+    details = page.get("imageDetails", [])
+    return str(details[0]["imageDigest"]) if details else None
+
+
 # --- EKS, CloudFormation, FSx ------------------------------------------------------------------
 
 def eks_cluster(region: str, name: str) -> dict[str, Any] | None:
@@ -181,3 +203,38 @@ def file_systems(region: str, cluster: str, vpc_id: str | None = None) -> list[d
         if not page.get("NextToken"):
             return found
         kwargs["NextToken"] = page["NextToken"]
+
+
+def wait_file_systems_deleted(region: str, cluster: str, ids: Sequence[str] = (), *,
+                              timeout_s: float = 1800, interval_s: float = 30,
+                              progress: Callable[[str], None] = print,
+                              clock: Callable[[], float] = time.monotonic,
+                              sleep: Callable[[float], None] = time.sleep) -> None:
+    """Return once the file systems `ids`, and every file system of the cluster that is DELETING,
+    are gone; UserError naming them after timeout_s.
+
+    Why: the PV disappears as soon as the FSx CSI driver's DeleteVolume has *started*
+    DeleteFileSystem (the call returns while the file system is DELETING, which takes minutes), and
+    the Lustre security group stays in use by the file system's network interfaces until it is gone:
+    deleting the node stack then fails with DependencyViolation. (DeleteFileSystem "returns while the
+    file system has the DELETING status": https://docs.aws.amazon.com/fsx/latest/APIReference/API_DeleteFileSystem.html ;
+    the driver calls it and returns: github.com/kubernetes-sigs/aws-fsx-csi-driver pkg/cloud/cloud.go
+    DeleteFileSystem, called by DeleteVolume in pkg/driver/controller.go.)
+    A tagged file system that is not being deleted is left to the `down-leftovers` report.
+    """
+    wanted = set(ids)
+    deadline = clock() + timeout_s
+    while True:
+        left = sorted(f"{f['FileSystemId']} ({f.get('Lifecycle', '?')})"
+                      for f in file_systems(region, cluster)
+                      if f.get("FileSystemId") in wanted or f.get("Lifecycle") == "DELETING")
+        if not left:
+            return
+        remaining = deadline - clock()
+        if remaining <= 0:
+            raise UserError(f"FSx file system(s) still not deleted after {timeout_s:.0f} s: "
+                            f"{', '.join(left)}; check the FSx console, then run `cluster down` again",
+                            where="aws")
+        progress(f"waiting for FSx file system(s) to be deleted: {', '.join(left)} "
+                 f"({remaining:.0f} s left)")
+        sleep(min(interval_s, remaining))

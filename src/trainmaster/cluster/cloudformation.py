@@ -15,7 +15,19 @@ cfn/eks_*_ng_stack.yaml), with its faults fixed:
   opened only 988) from itself, the node group and the cluster security group, and back.
 - The node role for the managed node group (EKS makes its instance profile: a launch template
   of a managed node group may not name one, so the template has none).
-- IMDSv2 only (HttpTokens required) with hop limit 2, so that pods can reach it.
+- IMDSv2 only (HttpTokens required) with hop limit 1: a pod's request crosses one more hop and
+  is dropped, so pods cannot take the node role's credentials. Host-network daemons (VPC CNI,
+  kubelet's image pulls) still reach it; what pods need from AWS they get through IRSA (the FSx
+  CSI controller's role; S3 for `data stage` through kubernetes.service_account). The FSx CSI
+  node pods (not host-network) fall back to the Kubernetes API for their instance data when
+  IMDS does not answer (kubernetes-sigs/aws-fsx-csi-driver pkg/cloud/metadata.go,
+  NewMetadataService); the controller has its region in the Helm values (fsx.py).
+- The instance-store NVMe (trn1.32xlarge 4 x 1900 GB, p5.48xlarge 8 x 3.84 TB) as one RAID0
+  array holding kubelet's and containerd's folders (nodeadm `localStorage`), so emptyDir
+  scratch (TMPDIR) and image layers are node-local NVMe, not the root EBS volume.
+- With cluster.capacity_reservation_id / capacity_block_id: the launch template targets that
+  On-Demand Capacity Reservation or Capacity Block (InsufficientInstanceCapacity otherwise
+  stops many trn1/p5 launches).
 - The current EKS-optimised AL2023 accelerated AMI (Neuron or NVIDIA) through its public SSM
   parameter, and AL2023's nodeadm NodeConfig as user data, with the node's labels and taints
   set at registration, so no pod lands there before they apply. The EFA software is installed
@@ -51,7 +63,14 @@ def network_interfaces(spec: ClusterSpec) -> list[dict[str, Any]]:
 
 
 def user_data(spec: ClusterSpec) -> str:
-    """MIME multi-part: a boot hook for EFA, then nodeadm's NodeConfig (Fn::Sub template)."""
+    """MIME multi-part: a boot hook for EFA, then nodeadm's NodeConfig (Fn::Sub template).
+
+    `instance.localStorage.strategy: RAID0`: nodeadm stripes every instance-store NVMe into one
+    array (mounted at /mnt/k8s-disks) and bind-mounts /var/lib/kubelet (emptyDir volumes live
+    there), /var/lib/containerd and /var/log/pods onto it. eksctl has no field for this on a node
+    group with its own launch template; source: github.com/awslabs/amazon-eks-ami
+    nodeadm/doc/api.md (InstanceOptions, LocalStorageOptions, LocalStorageStrategy RAID0).
+    """
     labels = ",".join(f"{k}={v}" for k, v in spec.accelerator_labels.items())
     taint = f"{spec.taint_key}=true:NoSchedule"
     efa = "" if not spec.efa else f"""--==BOUNDARY==
@@ -81,6 +100,9 @@ spec:
     apiServerEndpoint: ${{ClusterEndpoint}}
     certificateAuthority: ${{ClusterCertificateAuthority}}
     cidr: ${{ClusterServiceCidr}}
+  instance:
+    localStorage:
+      strategy: RAID0
   kubelet:
     flags:
       - --node-labels={labels}
@@ -153,13 +175,25 @@ def _launch_template(spec: ClusterSpec) -> dict[str, Any]:
         "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
             "VolumeSize": ROOT_VOLUME_GIB, "VolumeType": "gp3", "Encrypted": True,
             "DeleteOnTermination": True}}],
+        # hop limit 1: IMDS answers the host only, not pods behind the VPC CNI's extra hop
+        # (https://docs.aws.amazon.com/eks/latest/best-practices/identity-and-access-management.html,
+        # "Restrict access to the instance profile assigned to the worker node")
         "MetadataOptions": {"HttpEndpoint": "enabled", "HttpTokens": "required",
-                            "HttpPutResponseHopLimit": 2},
+                            "HttpPutResponseHopLimit": 1},
         "TagSpecifications": [{"ResourceType": "instance", "Tags": [
             {"Key": "Name", "Value": sub(f"${{ClusterName}}-{spec.nodegroup}")},
             {"Key": "trainmaster.io/cluster", "Value": ref("ClusterName")}]}],
         "UserData": {"Fn::Base64": sub(user_data(spec))},
     }
+    if spec.capacity_reservation_id:
+        # An ODCR, or a Capacity Block: the latter also needs MarketType capacity-block in the
+        # template (https://docs.aws.amazon.com/eks/latest/userguide/capacity-blocks-mng.html;
+        # AWS::EC2::LaunchTemplate LaunchTemplateData CapacityReservationSpecification,
+        # InstanceMarketOptions).
+        data["CapacityReservationSpecification"] = {
+            "CapacityReservationTarget": {"CapacityReservationId": spec.capacity_reservation_id}}
+        if spec.capacity_block:
+            data["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
     if spec.efa:
         data["NetworkInterfaces"] = network_interfaces(spec)
         data["Placement"] = {"GroupName": ref("PlacementGroup")}

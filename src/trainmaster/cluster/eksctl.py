@@ -68,9 +68,25 @@ def cluster_config(spec: ClusterSpec) -> dict[str, Any]:
         "privateNetworking": True,
         "volumeSize": 100, "volumeEncrypted": True,
         "disableIMDSv1": True,
+        # no pod (but host-network ones) may use the node role: the add-ons here need no AWS
+        # credentials but the FSx CSI controller's, which come through IRSA (fsx-irsa.yaml)
+        "disablePodIMDS": True,
         "labels": {ROLE_LABEL: "system"},
         "tags": {"trainmaster.io/cluster": spec.name},
     }]
+    # The API endpoint: public only to the job file's CIDRs (default: the planning machine's /32;
+    # eksctl's default is 0.0.0.0/0), and private too, so nodes reach it inside the VPC. eksctl
+    # cannot create a private-only one (spec.py). Fields: eksctl schema ClusterVPC.publicAccessCIDRs,
+    # ClusterEndpoints (https://docs.aws.amazon.com/eks/latest/eksctl/vpc-cluster-access.html).
+    cfg["vpc"] = {"clusterEndpoints": {"privateAccess": True, "publicAccess": True},
+                  "publicAccessCIDRs": list(spec.public_access_cidrs)}
+    # The VPC CNI's network policy agent enforces the NetworkPolicy around etcd; without it
+    # Kubernetes accepts the policy and nothing enforces it. configurationValues is a JSON string
+    # (eksctl schema Addon.configurationValues); the key: "enableNetworkPolicy": "true", VPC CNI
+    # 1.14+ on EKS 1.25+ (https://docs.aws.amazon.com/eks/latest/userguide/calico.html, "Configure
+    # your cluster for Kubernetes network policies"; aws.amazon.com/blogs/containers/
+    # amazon-vpc-cni-now-supports-kubernetes-network-policies/).
+    cfg["addons"] = [{"name": "vpc-cni", "configurationValues": '{"enableNetworkPolicy": "true"}'}]
     # who did what to the cluster (the tutorial kept no trail); the noisy api log stays off
     cfg["cloudWatch"] = {"clusterLogging": {"enableTypes": ["audit", "authenticator"]}}
     return cfg
@@ -91,6 +107,12 @@ def nodegroup_config(spec: ClusterSpec) -> dict[str, Any]:
         "taints": [{"key": spec.taint_key, "value": "true", "effect": "NoSchedule"}],
         "tags": {"trainmaster.io/cluster": spec.name},
     }]
+    if spec.capacity_block:
+        # EKS creates a Capacity Block node group only with capacityType CAPACITY_BLOCK, from a
+        # launch template that targets the block (cloudformation.py does); eksctl's field for it
+        # is the node group's instanceMarketOptions (schema ManagedNodeGroup.instanceMarketOptions).
+        # https://docs.aws.amazon.com/eks/latest/userguide/capacity-blocks-mng.html
+        cfg["managedNodeGroups"][0]["instanceMarketOptions"] = {"marketType": "capacity-block"}
     return cfg
 
 

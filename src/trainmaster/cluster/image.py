@@ -61,6 +61,14 @@ CMD ["/bin/bash"]
 """
 
 
+# Where the EFA installer puts the aws-ofi-nccl plugin on Ubuntu: a multiarch folder, not lib/
+# itself. NCCL finds the plugin only through LD_LIBRARY_PATH; with the wrong
+# folder it silently falls back to TCP sockets, on p5 a large slow-down. Source:
+# github.com/awslabs/awsome-distributed-training micro-benchmarks/nccl-tests/nccl-tests.Dockerfile
+# (LD_LIBRARY_PATH .../ofi-nccl/lib/x86_64-linux-gnu, and its `ls .../libnccl-ofi*.so` check).
+OFI_NCCL_LIB = "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"
+
+
 def cuda() -> str:
     efa = versions.EFA_INSTALLER_URL
     return _header("cuda", versions.CUDA_BASE_IMAGE,
@@ -68,7 +76,7 @@ def cuda() -> str:
 {_ENV}ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility \\
     FI_PROVIDER=efa \\
     FI_EFA_USE_DEVICE_RDMA=1 \\
-    LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:$LD_LIBRARY_PATH \\
+    LD_LIBRARY_PATH={OFI_NCCL_LIB}:/opt/amazon/efa/lib:$LD_LIBRARY_PATH \\
     PATH=/opt/venv/bin:$PATH
 RUN apt-get update \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
@@ -76,6 +84,7 @@ RUN apt-get update \\
  && curl -fsSL --retry 5 -o /tmp/efa.tar.gz {efa} \\
  && tar -xf /tmp/efa.tar.gz -C /tmp \\
  && (cd /tmp/aws-efa-installer && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify) \\
+ && ls {OFI_NCCL_LIB}/libnccl-ofi*.so \\
  && rm -rf /tmp/efa.tar.gz /tmp/aws-efa-installer /var/lib/apt/lists/* \\
  && python3 -m venv /opt/venv
 RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url {versions.TORCH_INDEX["cuda"]}

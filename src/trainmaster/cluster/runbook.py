@@ -29,6 +29,15 @@ stack_output() {
 }
 account_id() { aws sts get-caller-identity --query Account --output text; }
 image_uri() { echo "$(account_id).dkr.ecr.$REGION.amazonaws.com/$ECR_REPO:$IMAGE_TAG"; }
+image_digest() {  # the digest the tag points at now (the tag is pushed again by every build)
+  aws ecr describe-images --repository-name "$ECR_REPO" --image-ids imageTag="$IMAGE_TAG" \
+    --query 'imageDetails[0].imageDigest' --output text
+}
+image_ref() {  # the pushed image pinned by digest: what jobs and manifests use
+  local digest; digest="$(image_digest)" || return 1
+  case "$digest" in sha256:*) ;; *) echo "image $ECR_REPO:$IMAGE_TAG is not pushed yet" >&2; return 1 ;; esac
+  echo "$(account_id).dkr.ecr.$REGION.amazonaws.com/$ECR_REPO@$digest"
+}
 
 placeholder() {  # the value of an @NAME@ placeholder
   case "$1" in
@@ -37,7 +46,7 @@ placeholder() {  # the value of an @NAME@ placeholder
     LUSTRE_SG_ID) stack_output LustreSecurityGroup ;;
     SUBNET_ID) aws eks describe-nodegroup --cluster-name "$CLUSTER" --nodegroup-name "$NODEGROUP" \
                  --query 'nodegroup.subnets[0]' --output text ;;
-    IMAGE) image_uri ;;
+    IMAGE) image_ref ;;
     *) echo "unknown placeholder @$1@" >&2; return 1 ;;
   esac
 }

@@ -8,6 +8,7 @@ refuses, with the field to change, what AWS or EKS would refuse later and slower
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +31,18 @@ ECR_REPOSITORY = "trainmaster"
 STORAGE_CLASS = "fsx-sc"
 CLAIM_SIZE = "1200Gi"  # the smallest FSx for Lustre file system (1.2 TiB)
 
+# EC2 resource ids: the prefix and 8 (older) or 17 hexadecimal digits, e.g. cr-0123456789abcdef0.
+_CAPACITY_ID = re.compile(r"^cr-(?:[0-9a-f]{8}|[0-9a-f]{17})$")
+CHECKIP_URL = "https://checkip.amazonaws.com"  # AWS's what-is-my-IP service: answers "a.b.c.d\n"
+# eksctl cannot create a cluster whose endpoint is private only ("it prevents eksctl from being
+# able to join the worker nodes to the cluster": https://docs.aws.amazon.com/eks/latest/eksctl/
+# vpc-cluster-access.html), so the plan always has a public endpoint, open to named CIDRs only.
+PRIVATE_LATER = ("to make the endpoint private only once the cluster is up, run `eksctl utils "
+                 "update-cluster-endpoints --cluster NAME --private-access=true "
+                 "--public-access=false --approve` (then kubectl works from inside the VPC only)")
+
 ZoneLookup = Callable[[str, str], list[str]]
+CidrLookup = Callable[[], str | None]
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,11 @@ class ClusterSpec:
     mount: str
     image_repository: str = ECR_REPOSITORY
     image_tag: str = ""
+    # who may reach the public API endpoint (never 0.0.0.0/0); endpoint_note tells the user
+    public_access_cidrs: tuple[str, ...] = ()
+    endpoint_note: str = ""
+    capacity_reservation_id: str | None = None  # an ODCR or, with capacity_block, a Capacity Block
+    capacity_block: bool = False
 
     @property
     def accelerator_zone(self) -> str:
@@ -116,6 +133,68 @@ def _check_zones(zones: list[str], region: str) -> None:
                           where="cluster.zones")
 
 
+def _check_cidrs(cidrs: list[str]) -> tuple[str, ...]:
+    """EKS takes IPv4 CIDR blocks only (CreateCluster VpcConfigRequest.publicAccessCidrs:
+    https://docs.aws.amazon.com/eks/latest/APIReference/API_VpcConfigRequest.html)."""
+    out: list[str] = []
+    for cidr in cidrs:
+        try:
+            net = ipaddress.IPv4Network(cidr, strict=True)
+        except ValueError as exc:
+            raise ConfigError(f"{cidr!r} is not an IPv4 CIDR block ({exc}), e.g. 203.0.113.7/32",
+                              where="cluster.public_access_cidrs") from None
+        if net.prefixlen == 0:
+            raise ConfigError("0.0.0.0/0 opens the API endpoint to the whole internet; list the "
+                              "networks you work from", where="cluster.public_access_cidrs")
+        out.append(str(net))
+    if len(set(out)) != len(out):
+        raise ConfigError("a CIDR is listed twice", where="cluster.public_access_cidrs")
+    return tuple(out)
+
+
+def caller_cidr() -> str | None:
+    """The planning machine's public IPv4 address as a /32, or None when it cannot be learnt
+    (offline, a proxy that refuses it): then the job file must name the CIDRs."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(CHECKIP_URL, timeout=5) as answer:  # noqa: S310 (fixed https URL)
+            text = answer.read(64).decode("ascii", "replace").strip()
+        return f"{ipaddress.IPv4Address(text)}/32"
+    except (OSError, ValueError):
+        return None
+
+
+def _endpoint_access(cidrs: list[str] | None, lookup: CidrLookup) -> tuple[tuple[str, ...], str]:
+    """The CIDRs that may reach the public API endpoint, and a line for the user about them."""
+    if cidrs is not None:
+        checked = _check_cidrs(cidrs)
+        if not checked:
+            raise ConfigError("eksctl cannot create a cluster with a private-only API endpoint; "
+                              f"list the CIDRs you work from ({PRIVATE_LATER})",
+                              where="cluster.public_access_cidrs")
+        return checked, ""
+    found = lookup()
+    if found is None:
+        raise ConfigError(f"could not learn this machine's public IP ({CHECKIP_URL}) to open the "
+                          "EKS API endpoint to it alone; list the CIDRs you work from, e.g. "
+                          '["203.0.113.7/32"]', where="cluster.public_access_cidrs")
+    return (found,), (f"the EKS API endpoint is public to {found} only (this machine's address); "
+                      f"set cluster.public_access_cidrs for other networks; {PRIVATE_LATER}")
+
+
+def _capacity(reservation: str | None, block: str | None) -> tuple[str | None, bool]:
+    if reservation is not None and block is not None:
+        raise ConfigError("set either cluster.capacity_reservation_id or cluster.capacity_block_id, "
+                          "not both", where="cluster.capacity_block_id")
+    for field, value in (("cluster.capacity_reservation_id", reservation),
+                         ("cluster.capacity_block_id", block)):
+        if value is not None and not _CAPACITY_ID.match(value):
+            raise ConfigError(f"{value!r} is not a capacity reservation id (cr- and 17 hexadecimal "
+                              "digits, e.g. cr-0123456789abcdef0)", where=field)
+    return (block, True) if block is not None else (reservation, False)
+
+
 def lookup_zones(region: str, instance_type: str) -> list[str]:
     """The accelerator zone (offered there, first by name), then a second zone for EKS."""
     from trainmaster.cluster import aws
@@ -142,7 +221,8 @@ def lookup_zones(region: str, instance_type: str) -> list[str]:
     return [first, others[0]]
 
 
-def resolve(cfg: JobConfig, zone_lookup: ZoneLookup | None = None) -> ClusterSpec:
+def resolve(cfg: JobConfig, zone_lookup: ZoneLookup | None = None,
+            cidr_lookup: CidrLookup | None = None) -> ClusterSpec:
     """Defaults filled in, names derived, bad input refused (ConfigError naming the field)."""
     c, k = cfg.cluster, cfg.kubernetes
     _check_name(c.name)
@@ -175,11 +255,14 @@ def resolve(cfg: JobConfig, zone_lookup: ZoneLookup | None = None) -> ClusterSpe
         zones = list(c.zones)
     else:
         zones = (zone_lookup or lookup_zones)(c.region, inst.name)
+    capacity_id, block = _capacity(c.capacity_reservation_id, c.capacity_block_id)
+    cidrs, note = _endpoint_access(c.public_access_cidrs, cidr_lookup or caller_cidr)
     repo, tag = image_reference(k.image, c.region, _flavour(inst))
     return ClusterSpec(name=c.name, region=c.region, kubernetes_version=c.kubernetes_version,
                        instance=inst, nodes=nodes, zones=tuple(zones), namespace=k.namespace,
                        queue=k.queue, pvc=k.pvc, mount=k.mount, image_repository=repo,
-                       image_tag=tag)
+                       image_tag=tag, public_access_cidrs=cidrs, endpoint_note=note,
+                       capacity_reservation_id=capacity_id, capacity_block=block)
 
 
 def _flavour(inst: catalog.InstanceType) -> str:

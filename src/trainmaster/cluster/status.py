@@ -40,6 +40,7 @@ class Status:
     stack_status: str | None = None
     repository: str | None = None
     image_tags: list[str] = field(default_factory=list)
+    image: str | None = None  # repo@sha256:... of the plan's tag, once pushed: what jobs should use
     file_systems: list[dict[str, Any]] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
     queue: bool | None = None
@@ -115,6 +116,8 @@ def gather(plan: LoadedPlan, *, kubeconfig: str | None = None, context: str | No
     st.repository = aws.ecr_repository(region, c["image_repository"])
     if st.repository:
         st.image_tags = aws.ecr_image_tags(region, c["image_repository"])
+        digest = aws.ecr_image_digest(region, c["image_repository"], c["image_tag"])
+        st.image = f"{st.repository}@{digest}" if digest else None
     if st.cluster is None:
         st.file_systems = aws.file_systems(region, c["name"])  # left behind by a cluster now gone
         return st

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainmaster.cluster import versions
+from trainmaster.cluster.addons import ETCD, ETCD_NAMESPACE
 from trainmaster.cluster.eksctl import FSX_NAMESPACE, FSX_SERVICE_ACCOUNT
 from trainmaster.cluster.spec import ROLE_LABEL, ClusterSpec
 
@@ -107,10 +108,11 @@ def up_steps(spec: ClusterSpec) -> list[Step]:
                       tools=("kubectl",)))
     vol = versions.VOLCANO_NAMESPACE
     steps += [
-        Step("etcd", "etcd 3.5 with the v2 API (etcd-server:2379, inside the cluster only)",
-             ("ensure_namespace", 'kubectl apply -f "$PLAN_DIR/k8s/etcd.yaml"',
-              f"kubectl {ns} rollout status deployment/etcd-server --timeout=10m"),
-             check=f"kubectl {ns} get deployment etcd-server >/dev/null 2>&1", tools=("kubectl",)),
+        Step("etcd", f"etcd 3.5 with the v2 API ({ETCD}.{ETCD_NAMESPACE}.svc:2379, trainmaster's pods only)",
+             ('kubectl apply -f "$PLAN_DIR/k8s/etcd.yaml"',
+              f"kubectl --namespace {ETCD_NAMESPACE} rollout status deployment/{ETCD} --timeout=10m"),
+             check=f"kubectl --namespace {ETCD_NAMESPACE} get deployment {ETCD} >/dev/null 2>&1",
+             tools=("kubectl",)),
         Step("volcano", f"Volcano {versions.VOLCANO_VERSION} (gang scheduling), its webhook answering",
              (f"kubectl apply --server-side -f {versions.VOLCANO_INSTALLER}",
               *(f"kubectl --namespace {vol} rollout status deployment/{d} --timeout=10m"
@@ -146,7 +148,9 @@ def up_steps(spec: ClusterSpec) -> list[Step]:
               'aws ecr get-login-password --region "$REGION" | docker login --username AWS --password-stdin "${uri%%/*}"',
               f'DOCKER_BUILDKIT=1 docker build --platform linux/amd64 -f "$PLAN_DIR/image/Dockerfile.{spec.flavour}" '
               '-t "$uri" "$src"',
-              'docker push "$uri"'),
+              'docker push "$uri"',
+              # record what was pushed, pinned by digest: the tag moves with the next build
+              'mkdir -p "$PLAN_DIR/.state"; image_ref | tee "$PLAN_DIR/.state/image"'),
              check=('aws ecr describe-images --repository-name "$ECR_REPO" '
                     '--image-ids imageTag="$IMAGE_TAG" >/dev/null 2>&1'),
              tools=("aws", "docker")),
@@ -155,8 +159,9 @@ def up_steps(spec: ClusterSpec) -> list[Step]:
               f"kubectl {ns} rollout status deployment/tensorboard --timeout=10m"),
              check=f"kubectl {ns} get deployment tensorboard >/dev/null 2>&1", tools=k),
         Step("summary", "What to run next",
-             ('echo "training image: $(image_uri)"',
-              'echo "launch:          trainmaster launch JOB.toml --set kubernetes.image=$(image_uri)"',
+             ('local ref; ref="$(image_ref)"',
+              'echo "training image: $ref (tag $IMAGE_TAG)"',
+              'echo "launch:          trainmaster launch JOB.toml --set kubernetes.image=$ref"',
               f'echo "tensorboard:     kubectl {ns} port-forward service/tensorboard 6006:6006"'),
              echo=True),
     ]
@@ -182,10 +187,19 @@ def down_steps(spec: ClusterSpec) -> list[Step]:
              (guard, 'kubectl delete -f "$PLAN_DIR/k8s/storageclass.yaml" --ignore-not-found'),
              check="k8s_gone storageclass/fsx-sc", tools=k8s),
         Step("down-claim", f"Delete claim {spec.pvc} and wait until its file system is deleted",
-             (guard, f"local pv; pv=\"$(kubectl {ns} get pvc {spec.pvc} -o jsonpath='{{.spec.volumeName}}' 2>/dev/null || true)\"",
+             (guard, f"local pv fs=; pv=\"$(kubectl {ns} get pvc {spec.pvc} -o jsonpath='{{.spec.volumeName}}' 2>/dev/null || true)\"",
+              # the PV's volumeHandle is the file system id (fs-...)
+              'if [ -n "$pv" ]; then fs="$(kubectl get pv "$pv" -o jsonpath=\'{.spec.csi.volumeHandle}\' 2>/dev/null || true)"; fi',
               'kubectl delete -f "$PLAN_DIR/k8s/claim.yaml" --ignore-not-found --wait=true',
-              'if [ -n "$pv" ]; then kubectl wait --for=delete "pv/$pv" --timeout=30m; fi'),
-             check=f"k8s_gone pvc/{spec.pvc} {ns}", tools=k8s),
+              'if [ -n "$pv" ]; then kubectl wait --for=delete "pv/$pv" --timeout=30m; fi',
+              # the PV goes when DeleteFileSystem has started, minutes before the file system (and
+              # its hold on the Lustre security group) is gone: wait for FSx itself (aws.py)
+              'trainmaster cluster wait-fsx --region "$REGION" --cluster "$CLUSTER" ${fs:+--file-system-id "$fs"}'),
+             # done = claim gone AND no file system of the cluster still DELETING (after a timed-out
+             # wait, the next run waits again instead of going on to DependencyViolation)
+             check=(f"k8s_gone pvc/{spec.pvc} {ns} && "
+                    'trainmaster cluster wait-fsx --region "$REGION" --cluster "$CLUSTER" --timeout 0 >/dev/null 2>&1'),
+             tools=k8s),
         Step("down-nodegroup", f"Delete node group {spec.nodegroup}",
              ('eksctl delete nodegroup --cluster "$CLUSTER" --region "$REGION" --name "$NODEGROUP" --wait',),
              check='aws_gone aws eks describe-nodegroup --cluster-name "$CLUSTER" --nodegroup-name "$NODEGROUP"',

@@ -11,8 +11,10 @@ goes to DIR/.state/logs/STEP.log; a failure shows its last lines and where the l
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -87,8 +89,10 @@ def _stream(cmd: list[str], cwd: Path, log: Path, on_line: Callable[[str], None]
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     with log.open("a", encoding="utf-8") as out:
         out.write(f"$ {' '.join(cmd)}\n")
+        # runbook.sh calls `trainmaster` (cluster wait-fsx): reachable even from an unactivated venv
+        path = os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent)])
         proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", bufsize=1)
+                                text=True, errors="replace", bufsize=1, env={**os.environ, "PATH": path})
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)

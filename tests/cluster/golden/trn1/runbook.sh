@@ -30,6 +30,15 @@ stack_output() {
 }
 account_id() { aws sts get-caller-identity --query Account --output text; }
 image_uri() { echo "$(account_id).dkr.ecr.$REGION.amazonaws.com/$ECR_REPO:$IMAGE_TAG"; }
+image_digest() {  # the digest the tag points at now (the tag is pushed again by every build)
+  aws ecr describe-images --repository-name "$ECR_REPO" --image-ids imageTag="$IMAGE_TAG" \
+    --query 'imageDetails[0].imageDigest' --output text
+}
+image_ref() {  # the pushed image pinned by digest: what jobs and manifests use
+  local digest; digest="$(image_digest)" || return 1
+  case "$digest" in sha256:*) ;; *) echo "image $ECR_REPO:$IMAGE_TAG is not pushed yet" >&2; return 1 ;; esac
+  echo "$(account_id).dkr.ecr.$REGION.amazonaws.com/$ECR_REPO@$digest"
+}
 
 placeholder() {  # the value of an @NAME@ placeholder
   case "$1" in
@@ -38,7 +47,7 @@ placeholder() {  # the value of an @NAME@ placeholder
     LUSTRE_SG_ID) stack_output LustreSecurityGroup ;;
     SUBNET_ID) aws eks describe-nodegroup --cluster-name "$CLUSTER" --nodegroup-name "$NODEGROUP" \
                  --query 'nodegroup.subnets[0]' --output text ;;
-    IMAGE) image_uri ;;
+    IMAGE) image_ref ;;
     *) echo "unknown placeholder @$1@" >&2; return 1 ;;
   esac
 }
@@ -194,14 +203,13 @@ step_devices_ready() {
   wait_allocatable vpc.amazonaws.com/efa 8 2
 }
 
-# etcd: etcd 3.5 with the v2 API (etcd-server:2379, inside the cluster only)
+# etcd: etcd 3.5 with the v2 API (etcd-server.trainmaster-etcd.svc:2379, trainmaster's pods only)
 step_etcd() {
-  ensure_namespace
   kubectl apply -f "$PLAN_DIR/k8s/etcd.yaml"
-  kubectl --namespace default rollout status deployment/etcd-server --timeout=10m
+  kubectl --namespace trainmaster-etcd rollout status deployment/etcd-server --timeout=10m
 }
 check_etcd() {
-  kubectl --namespace default get deployment etcd-server >/dev/null 2>&1
+  kubectl --namespace trainmaster-etcd get deployment etcd-server >/dev/null 2>&1
 }
 
 # volcano: Volcano v1.15.1 (gang scheduling), its webhook answering
@@ -261,6 +269,7 @@ step_image() {
   aws ecr get-login-password --region "$REGION" | docker login --username AWS --password-stdin "${uri%%/*}"
   DOCKER_BUILDKIT=1 docker build --platform linux/amd64 -f "$PLAN_DIR/image/Dockerfile.neuron" -t "$uri" "$src"
   docker push "$uri"
+  mkdir -p "$PLAN_DIR/.state"; image_ref | tee "$PLAN_DIR/.state/image"
 }
 check_image() {
   aws ecr describe-images --repository-name "$ECR_REPO" --image-ids imageTag="$IMAGE_TAG" >/dev/null 2>&1
@@ -278,8 +287,9 @@ check_tensorboard() {
 
 # summary: What to run next
 step_summary() {
-  echo "training image: $(image_uri)"
-  echo "launch:          trainmaster launch JOB.toml --set kubernetes.image=$(image_uri)"
+  local ref; ref="$(image_ref)"
+  echo "training image: $ref (tag $IMAGE_TAG)"
+  echo "launch:          trainmaster launch JOB.toml --set kubernetes.image=$ref"
   echo "tensorboard:     kubectl --namespace default port-forward service/tensorboard 6006:6006"
 }
 
@@ -321,12 +331,14 @@ check_down_storageclass() {
 # down-claim: Delete claim fsx-claim and wait until its file system is deleted
 step_down_claim() {
   cluster_exists || { echo "cluster $CLUSTER is gone"; return 0; }
-  local pv; pv="$(kubectl --namespace default get pvc fsx-claim -o jsonpath='{.spec.volumeName}' 2>/dev/null || true)"
+  local pv fs=; pv="$(kubectl --namespace default get pvc fsx-claim -o jsonpath='{.spec.volumeName}' 2>/dev/null || true)"
+  if [ -n "$pv" ]; then fs="$(kubectl get pv "$pv" -o jsonpath='{.spec.csi.volumeHandle}' 2>/dev/null || true)"; fi
   kubectl delete -f "$PLAN_DIR/k8s/claim.yaml" --ignore-not-found --wait=true
   if [ -n "$pv" ]; then kubectl wait --for=delete "pv/$pv" --timeout=30m; fi
+  trainmaster cluster wait-fsx --region "$REGION" --cluster "$CLUSTER" ${fs:+--file-system-id "$fs"}
 }
 check_down_claim() {
-  k8s_gone pvc/fsx-claim --namespace default
+  k8s_gone pvc/fsx-claim --namespace default && trainmaster cluster wait-fsx --region "$REGION" --cluster "$CLUSTER" --timeout 0 >/dev/null 2>&1
 }
 
 # down-nodegroup: Delete node group trn1-32xlarge
