@@ -80,6 +80,26 @@ class Fp32StateOptimizer(torch.optim.Optimizer):
             state["master"].copy_(weight)
         p.copy_(weight)  # rounds to bf16 when p is bf16; the master keeps the fp32 value
 
+    def _new_weight(self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: torch.Tensor,
+                    group: dict[str, Any]) -> torch.Tensor:
+        """The updated fp32 weight of one parameter (the rule of the subclass)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self._state(p)
+                weight = state["master"] if "master" in state else p.float()
+                self._write(p, state, self._new_weight(weight, state, p.grad.float(), group))
+        return loss
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         saved = state_dict["state"]
         ids = list(chain.from_iterable(g["params"] for g in state_dict["param_groups"]))
@@ -115,22 +135,10 @@ class Fp32AdamW(Fp32StateOptimizer):
                  eps: float = EPS, weight_decay: float = 0.01) -> None:
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self._state(p)
-                weight = state["master"] if "master" in state else p.float()
-                weight = weight * (1 - group["lr"] * group["weight_decay"])
-                direction = self._adam_direction(state, p.grad.float(), group)
-                self._write(p, state, weight - group["lr"] * direction)
-        return loss
+    def _new_weight(self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: torch.Tensor,
+                    group: dict[str, Any]) -> torch.Tensor:
+        weight = weight * (1 - group["lr"] * group["weight_decay"])
+        return weight - group["lr"] * self._adam_direction(state, grad, group)
 
 
 class Lamb(Fp32StateOptimizer):
@@ -139,28 +147,17 @@ class Lamb(Fp32StateOptimizer):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                                   "nvlamb": nvlamb})
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self._state(p)
-                weight = state["master"] if "master" in state else p.float()
-                update = self._adam_direction(state, p.grad.float(), group)
-                if group["weight_decay"]:
-                    update = update + group["weight_decay"] * weight
-                if group["weight_decay"] or group["nvlamb"]:
-                    w_norm, u_norm = weight.norm(), update.norm()
-                    ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm,
-                                        torch.ones_like(w_norm))
-                    update = ratio * update
-                self._write(p, state, weight - group["lr"] * update)
-        return loss
+    def _new_weight(self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: torch.Tensor,
+                    group: dict[str, Any]) -> torch.Tensor:
+        update = self._adam_direction(state, grad, group)
+        if group["weight_decay"]:
+            update = update + group["weight_decay"] * weight
+        if group["weight_decay"] or group["nvlamb"]:
+            w_norm, u_norm = weight.norm(), update.norm()
+            ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm,
+                                torch.ones_like(w_norm))
+            update = ratio * update
+        return weight - group["lr"] * update
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
