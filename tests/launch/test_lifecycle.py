@@ -174,3 +174,18 @@ def test_cancel_cli_says_a_finished_job_had_ended(tmp_path: Path,
     assert done.returncode == 0, done.stderr
     assert "already succeeded; nothing to cancel" in done.stdout
     assert sleeper.poll() is None
+
+
+def test_dry_run_shows_the_rendezvous_id_that_start_records(tmp_path: Path) -> None:
+    """The plan picks the per-launch id (12.1): --dry-run prints the command that will run,
+    and each plan of the same job name gets its own id."""
+    store = Storage(tmp_path)
+    shards = tmp_path / "datasets" / "pydoc"
+    shards.mkdir(parents=True)
+    for k in range(2):
+        (shards / f"pydoc_training_{k}.hdf5").touch()  # plan() only counts them
+    cfg = jobfile.preset("local-cpu", ['job.name="ids"'])
+    first, second = local.plan(cfg, store), local.plan(cfg, store)
+    assert first.rdzv.run_id and second.rdzv.run_id
+    assert first.rdzv.run_id.startswith("ids-") and first.rdzv.run_id != second.rdzv.run_id
+    assert all(f"--rdzv-id={first.rdzv.run_id}" in cmd for cmd in first.commands)

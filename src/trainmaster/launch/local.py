@@ -9,6 +9,7 @@ records how they end, and outlives the launching shell.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import signal
@@ -106,6 +107,8 @@ def plan(cfg: JobConfig, store: Storage, *, resume: bool = False, precompile: bo
     if cfg.train.compile and not precompile:
         note = compile_precompile.expect(cfg, store).message
     rdzv, private = _rendezvous(cfg)
+    # The id is chosen here, so that --dry-run shows the command that start() runs.
+    rdzv = dataclasses.replace(rdzv, run_id=rdzv_id(cfg.job.name))
     return Plan(run, rdzv, private, agent_commands(cfg, rdzv, run, store.root), compile_note=note,
                 purpose="precompile" if precompile else "train")
 
@@ -161,7 +164,7 @@ def _start(cfg: JobConfig, store: Storage, p: Plan, held: lock.CacheLock | None)
         job=cfg.job.name, backend="local", config_hash=cfg.derived.config_hash,
         nnodes=cfg.job.nnodes, nproc_per_node=cfg.job.nproc_per_node,
         rendezvous={"backend": p.rdzv.backend, "endpoint": p.rdzv.endpoint,
-                    "run_id": rdzv_id(cfg.job.name),
+                    "run_id": p.rdzv.run_id or rdzv_id(cfg.job.name),
                     "private_etcd": str(p.private_etcd).lower(), "storage": str(store.root.resolve())},
         nodes=[state.NodeState(index=i, log=str(run.logs / f"node{i}.log")) for i in range(cfg.job.nnodes)],
     )
