@@ -10,6 +10,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -36,3 +37,27 @@ def emit(report: dict[str, Any], out: Path | None, indent: int = 2) -> None:
     print(text)
     if out:
         out.write_text(text + "\n")
+
+
+# --- timing a local run to its first step (bench/scale_local.py; launch_overhead.py has its own) --
+POLL_S = 0.01
+
+
+def first_step_at(metrics: Path, t0: float, timeout_s: float = 900.0) -> float:
+    """Seconds from t0 (time.time()) to rank 0's write of step 1 in metrics.jsonl: that file's
+    modification time while it holds one row (polled: another process writes it)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if metrics.exists():
+            rows = metrics.read_text().splitlines()
+            if len(rows) == 1:
+                return metrics.stat().st_mtime - t0
+            if rows:  # polled late: the first row's time is not known exactly; now bounds it
+                return time.time() - t0
+        time.sleep(POLL_S)
+    raise SystemExit(f"no first step in {metrics} after {timeout_s:g} s")
+
+
+def load() -> list[float]:
+    """The 1/5/15-minute load averages: how busy the shared machine was around a run."""
+    return [round(x, 2) for x in os.getloadavg()]

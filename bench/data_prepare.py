@@ -1,84 +1,141 @@
-"""Throughput of `data prepare` on the built-in corpus (seq_len 128, NVIDIA's settings).
+"""Throughput of `data prepare` beside a minimal reference pipeline, measured in one run.
 
-    python bench/data_prepare.py [--repeat 3] [--scale 1]
+    python bench/data_prepare.py [--repeat 5] [--scale 1] [--train-vocab]
 
-Prints one JSON object: for 1 worker and for all cores, with and without training the
-vocabulary, the median of --repeat runs. input_tokens counts the corpus's WordPiece tokens
-once (not once per duplicate); examples_tokens counts the real tokens written. --scale N
-feeds the corpus N times (as a text file) to see the steady state past fixed costs.
-No assertions: numbers depend on the machine (DESIGN 4).
+Same corpus (the built-in one; --scale N feeds it N times as a text file), same vocabulary
+(given, not trained, unless --train-vocab), seq 128, max_pred 20, dupe factor 5, 8 shards.
+Each round runs, back to back: the reference (bench/reference_prepare.py: the plain
+tokenise-mask-write loop in one process), `data prepare` with 1 worker, and with 2 workers;
+the figures are medians over rounds, so a busy shared machine slows all three alike. The
+load average is printed beside them, and CPU seconds (this process and its pool workers) beside
+wall seconds: tokens per CPU-second is the per-core figure a busy machine disturbs least. input_tokens counts the corpus's WordPiece tokens once.
+
+Also times tokenisation alone, ours (trainmaster.data.wordpiece.Encoder) vs HF tokenizers'
+encode_batch_fast on the same sentences, one thread: why the product does not call HF per
+sentence. Prints one JSON object; no assertions (numbers depend on the machine).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
+import os
+import resource
 import statistics
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from trainmaster.data import default_workers, prepare
-from trainmaster.data.corpus import pydoc_documents
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import emit, load, machine  # noqa: E402
+from reference_prepare import reference_prepare  # noqa: E402
+from trainmaster.data import prepare  # noqa: E402
+from trainmaster.data.corpus import pydoc_documents, read_corpus, split_sentences  # noqa: E402
+from trainmaster.data.vocab import hf_tokenizer, load_vocab  # noqa: E402
+from trainmaster.data.wordpiece import Encoder  # noqa: E402
+
+SETTINGS: dict[str, Any] = {"seq_len": 128, "max_pred": 20, "dupe_factor": 5, "shards": 8}
 
 
-def _run(tmp: Path, tag: str, workers: int, source: dict[str, Any], vocab: Path | None) -> dict[str, Any]:
-    out = tmp / tag
-    r = prepare(output=out, workers=workers, seq_len=128, max_pred=20, dupe_factor=5, shards=8,
-                vocab=vocab, overwrite=True, **source)
-    real = 0
-    import h5py
+def _cpu() -> float:
+    """CPU seconds of this process (all threads) and of its reaped children (pool workers):
+    on a busy shared machine, tokens per CPU-second is the steadier per-core figure."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
-    for p in r.shards:
-        with h5py.File(p) as f:
-            real += int(f["input_mask"][:].sum())
-    return {"seconds": r.seconds, "input_tokens": r.input_tokens, "examples": r.examples,
-            "example_tokens": real, "timings": r.timings}
+
+def _ours(tmp: Path, source: dict[str, Any], workers: int, vocab: Path | None) -> dict[str, Any]:
+    c0 = _cpu()
+    r = prepare(output=tmp / f"ours{workers}", workers=workers, vocab=vocab, overwrite=True,
+                **source, **SETTINGS)
+    return {"seconds": r.seconds, "cpu_seconds": _cpu() - c0, "tokens": r.input_tokens,
+            "examples": r.examples, "stages": r.timings}
+
+
+def _reference(tmp: Path, source: dict[str, Any], vocab: Path) -> dict[str, Any]:
+    t0, c0 = time.monotonic(), _cpu()
+    docs = read_corpus([Path(p) for p in source.get("inputs", [])], source.get("builtin")).documents
+    tokens = reference_prepare(docs, load_vocab(vocab), tmp / "ref", seq_len=128, max_pred=20,
+                               dupe_factor=5, shards=8)
+    return {"seconds": time.monotonic() - t0, "cpu_seconds": _cpu() - c0, "tokens": tokens}
+
+
+def _tokenise_only(source: dict[str, Any], vocab: Path, repeat: int) -> dict[str, Any]:
+    docs = read_corpus([Path(p) for p in source.get("inputs", [])], source.get("builtin")).documents
+    sentences = [s for doc in docs for line in doc for s in split_sentences(line)]
+    voc = load_vocab(vocab)
+    hf = hf_tokenizer(voc, True)
+    ours_s, hf_s = [], []
+    for _ in range(repeat):
+        enc = Encoder(voc, True)  # a fresh word cache: the first chunk's cost included
+        t0 = time.monotonic()
+        flat, _ = enc.encode(sentences)
+        ours_s.append(time.monotonic() - t0)
+        t0 = time.monotonic()
+        n = sum(len(e.ids) for e in hf.encode_batch_fast(sentences, add_special_tokens=False))
+        hf_s.append(time.monotonic() - t0)
+    assert n == len(flat), "the two tokenisers disagree on the token count"
+    ours, ref = statistics.median(ours_s), statistics.median(hf_s)
+    return {"tokens": n, "ours_tokens_per_s": round(n / ours), "hf_encode_batch_tokens_per_s":
+            round(n / ref), "ratio": round(ref / ours, 2)}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--repeat", type=int, default=3, help="runs per configuration (median)")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=5, help="rounds (each runs all three; medians)")
     ap.add_argument("--scale", type=int, default=1, help="feed the corpus this many times")
+    ap.add_argument("--train-vocab", action="store_true",
+                    help="ours also trains the vocabulary (the reference is always given it)")
     args = ap.parse_args()
-    cores = default_workers()
-    results = []
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process, on every side
+    rounds: dict[str, list[dict[str, Any]]] = {"reference": [], "ours_1": [], "ours_2": []}
+    load_before = load()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
+        source: dict[str, Any] = {"builtin": "pydoc"}
         if args.scale > 1:
             text = tmp / "pydoc.txt"
             docs = pydoc_documents() * args.scale
             text.write_text("\n\n".join("\n".join(doc) for doc in docs) + "\n", encoding="utf-8")
-            source: dict[str, Any] = {"inputs": [text]}
-        else:
-            source = {"builtin": "pydoc"}
-        vocab = tmp / "vocab.txt"
+            source = {"inputs": [text]}
         prepare(output=tmp / "warmup", workers=1, shards=1, dupe_factor=1, seq_len=128,
                 builtin="pydoc")
+        vocab = tmp / "vocab.txt"
         vocab.write_bytes((tmp / "warmup" / "vocab.txt").read_bytes())
-        for workers in sorted({1, cores}):
-            for train in (True, False):
-                runs = [_run(tmp, "set", workers, source, None if train else vocab)
-                        for _ in range(args.repeat)]
-                sec = statistics.median(r["seconds"] for r in runs)
-                r0 = runs[0]
-                stages = {k: round(statistics.median(r["timings"][k] for r in runs), 3)
-                          for k in r0["timings"]}
-                results.append({
-                    "workers": workers, "train_vocab": train, "seconds": round(sec, 3),
-                    "input_tokens": r0["input_tokens"], "examples": r0["examples"],
-                    "input_tokens_per_s": round(r0["input_tokens"] / sec),
-                    "per_core_input_tokens_per_s": round(r0["input_tokens"] / sec / workers),
-                    "examples_per_s": round(r0["examples"] / sec),
-                    "example_tokens_per_s": round(r0["example_tokens"] / sec),
-                    "stages_s": stages,
-                })
-    print(json.dumps({
-        "bench": "data_prepare", "corpus": "builtin:pydoc", "scale": args.scale,
-        "seq_len": 128, "max_pred": 20, "dupe_factor": 5, "shards": 8, "cores": cores,
-        "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-        "results": results}, indent=2))
+        given = None if args.train_vocab else vocab
+        for _ in range(args.repeat):
+            rounds["reference"].append(_reference(tmp, source, vocab))
+            rounds["ours_1"].append(_ours(tmp, source, 1, given))
+            rounds["ours_2"].append(_ours(tmp, source, 2, given))
+        tokenise = _tokenise_only(source, vocab, args.repeat)
+    load_after = load()
+    tokens = rounds["ours_1"][0]["tokens"]
+    assert all(r["tokens"] == tokens for rs in rounds.values() for r in rs), "token counts differ"
+    sec = {k: statistics.median(r["seconds"] for r in rs) for k, rs in rounds.items()}
+    cpu = {k: statistics.median(r["cpu_seconds"] for r in rs) for k, rs in rounds.items()}
+    rate = {k: round(tokens / s) for k, s in sec.items()}
+    stages = {k: round(statistics.median(r["stages"][k] for r in rounds["ours_1"]), 4)
+              for k in rounds["ours_1"][0]["stages"]}
+    emit({
+        "bench": "data_prepare", "corpus": "builtin:pydoc", "scale": args.scale, **SETTINGS,
+        "vocab": "trained by ours, given to the reference" if args.train_vocab else "given",
+        "rounds": args.repeat, "input_tokens": tokens,
+        "examples": rounds["ours_1"][0]["examples"],
+        "seconds": {k: round(s, 4) for k, s in sec.items()},
+        "input_tokens_per_s": rate,
+        "cpu_seconds": {k: round(s, 4) for k, s in cpu.items()},
+        "input_tokens_per_cpu_s": {k: round(tokens / s) for k, s in cpu.items()},
+        "ratio_vs_reference_per_core": round(sec["reference"] / sec["ours_1"], 2),
+        "ratio_vs_reference_per_cpu_s": round(cpu["reference"] / cpu["ours_1"], 2),
+        "ratio_vs_reference_2_workers": round(sec["reference"] / sec["ours_2"], 2),
+        "speedup_2_workers": round(sec["ours_1"] / sec["ours_2"], 2),
+        "ours_1_stages_s": stages,
+        "tokenise_only": tokenise,
+        "cores": len(os.sched_getaffinity(0)),
+        "load_avg_before": load_before, "load_avg_after": load_after,
+        "machine": machine(),
+    }, None)
 
 
 if __name__ == "__main__":

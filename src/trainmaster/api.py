@@ -3,31 +3,73 @@
     from trainmaster import api
     cfg = api.load_job("job.toml", ["train.batch_size=8"])
     print(api.describe(cfg)["derived"]["grad_accum"])
+
+    target = api.Target(backend="local", storage="./data")
+    backend = api.backend(target, cfg)        # the one place a backend is chosen
+    dry = backend.plan(cfg)                   # every check; dry.render() is what --dry-run prints
+    print(backend.submit(dry).job, backend.status(cfg.job.name).phase)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trainmaster import jobfile
+from trainmaster.backends.base import BACKEND_NAMES, Backend, Target
+from trainmaster.backends.kubernetes import KubernetesBackend
+from trainmaster.backends.local import LocalBackend
 from trainmaster.compile import lock
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
 from trainmaster.launch import local, state
 from trainmaster.monitor import runinfo
 from trainmaster.presets import JOB_PRESETS
+from trainmaster.runlog import log_metrics as log_metrics  # for custom scripts (issue 13.1)
 from trainmaster.storage import Storage, dataset_path
 
-__all__ = ["JOB_PRESETS", "cancel_job", "describe", "init_job", "job_status", "launch", "load_job",
-           "plan_launch", "preset_job", "render_job", "start_launch"]
+__all__ = ["BACKENDS", "JOB_PRESETS", "Backend", "Target", "backend", "backend_name", "cancel_job", "describe", "init_job", "job_status", "launch", "load_job", "load_job_for",
+           "log_metrics", "plan_launch", "preset_job", "render_job", "start_launch"]
 
 
 def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
     """Read, override and validate a job file (ConfigError on any problem)."""
     return jobfile.load(path, overrides)
+
+
+# The backends by name. Tests may register a fake one under a name: everything goes through it.
+BACKENDS: dict[str, Callable[[Target], Backend]] = {"local": LocalBackend, "kubernetes": KubernetesBackend}
+BACKEND_ENV = "TRAINMASTER_BACKEND"
+
+
+def backend_name(target: Target, cfg: JobConfig | None = None) -> str:
+    """--backend, else the job file's job.backend (commands that read one), else
+    $TRAINMASTER_BACKEND, else local."""
+    value = target.backend or (cfg.job.backend if cfg is not None else None) \
+        or os.environ.get(BACKEND_ENV) or "local"
+    if value not in BACKEND_NAMES:
+        raise UserError(f"unknown backend {value!r}; use {' or '.join(BACKEND_NAMES)}", where="--backend")
+    return value
+
+
+def backend(target: Target, cfg: JobConfig | None = None) -> Backend:
+    """The backend a command talks to: chosen here, once; nothing else asks which it is.
+    With a job file, its job.storage stands in for a missing --storage (so that `launch
+    --follow` watches the folder the job runs in)."""
+    if cfg is not None and target.storage is None and cfg.job.storage:
+        target = dataclasses.replace(target, storage=cfg.job.storage)
+    return BACKENDS[backend_name(target, cfg)](target)
+
+
+def load_job_for(path: str | Path, overrides: list[str] | None, target: Target) -> JobConfig:
+    """A job file as the global options place it: --backend sets job.backend, --namespace
+    kubernetes.namespace (after the file's values and --set)."""
+    extra = [f'job.backend="{backend_name(target)}"'] if target.backend else []
+    extra += [f'kubernetes.namespace="{target.namespace}"'] if target.namespace else []
+    return load_job(path, [*(overrides or []), *extra])
 
 
 def preset_job(name: str, overrides: list[str] | None = None) -> JobConfig:

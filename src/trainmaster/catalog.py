@@ -15,6 +15,8 @@ price_per_hour` can override the price):
   [eks]    aws-neuron-eks-samples: efa per trn1.32xlarge 8, trn1n 16; device plugin resources
            aws.amazon.com/neuron (devices) and vpc.amazonaws.com/efa.
   [price]  EC2 on-demand, us-east-1, Linux; P4d/P5 after the June 2025 reduction.
+  [bert]   published BERT-large phase-1 throughput per node and multi-node scaling, for
+           `trainmaster estimate`: BERT_LARGE_PHASE1 and SCALING below, each with its source.
 """
 
 from __future__ import annotations
@@ -87,6 +89,85 @@ _TYPES = [
 # chip is what a worker sees; 16 x 4 = 64 workers.
 
 CATALOG: dict[str, InstanceType] = {t.name: t for t in _TYPES}
+
+
+# --- Published BERT-large phase-1 (seq 128) training throughput: what `trainmaster estimate`
+# uses when no rate of the job itself is known. Only figures found in their source are here;
+# p5/p5e (H100/H200), trn2, trn1.2xlarge and the CPU host have none (NVIDIA's PyTorch BERT
+# README stops at A100, Neuron publishes no Trn2 BERT training figure), so an estimate for them
+# needs a measured or given rate.
+
+
+@dataclass(frozen=True)
+class PublishedRate:
+    """One node's published training throughput of BERT-large phase 1 (seq 128, max_pred 20)."""
+
+    seq_per_s: float  # the whole node
+    precision: str  # the job precision the figure stands for ("bf16": bf16/fp16 mixed precision)
+    setup: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """Published multi-node efficiency: (nodes, rate / (nodes x one node's rate)) points.
+
+    `global_batch` set: strong scaling, that global batch split over every node count (fewer
+    sequences per worker per all-reduce as nodes grow); unset: weak scaling at
+    `per_worker_batch` sequences per worker per optimizer step."""
+
+    points: tuple[tuple[int, float], ...]
+    workers_per_node: int
+    global_batch: int | None
+    per_worker_batch: int | None
+    setup: str
+    source: str
+
+    def reference_per_worker(self, nodes: int) -> float:
+        """Sequences per worker per optimizer step in the published run at `nodes` nodes."""
+        if self.global_batch is not None:
+            return self.global_batch / (self.workers_per_node * nodes)
+        return float(self.per_worker_batch or 0)
+
+
+_NEURON_CSV = ("aws-neuron/aws-neuron-sdk about-neuron/benchmarks/trn1/training_data_encoder.csv "
+               "(commit 86a92868, Neuron 2.28.0)")
+_TRN1_RATE = PublishedRate(
+    3826.6103, "bf16",
+    "1 x trn1.32xlarge, 32 workers, BF16+SR, micro-batch 16, global batch 16,384, AdamW",
+    _NEURON_CSV)
+# 16 nodes: 57,407.9207 seq/s (BF16+SR, micro-batch 16, global batch 1,048,576, LAMB), same file
+# and release; the ratio to 16 x the 1-node figure is the published scaling (the two rows differ
+# in optimizer: Neuron publishes no 1-node LAMB row for 2.28; 2.12.0's LAMB pair, 3,520.05 and
+# 53,436.34 in general/benchmarks/trn1/trn1_trn1n_nlp_data.csv at 12ad249c, gives 94.9%).
+_TRN1_SCALING = Scaling(
+    ((16, 57407.9207 / (16 * 3826.6103)),), 32, None, 16 * 128,
+    "16 x trn1.32xlarge, BF16+SR, micro-batch 16 x 128 accumulation, LAMB, weak scaling",
+    _NEURON_CSV)
+_DLE = "NVIDIA/DeepLearningExamples PyTorch/LanguageModeling/BERT/README.md"
+BERT_LARGE_PHASE1: dict[str, PublishedRate] = {
+    "trn1.32xlarge": _TRN1_RATE,
+    "trn1n.32xlarge": _TRN1_RATE,  # the CSV's rows are "trn1.32xlarge/trn1n.32xlarge"
+    # p4d = 8 x A100-40GB: DGX A100 40GB, 8 GPUs, AMP fp16, 3,231 seq/s (fp16 and bf16 have the
+    # same A100 tensor-core peak, 312 TF).
+    "p4d.24xlarge": PublishedRate(
+        3231.0, "bf16", "DGX A100 (8 x A100-40GB), AMP fp16, 8,192 sequences per GPU per step",
+        f"{_DLE} at commit 78ec6802, 'Pre-training NVIDIA DGX A100 (8x A100 40GB)', pytorch:20.06"),
+}
+SCALING: dict[str, Scaling] = {
+    "trn1.32xlarge": _TRN1_SCALING,
+    "trn1n.32xlarge": _TRN1_SCALING,
+    # DGX A100 80GB over InfiniBand, mixed precision, global batch 65,536 split over 1-32 nodes
+    # (accumulation 32 -> 1): strong scaling 2.02 / 3.98 / 7.86 / 15.50 / 30.37. p4d's network
+    # (400 Gbps EFA) is slower than a DGX A100's 8 x 200 Gb/s InfiniBand.
+    "p4d.24xlarge": Scaling(
+        ((2, 2.02 / 2), (4, 3.98 / 4), (8, 7.86 / 8), (16, 15.50 / 16), (32, 30.37 / 32)), 8,
+        65536, None, "1-32 x DGX A100 80GB, AMP fp16, global batch 65,536, strong scaling",
+        f"{_DLE} at commit 729963dd, 'Pre-training NVIDIA DGX A100 (8x A100 80GB) Multi-node "
+        "Scaling'"),
+}
+# What estimate assumes for a type without its own published scaling: trn1's, labelled so.
+DEFAULT_SCALING = "trn1.32xlarge"
 
 
 def get(name: str, *, where: str = "instance_type") -> InstanceType:

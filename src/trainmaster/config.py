@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from trainmaster import catalog
 
@@ -27,6 +27,33 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 # so they follow DNS-1123 labels and leave room for suffixes.
 JOB_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 CACHESET = r"^[A-Za-z0-9_-]+$"
+
+
+# The built-in BERT trainer (train/__main__.py); any other entrypoint is the user's own script.
+BUILTIN_ENTRYPOINT = "-m trainmaster.train"
+_MODULE = re.compile(r"-m[ \t]+([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
+_LAUNCHERS = ("python", "python3", "torchrun")
+_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def check_entrypoint(value: str) -> str:
+    """A file path or `-m package.module`, nothing else: arguments belong in job.args, and
+    torchrun is trainmaster's to start (a "python train.py --x" here would run nothing)."""
+    text = value.strip()
+    if not text or "\0" in text or "\n" in text:
+        raise ValueError("give a Python file (train.py) or -m package.module")
+    if text.startswith("-"):
+        m = _MODULE.fullmatch(text)
+        if m is None:
+            raise ValueError("expected -m package.module (arguments go in job.args)")
+        if m.group(1) in _TORCHRUN_MODULES:
+            raise ValueError("torchrun is started for you; give the module it should run")
+        return f"-m {m.group(1)}"
+    first = text.split()[0]
+    if first in _LAUNCHERS or first.endswith("/python3") or first.endswith("/python"):
+        raise ValueError(f"give the script alone, not a command ({first} is started for you by "
+                         "torchrun); put its arguments in job.args")
+    return text
 
 
 class Section(BaseModel):
@@ -41,6 +68,20 @@ class JobSection(Section):
     nproc_per_node: PositiveInt = Field(1, description="worker processes per node (one per NeuronCore or GPU)")
     storage: str | None = Field(None, description="storage root (local folder, or /data on the cluster); unset = --storage, $TRAINMASTER_STORAGE, ./trainmaster-data")
     max_restarts: NonNegativeInt = Field(3, description="restarts of failed workers before the job fails; each resumes from the last checkpoint")
+    entrypoint: str = Field(BUILTIN_ENTRYPOINT, description="what torchrun starts on every worker: a Python file (train.py; local: from the launch folder, kubernetes: from the image's /workspace) or -m package.module; default the built-in BERT trainer")
+    args: list[str] = Field(default_factory=list, description="arguments after the entrypoint, e.g. [\"--lr\", \"3e-4\"]")
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint(cls, value: str) -> str:
+        return check_entrypoint(value)
+
+    @field_validator("args")
+    @classmethod
+    def _args(cls, value: list[str]) -> list[str]:
+        if any("\0" in a for a in value):
+            raise ValueError("an argument holds a NUL character, which no command line can carry")
+        return value
 
 
 class RendezvousSection(Section):
@@ -136,6 +177,7 @@ class KubernetesSection(Section):
     tolerations: list[dict[str, str]] = Field(default_factory=list, description="extra tolerations (device taints are added for you)")
     node_selector: dict[str, str] = Field(default_factory=dict, description="extra node labels to match")
     service_account: str | None = Field(None, description="service account of the pods")
+    workspace: str | None = Field(None, description="your code for a custom job.entrypoint: this local folder is built into an image FROM the training image (COPY to /workspace; `cluster plan` writes image/Dockerfile.workspace), pushed, and named in kubernetes.image; nothing is copied into pods at run time")
 
 
 class ClusterSection(Section):
@@ -211,9 +253,12 @@ def derive(cfg: JobConfig) -> Derived:
     _check(min_nodes <= job.nnodes, "job.min_nnodes",
            f"{min_nodes} is above job.nnodes {job.nnodes}")
     world = job.nnodes * job.nproc_per_node
+    # [train], [model] and [data] configure the built-in trainer; a custom entrypoint's batch is
+    # its own business (its arguments), so its job shape is not checked against them.
+    builtin = job.entrypoint == BUILTIN_ENTRYPOINT
     # Accumulation must divide exactly for every node count the job may run with, so that the
     # global batch (and with it the meaning of lr and max_steps) never silently changes.
-    for nodes in range(min_nodes, job.nnodes + 1):
+    for nodes in range(min_nodes, job.nnodes + 1) if builtin else ():
         w = nodes * job.nproc_per_node
         per_step = train.batch_size * w
         _check(train.global_batch_size % per_step == 0, "train.global_batch_size",
@@ -226,7 +271,7 @@ def derive(cfg: JobConfig) -> Derived:
     return Derived(
         world_size=world,
         min_world_size=min_nodes * job.nproc_per_node,
-        grad_accum=train.global_batch_size // (train.batch_size * world),
+        grad_accum=max(1, train.global_batch_size // (train.batch_size * world)) if builtin else 1,
         tokens_per_step=train.global_batch_size * cfg.data.seq_len,
         instance=inst,
         config_hash=config_hash(cfg),

@@ -167,3 +167,11 @@ def test_local_dry_run_starts_nothing(pydoc_storage: Path, tmp_path: Path) -> No
     assert "train.compile is off" in result.stderr and "3 step(s) of dry" in result.stderr
     assert not Storage(pydoc_storage).run_dir("dry-precompile").exists()
     assert lock.read(Storage(pydoc_storage).cache_dir("dry")) is None
+
+
+def test_precompile_of_a_custom_script_is_refused_naming_the_field(pydoc_storage: Path,
+                                                                   tmp_path: Path) -> None:
+    path = job_file(tmp_path, "own", 'job.entrypoint="-m mypkg.train"')
+    line = one_error_line(tm("precompile", str(path), "--storage", str(pydoc_storage), "--dry-run"))
+    assert line.startswith("error: job.entrypoint:") and "built-in trainer only" in line, line
+    assert not Storage(pydoc_storage).run_dir("own-precompile").exists()

@@ -148,8 +148,8 @@ from trainmaster.data import prepare, shards
 real_write, real_replace, point = shards.write_shard, os.replace, sys.argv[3]
 count = {"write": 0, "replace": 0}
 
-def write(path, arrays):
-    real_write(path, arrays)
+def write(path, arrays, **kw):
+    real_write(path, arrays, **kw)
     count["write"] += 1
     if point == "writing" and count["write"] == 1:
         os.kill(os.getpid(), signal.SIGKILL)  # shard 0 done, 1 and 2 to come: no cleanup

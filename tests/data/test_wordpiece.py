@@ -66,3 +66,19 @@ def test_vocab_rules() -> None:
         parse_vocab("word\n" + ok, "v.txt")
     with pytest.raises(DataError, match="line 7 repeats the token 'the' of line 6"):
         parse_vocab(ok + "the\n", "v.txt")
+
+
+@pytest.mark.parametrize("batch", [
+    ["plain ascii one", "two\nlines in one sentence", "three"],  # a "\n" of a sentence's own
+    ["only one sentence here."],
+    ["", "", "between empties", ""],
+    [],
+])
+def test_whole_batch_path_keeps_sentence_boundaries(pydoc_vocab: Path, batch: list[str]) -> None:
+    """The batch is encoded as one string with "\\n" between sentences; a sentence's own "\\n"
+    or an empty sentence must not move a boundary."""
+    enc = Encoder(load_vocab(pydoc_vocab), True)
+    flat, lengths = enc.encode(batch)
+    exact = enc.encode_exact(batch) if batch else []
+    assert lengths.tolist() == [len(e) for e in exact]
+    assert flat.tolist() == [i for e in exact for i in e]

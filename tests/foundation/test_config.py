@@ -92,3 +92,65 @@ def test_describe_reports_storage_and_dataset(tmp_path: Path) -> None:
     info = api.describe(api.preset_job("local-cpu"), storage=str(tmp_path))
     assert info["derived"]["dataset_path"] == str(tmp_path / "datasets" / "pydoc")
     assert tomllib.loads(api.init_job("local-cpu"))["job"]["nnodes"] == 2
+
+
+# --- [job] entrypoint and args: your own training script (issue 13.1) -------------------------
+
+@pytest.mark.parametrize(("value", "stored"), [
+    ("-m trainmaster.train", "-m trainmaster.train"), ("-m   pkg.sub_mod", "-m pkg.sub_mod"),
+    ("train.py", "train.py"), ("  examples/custom-gpt/train_gpt.py ", "examples/custom-gpt/train_gpt.py"),
+    ("my dir/train.py", "my dir/train.py"),
+])
+def test_entrypoint_is_a_file_or_a_module(value: str, stored: str) -> None:
+    cfg = api.preset_job("local-cpu", [f"job.entrypoint={value!r}".replace("'", '"')])
+    assert cfg.job.entrypoint == stored
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("python train.py", "give the script alone, not a command (python is started for you"),
+    ("torchrun train.py", "give the script alone, not a command (torchrun"),
+    ("-m", "expected -m package.module"),
+    ("-m pkg.mod --lr 1", "expected -m package.module (arguments go in job.args)"),
+    ("-m torch.distributed.run", "torchrun is started for you"),
+    ("", "give a Python file (train.py) or -m package.module"),
+])
+def test_bad_entrypoint_names_the_field(value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=r"job\.entrypoint: ") as err:
+        api.preset_job("local-cpu", [f'job.entrypoint="{value}"'])
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_args_are_strings() -> None:
+    assert api.preset_job("local-cpu", ['job.args=["--lr", "3e-4", ""]']).job.args == ["--lr", "3e-4", ""]
+    with pytest.raises(ConfigError, match=r"job\.args\.0: input should be a valid string"):
+        api.preset_job("local-cpu", ["job.args=[1]"])
+    with pytest.raises(ConfigError, match=r"job\.args: an argument holds a NUL character"):
+        api.preset_job("local-cpu", ['job.args=["a\\u0000b"]'])
+
+
+def test_missing_script_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """One line naming job.entrypoint, exit 2, and no run folder: nothing was launched."""
+    from tests.conftest import run_cli
+
+    store = tmp_path / "store"
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nname = "mine"\nentrypoint = "nope/train.py"\n')
+    result = run_cli("launch", str(job), "--set", f'job.storage="{store}"', cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "job.entrypoint: no such file" in lines[0], result.stderr
+    assert str(tmp_path / "nope" / "train.py") in lines[0]
+    assert not (store / "runs" / "mine").exists()
+    job.write_text('[job]\nname = "mine"\nentrypoint = "-m no_such_package_here.train"\n')
+    result = run_cli("launch", str(job), "--set", f'job.storage="{store}"', cwd=tmp_path)
+    assert result.returncode == 2 and "job.entrypoint: no module 'no_such_package_here'" in result.stderr
+    assert not (store / "runs" / "mine").exists()
+
+
+def test_custom_entrypoint_is_not_held_to_the_builtin_trainers_batch() -> None:
+    """[train] sizes the built-in trainer's batch; a custom script on 16 workers is valid."""
+    sets = ["job.nnodes=2", "job.nproc_per_node=8", "train.global_batch_size=32"]
+    with pytest.raises(ConfigError, match=r"train\.global_batch_size: 32 is not a multiple"):
+        api.preset_job("local-cpu", sets)
+    cfg = api.preset_job("local-cpu", [*sets, 'job.entrypoint="train.py"'])
+    assert (cfg.derived.world_size, cfg.derived.grad_accum) == (16, 1)

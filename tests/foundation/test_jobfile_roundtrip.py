@@ -51,10 +51,19 @@ def _strategy(annotation: Any) -> st.SearchStrategy[Any]:
     raise TypeError(f"no strategy for {annotation!r}: extend _strategy in {__file__}")
 
 
+# Fields whose valid values the type alone rarely draws: job.entrypoint is a file path or
+# `-m package.module` (a module, paths with spaces, quotes and non-ASCII characters).
+ENTRYPOINTS = st.one_of(
+    TEXT, st.sampled_from(["-m trainmaster.train", "-m  pkg.sub_mod", "train.py", "my dir/tr'ain.py",
+                           "/workspace/🙂.py", "examples/custom-gpt/train_gpt.py"]),
+    st.from_regex(r"-m [A-Za-z_][A-Za-z0-9_]{0,6}(\.[A-Za-z_][A-Za-z0-9_]{0,6}){0,2}", fullmatch=True))
+SPECIAL = {"entrypoint": ENTRYPOINTS}
+
+
 def _section(model: type[BaseModel]) -> st.SearchStrategy[BaseModel]:
     """A valid section with each field drawn; a value the section refuses (pattern, bounds, a
     cross-field rule) leaves that field at its default, so no draw is wasted."""
-    fields = {k: _strategy(f.annotation) for k, f in model.model_fields.items()}
+    fields = {k: SPECIAL[k] if k in SPECIAL else _strategy(f.annotation) for k, f in model.model_fields.items()}
 
     @st.composite
     def build(draw: st.DrawFn) -> BaseModel:

@@ -1,10 +1,11 @@
 """An in-process fake of the few Kubernetes API paths trainmaster uses, for the REAL client.
 
 Serves JSON over HTTP/1.1 from a thread: Volcano Jobs (namespaced custom objects), ConfigMaps,
-pods (list by label selector, create, read, delete), pod logs (plain text; follow=true as a
-chunked stream that ends when the pod ends; timestamps, limitBytes, tailLines) and pod exec
-over a WebSocket (the k8s channel protocol, v5 or v4). Bearer-token auth answers 401, a
-forbid-list answers 403 with the API server's wording, missing objects 404, clashes 409.
+pods (list by label selector, create, read, delete; lists in chunks with limit/continue), pod
+logs (plain text; follow=true as a chunked stream that ends when the pod ends; timestamps,
+limitBytes, tailLines) and pod exec over a WebSocket (the k8s channel protocol, v5 or v4).
+Bearer-token auth answers 401, a forbid-list answers 403 with the API server's wording,
+missing objects 404, clashes 409.
 
 A small "kubelet" can run a created pod's command as a local subprocess (run_pods=True): its
 output becomes the pod log, its exit code the pod's phase. Exec runs commands the same way.
@@ -52,6 +53,11 @@ class FakeCluster:
         self.done: set[tuple[str, str]] = set()
         self.procs: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
         self.requests: list[tuple[str, str, dict[str, list[str]], Any]] = []
+        self.list_pages: list[tuple[str, int, int]] = []  # every list: (path, HTTP status, items)
+        self.expire_continues = 0  # this many next requests with a continue token: 410 Gone
+        self.short_pages = False  # a page examines only `limit` keys (fewer matches, even none)
+        self.latency_s = 0.0  # a simulated round trip added to every request (bench/k8s_scale.py)
+        self.log_barrier: threading.Barrier | None = None  # log reads wait for each other here
         self.forbid: set[tuple[str, str]] = set()  # (verb, resource)
         self.deny_jobs: str | None = None  # an admission webhook's answer
         self.volcano_installed = True
@@ -159,6 +165,12 @@ def _handler(fake: FakeCluster) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
             pass
 
+        def handle(self) -> None:
+            # A client that drops a kept-alive connection with an unread answer (a log stream it
+            # did not consume) resets it: normal for a client, no traceback on the test's stderr.
+            with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+                super().handle()
+
         def _send(self, code: int, body: Any, ctype: str = "application/json") -> None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             self.send_response(code)
@@ -179,6 +191,8 @@ def _handler(fake: FakeCluster) -> type[BaseHTTPRequestHandler]:
             query = parse_qs(url.query)
             body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
             fake.requests.append((method, url.path, query, body))
+            if fake.latency_s:
+                time.sleep(fake.latency_s)  # simulating the network, not waiting for anything
             if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                 return self._error(401, "Unauthorized", "Unauthorized")
             from tests.k8s.fake_routes import route

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import bisect
 import contextlib
 import json
 import re
@@ -59,11 +61,7 @@ def _objects(fake: FakeCluster, h: Any, method: str, store: dict[tuple[str, str]
                 _start_pod(fake, ns, obj)
         return h._send(201, obj)
     if name is None:
-        sel = query.get("labelSelector", [""])[0]
-        items = [o for (n, _), o in store.items() if (ns == "*" or n == ns)
-                 and all(o["metadata"].get("labels", {}).get(k) == v
-                         for k, _, v in (t.partition("=") for t in filter(None, sel.split(","))))]
-        return h._send(200, {"apiVersion": "v1", "kind": f"{kind}List", "metadata": {}, "items": items})
+        return _list(fake, h, store, ns, query, kind)
     if (ns, name) not in store:
         return h._error(404, "NotFound", f'{resource} "{name}" not found', name, resource)
     if method == "GET":
@@ -84,6 +82,61 @@ def _objects(fake: FakeCluster, h: Any, method: str, store: dict[tuple[str, str]
                 proc.kill()
             proc.wait()
     return h._send(200, obj)
+
+
+def _list(fake: FakeCluster, h: Any, store: dict[tuple[str, str], dict[str, Any]], ns: str,
+          query: dict[str, list[str]], kind: str) -> None:
+    """A list, in chunks as the API server serves them when asked with `limit`: in key order
+    (etcd keys are /registry/<resource>/<namespace>/<name>), at most `limit` items, and a
+    `continue` token while keys remain, the last page possibly empty; an expired token
+    (fake.expire_continues) is refused with 410 Gone. "Retrieving large results sets in
+    chunks": https://kubernetes.io/docs/reference/using-api/api-concepts/
+    With fake.short_pages, a page examines only `limit` keys, so a label selector returns fewer
+    items, even none, with a token, as the API reference allows: "Setting a limit may return
+    fewer than the requested amount of items (up to zero items) in the event all requested
+    objects are filtered out" (`limit`, kubernetes.io/docs/reference/kubernetes-api/
+    common-parameters/common-parameters/).
+    """
+    with fake.lock:  # one consistent snapshot (the real server lists at one resourceVersion)
+        code, body = _page(fake, store, ns, query, kind)
+        data = json.dumps(body).encode()  # under the lock: the kubelet thread changes pods
+    fake.list_pages.append((h.path.partition("?")[0], code, len(body.get("items", []))))
+    if code != 200:
+        return h._error(code, body["reason"], body["message"])
+    h._send(200, data)
+
+
+def _page(fake: FakeCluster, store: dict[tuple[str, str], dict[str, Any]], ns: str,
+          query: dict[str, list[str]], kind: str) -> tuple[int, dict[str, Any]]:
+    terms = (t.partition("=") for t in filter(None, query.get("labelSelector", [""])[0].split(",")))
+    sel = [(k, v) for k, _, v in terms]
+    limit = int(query.get("limit", ["0"])[0] or 0)
+    token = query.get("continue", [""])[0]
+    keys = sorted(k for k in store if ns == "*" or k[0] == ns)
+    start = 0
+    if token:
+        try:
+            mark = json.loads(base64.urlsafe_b64decode(token))
+        except ValueError:
+            return 400, {"reason": "BadRequest", "message": "continue key is not valid: illegal base64 data"}
+        if fake.expire_continues:
+            fake.expire_continues -= 1
+            return 410, {"reason": "Expired", "message": "The provided continue parameter is too old to "
+                         "display a consistent list result. You can start a new list without the "
+                         "continue parameter."}
+        start = bisect.bisect_right(keys, tuple(mark["start"]))
+    items: list[dict[str, Any]] = []
+    i = start
+    while i < len(keys) and not (limit and (len(items) == limit or (fake.short_pages and i - start == limit))):
+        o = store[keys[i]]
+        i += 1
+        if all(o["metadata"].get("labels", {}).get(k) == v for k, v in sel):
+            items.append(o)
+    meta: dict[str, Any] = {"resourceVersion": "1"}
+    if limit and i < len(keys):
+        meta["continue"] = base64.urlsafe_b64encode(json.dumps({"v": "meta.k8s.io/v1",
+                                                                "start": list(keys[i - 1])}).encode()).decode()
+    return 200, {"apiVersion": "v1", "kind": f"{kind}List", "metadata": meta, "items": items}
 
 
 def _start_pod(fake: FakeCluster, ns: str, pod: dict[str, Any]) -> None:
@@ -108,6 +161,9 @@ def _log(fake: FakeCluster, h: Any, ns: str, name: str, query: dict[str, list[st
         return
     if (ns, name) not in fake.pods:
         return h._error(404, "NotFound", f'pods "{name}" not found', name, "pods")
+    if fake.log_barrier is not None:  # passes only when that many reads are in flight at once
+        with contextlib.suppress(threading.BrokenBarrierError):
+            fake.log_barrier.wait(timeout=10)
     stamps = _flag(query, "timestamps")
 
     def fmt(entries: list[tuple[str, str]]) -> bytes:

@@ -1,4 +1,5 @@
-"""`launch --backend kubernetes --dry-run` on the tutorial's example: a Job a cluster accepts."""
+"""`launch --backend kubernetes --dry-run` on the tutorial's example: a Job a cluster accepts;
+the job commands against the fake API server."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import ROOT, run_cli
+from tests.k8s.fake_api import FakeCluster
 from tests.k8s.schemas import validate_k8s, validate_pod_templates, validate_volcano_job
 from trainmaster.catalog import EFA, NEURON
+
+IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/trainmaster:1"
 
 
 def test_tutorial_example_dry_run_validates() -> None:
@@ -39,3 +43,28 @@ def test_real_launch_refuses_the_example_account(tmp_path: Path) -> None:
                      "kubernetes", "--kubeconfig", str(tmp_path / "none"))
     assert result.returncode == 2
     assert "example account 123456789012" in result.stderr
+
+
+def test_kubernetes_commands_against_the_fake_api(fake: FakeCluster) -> None:
+    """launch, list, status, logs and cancel through the CLI and the real client."""
+    kube = ["--backend", "kubernetes", "--kubeconfig", str(fake.kubeconfig())]
+    job = ROOT / "examples" / "trn1-bert-large.toml"
+    launched = run_cli("launch", str(job), "--image", IMAGE, *kube)
+    assert launched.returncode == 0, launched.stderr
+    assert launched.stdout.startswith("bert-large-trn1  (Volcano job in namespace default")
+    fake.add_pod("default", "bert-large-trn1-worker-0",
+                 {"trainmaster.io/job": "bert-large-trn1", "volcano.sh/job-name": "bert-large-trn1"},
+                 log=["[default0]:step 1 loss 11.2"])
+    listed = run_cli("list", *kube)
+    assert listed.returncode == 0 and "bert-large-trn1" in listed.stdout, listed.stderr
+    status = run_cli("status", "bert-large-trn1", *kube)
+    assert status.returncode == 0, status.stderr
+    assert "backend kubernetes" in status.stdout and "bert-large-trn1-worker-0" in status.stdout
+    logs = run_cli("logs", "bert-large-trn1", *kube)
+    assert logs.returncode == 0 and logs.stdout == "[default0]:step 1 loss 11.2\n", logs.stderr
+    assert "# bert-large-trn1-worker-0" in logs.stderr
+    bad = run_cli("logs", "bert-large-trn1", "--rank", "3", *kube)
+    assert bad.returncode == 2 and "--rank: kubernetes jobs" in bad.stderr
+    cancelled = run_cli("cancel", "bert-large-trn1", *kube)
+    assert cancelled.returncode == 0 and "cancelled (Volcano job and its pods deleted)" in cancelled.stdout
+    assert ("default", "bert-large-trn1") not in fake.jobs

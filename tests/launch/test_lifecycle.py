@@ -85,8 +85,7 @@ def _run_folder(tmp_path: Path, **kw: object) -> RunPaths:
     run.logs.mkdir(parents=True)
     run.job_toml.write_text(jobfile.render(cfg, "test"))
     _state(run.state, nodes=[state.NodeState(index=0)],
-           rendezvous={"backend": "c10d", "endpoint": "127.0.0.1:1", "private_etcd": "false",
-                       "storage": str(tmp_path)}, **kw)
+           rendezvous={"backend": "c10d", "endpoint": "127.0.0.1:1"}, storage=str(tmp_path), **kw)
     return run
 
 

@@ -111,7 +111,7 @@ def test_two_node_job_with_private_etcd(pydoc_storage: Path, tmp_path: Path, str
     result = run_cli("launch", str(path), "--storage", str(pydoc_storage), "--follow", timeout=600)
     assert result.returncode == 0, result.stderr
     st = wait_final(pydoc_storage, "with-etcd")
-    assert st.phase == "succeeded" and st.rendezvous["private_etcd"] == "true"
+    assert st.phase == "succeeded" and st.private_etcd
     assert no_processes_left(st)  # the private etcd is stopped too
     # Same config, same data, same seed: rendezvous does not change the result.
     assert summary(pydoc_storage, "with-etcd")["final_loss"] == pytest.approx(straight["final_loss"], rel=1e-4)

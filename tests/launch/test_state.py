@@ -42,3 +42,47 @@ def test_live_supervisor_keeps_running(tmp_path: Path) -> None:
     finally:
         proc.communicate(b"")
     assert not state.pid_alive(proc.pid)
+
+
+def test_state_files_of_older_versions_still_load(tmp_path: Path) -> None:
+    """Before issue 13.4, storage and private_etcd were strings inside the rendezvous dict."""
+    path = tmp_path / "state.json"
+    path.write_text('{"job": "old", "phase": "succeeded", "rendezvous": {"backend": "etcd-v2", '
+                    '"endpoint": "127.0.0.1:2379", "run_id": "old-1", "private_etcd": "true", '
+                    f'"storage": "{tmp_path}"}}}}', encoding="utf-8")
+    st = state.read(path)
+    assert st.storage == str(tmp_path) and st.private_etcd is True
+    assert st.rendezvous == {"backend": "etcd-v2", "endpoint": "127.0.0.1:2379", "run_id": "old-1"}
+    state.update(path, message="read again")  # written back in the new layout, still loads
+    again = state.read(path)
+    assert again.storage == str(tmp_path) and again.private_etcd and "storage" not in again.rendezvous
+
+
+def test_new_state_files_keep_storage_out_of_the_rendezvous(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    _new(path, rendezvous={"backend": "c10d", "endpoint": "127.0.0.1:1"}, storage="/data",
+         private_etcd=False)
+    raw = path.read_text(encoding="utf-8")
+    assert '"storage": "/data"' in raw and '"private_etcd": false' in raw
+    assert state.read(path).rendezvous == {"backend": "c10d", "endpoint": "127.0.0.1:1"}
+
+
+def test_the_supervisors_cancel_watch_parses_state_json_only_when_it_changed(tmp_path: Path) -> None:
+    """Starting n agents looked for a cancel n times; parsing every time was O(n^2) in nodes."""
+    import pytest
+
+    from trainmaster.launch.supervise import Cancelled, CancelWatch
+    from trainmaster.storage import RunPaths
+
+    run = RunPaths(tmp_path)
+    _new(run.state, nodes=[state.NodeState(index=i) for i in range(64)])
+    watch = CancelWatch(run)
+    for _ in range(64):
+        watch.check()
+    assert watch.reads == 1
+    state.update(run.state, message="starting")  # another writer: read again, no cancel
+    watch.check()
+    assert watch.reads == 2
+    state.update(run.state, cancel_requested=True)
+    with pytest.raises(Cancelled):
+        watch.check()

@@ -42,3 +42,14 @@ def test_command_carries_the_job() -> None:
 def test_elastic_range() -> None:
     assert nnodes_arg(api.preset_job("local-cpu", ["job.min_nnodes=1"])) == "1:2"
     assert nnodes_arg(api.preset_job("local-cpu")) == "2"
+
+
+def test_rdzv_conf_is_built_by_name() -> None:
+    """An elastic job waits 5 s for late nodes (last_call_timeout); a fixed-size one does not.
+    The flag is found by its name, wherever it sits in the argument list."""
+    rdzv = Rendezvous("c10d", "127.0.0.1:29400")
+    conf = [a for a in command(api.preset_job("local-cpu", ["job.min_nnodes=1", "rendezvous.timeout=90"]),
+                               rdzv, job_file="/j.toml", storage="/d") if a.startswith("--rdzv-conf=")]
+    assert conf == ["--rdzv-conf=join_timeout=90,timeout=90,last_call_timeout=5"]
+    fixed = command(api.preset_job("local-cpu"), rdzv, job_file="/j.toml", storage="/d")
+    assert "--rdzv-conf=join_timeout=600,timeout=600" in fixed

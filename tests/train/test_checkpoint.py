@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -128,3 +129,46 @@ def test_a_checkpoint_of_another_configuration_is_refused(pydoc_storage: Path) -
                                                 "vocab_size": 4096}))
     plan = preflight.make_plan(job, str(pydoc_storage), environ={})
     assert plan.resume is not None and plan.resume.step == 5 and plan.position == Position(0, 1, 8)
+    # The plan is frozen: rank 0's other choice (loop._agree_on_resume) is a new plan.
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.resume = None  # type: ignore[misc]
+    fresh = plan.resuming_from(None)
+    assert fresh.resume is None and fresh.position == Position() and fresh.first_shard == {}
+    assert plan.resume.step == 5 and plan.position == Position(0, 1, 8)  # unchanged
+    again = fresh.resuming_from(plan.resume)
+    assert again.resume == plan.resume and again.position == Position(0, 1, 8)
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_mid_save_hook_runs_half_way_and_a_crash_there_keeps_the_previous(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """checkpoint.save knows no faults: it calls its hooks half-way (model written, the rest not)."""
+    _, rt, bert, opt, sched = setup()
+    save(tmp_path, 10, rt, bert, opt, sched)
+    seen: list[tuple[int, list[str]]] = []
+
+    def crash(folder: Path, step: int) -> None:
+        seen.append((step, sorted(p.name for p in ckptdir.temp_dir(folder, step).iterdir())))
+        raise _Crash
+
+    monkeypatch.setattr(checkpoint, "mid_save_hooks", [crash])
+    with pytest.raises(_Crash):
+        save(tmp_path, 20, rt, bert, opt, sched)
+    assert seen == [(20, [checkpoint.MODEL])]
+    latest = ckptdir.latest(tmp_path)
+    assert latest is not None and latest.step == 10
+
+
+def test_the_fault_hook_is_installed_only_when_a_test_asks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from trainmaster.train import faults
+
+    monkeypatch.setattr(checkpoint, "mid_save_hooks", [])
+    faults.install({})
+    assert checkpoint.mid_save_hooks == []
+    faults.install({faults.KILL_IN_CHECKPOINT_ENV: "20"})
+    (hook,) = checkpoint.mid_save_hooks
+    hook(tmp_path, 10)  # another step: nothing happens, no marker
+    assert not list(tmp_path.iterdir())

@@ -10,12 +10,15 @@ import sys
 
 import typer
 
-from trainmaster import __version__
+from trainmaster import __version__, api
 from trainmaster.cli import compile_cmd, job_cmd, monitor_cmd
 from trainmaster.cli.cluster_cmd import cluster_app
 from trainmaster.cli.config_cmd import config_app, init
 from trainmaster.cli.data_cmd import data_app
 from trainmaster.cli.demo_cmd import demo
+from trainmaster.cli.estimate_cmd import estimate
+from trainmaster.cli.export_cmd import export_app
+from trainmaster.cli.options import BackendOpt, ContextOpt, KubeconfigOpt, NamespaceOpt, StorageOpt
 from trainmaster.errors import EXIT_BAD_INPUT, EXIT_FAILED, JobFailed, UserError
 
 app = typer.Typer(
@@ -25,6 +28,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="The options above (--storage, --backend, --kubeconfig, --context, --namespace) apply "
+           "to every command and may also follow it: trainmaster status demo --storage ./data",
 )
 app.command()(demo)
 app.command()(init)
@@ -38,9 +43,11 @@ app.command()(job_cmd.cancel)
 app.command()(monitor_cmd.top)
 app.command()(monitor_cmd.tensorboard)
 app.command()(monitor_cmd.report)
+app.command()(estimate)
 app.add_typer(data_app, name="data")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(compile_cmd.cache_app, name="cache")
+app.add_typer(export_app, name="export")
 
 
 def _version(value: bool) -> None:
@@ -51,11 +58,49 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit"),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors"),
+    storage: StorageOpt = None,
+    backend: BackendOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    namespace: NamespaceOpt = None,
 ) -> None:
-    """trainmaster: one job file, the same torchrun command line locally and on Kubernetes."""
+    """trainmaster: one job file, the same torchrun command line locally and on Kubernetes.
+
+    --storage, --backend, --kubeconfig, --context and --namespace apply to every command and
+    may stand before or after it: `trainmaster status demo --storage ./data`.
+    """
+    ctx.obj = api.Target(storage=storage, backend=backend, kubeconfig=kubeconfig, context=context,
+                         namespace=namespace)
+
+
+# The root's options that may also be written after the command (where users put them).
+GLOBAL_OPTIONS = ("--storage", "--backend", "--kubeconfig", "--context", "--namespace")
+
+
+def hoist_global_options(args: list[str]) -> list[str]:
+    """Move the global options (with their values) in front of the command, where click looks
+    for the root's options; everything after `--` stays as it is."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            rest += args[i:]
+            break
+        name = a.split("=", 1)[0]
+        if name in GLOBAL_OPTIONS and ("=" in a or i + 1 < len(args)):
+            taken = [a] if "=" in a else [a, args[i + 1]]
+            front += taken
+            i += len(taken)
+            continue
+        rest.append(a)
+        i += 1
+    return front + rest
 
 
 def _err(message: str) -> None:
@@ -67,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     # `--dry-run=server` (kubectl's spelling) selects the API server's dry run.
     args = ["--dry-run-server" if a == "--dry-run=server" else "--dry-run" if a == "--dry-run=client" else a
             for a in args]
+    args = hoist_global_options(args)
     debug = "--debug" in args
     try:
         result = app(args=args, prog_name="trainmaster", standalone_mode=False)

@@ -20,22 +20,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from trainmaster import jobfile
-from trainmaster.cli.k8s_cmd import backend_of
-from trainmaster.cli.options import (
-    BackendOpt,
-    ContextOpt,
-    JobFileArg,
-    KubeconfigOpt,
-    NamespaceOpt,
-    SetOpt,
-    StorageOpt,
-    WaitLockOpt,
-)
+from trainmaster import api
+from trainmaster.cli.options import ImageOpt, JobFileArg, SetOpt, WaitLockOpt, target
 from trainmaster.compile import cache, fingerprint, lock
 from trainmaster.compile import precompile as pre_mod
 from trainmaster.errors import UserError
-from trainmaster.presets import EXAMPLE_ACCOUNT
 from trainmaster.storage import Storage
 
 out = Console()
@@ -56,50 +45,37 @@ def lock_waiting(cacheset: str, wait_s: float) -> Callable[[lock.Holder], None]:
 
 
 def precompile(
+    ctx: typer.Context,
     file: JobFileArg,
     overrides: SetOpt = None,
-    storage: StorageOpt = None,
-    backend: BackendOpt = None,
     steps: Annotated[int, typer.Option(help="Steps of the precompile run (train.steps_this_run)")] = pre_mod.DEFAULT_STEPS,
     wait_lock: WaitLockOpt = 0.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would run (local: the commands; kubernetes: the objects as YAML)")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="local: print the outcome as JSON")] = False,
-    image: Annotated[str | None, typer.Option(help="kubernetes: training image (else kubernetes.image)")] = None,
-    kubeconfig: KubeconfigOpt = None,
-    context: ContextOpt = None,
-    namespace: NamespaceOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="A precompile awaited to its end (local): print the outcome as JSON")] = False,
+    image: ImageOpt = None,
 ) -> None:
     """Fill the job's compile cache: the same job, a few steps, in compile mode, on its backend."""
-    extra = [f'job.backend="{backend_of(backend)}"'] if backend else []
-    extra += [f'kubernetes.namespace="{namespace}"'] if namespace else []
-    cfg = jobfile.load(file, [*(overrides or []), *extra])
+    where = target(ctx)
+    cfg = api.load_job_for(file, overrides, where)
     if not cfg.train.compile:
         _say(f"note: train.compile is off in {file}: `launch` uses this cache only with "
              "--set train.compile=true (or compile = true in [train])")
-    if cfg.job.backend == "kubernetes":
-        _precompile_kubernetes(cfg, steps=steps, image=image, dry_run=dry_run,
-                               kubeconfig=kubeconfig, context=context)
-        return
-    from trainmaster.launch import precompile as runner
-
-    store = Storage.at(storage, cfg.job.storage)
-    pre, plan = runner.plan_local(cfg, store, steps=steps, wait_lock_s=wait_lock, dry_run=dry_run)
-    folder = store.cache_dir(cfg.train.cacheset)
-    _say(f"precompile {pre.job.name}: {pre.train.steps_this_run} step(s) of {cfg.job.name} "
-         f"({cfg.job.nnodes} node(s) x {cfg.job.nproc_per_node}) in compile mode into {folder}")
+    backend = api.backend(where, cfg)
+    dry = backend.plan(cfg, image=image, wait_lock_s=wait_lock, precompile_steps=steps)
+    for note in dry.notes:
+        _say(note)
     if dry_run:
-        for i, cmd in enumerate(plan.commands):
-            typer.echo(f"# node {i}\n{' '.join(cmd)}")
+        typer.echo(dry.render(), nl=False)
         return
-
-    def started(st: Any) -> None:
-        _say(f"{st.job} started (runs in {plan.run.dir}; `trainmaster logs {st.job} -f`)")
-
-    result = runner.run_local(pre, store, plan, on_wait=lock_waiting(cfg.train.cacheset, wait_lock),
-                              on_start=started)
+    sub = backend.submit(dry, on_wait=lock_waiting(cfg.train.cacheset, wait_lock), on_start=_say)
+    for line in sub.lines:
+        typer.echo(line)
+    if sub.result is None:  # submitted, not awaited: `status` follows it
+        return
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        typer.echo(json.dumps(sub.result, indent=2))
         return
+    result = sub.result
     counts = result["compile_counters"]
     entries = ", ".join(f"{k} {v}" for k, v in result["entries"].items()) or "none"
     first = result["time_to_first_step_s"]
@@ -110,27 +86,6 @@ def precompile(
         typer.echo(f"  compiler: {counts.get('fxgraph_cache_miss', 0)} FX graph(s) compiled, "
                    f"{counts.get('fxgraph_cache_hit', 0)} found in the cache")
     typer.echo(f"  next: trainmaster launch {file} (with train.compile = true)")
-
-
-def _precompile_kubernetes(cfg: Any, *, steps: int, image: str | None, dry_run: bool,
-                           kubeconfig: str | None, context: str | None) -> None:
-    from trainmaster.launch import volcano
-
-    objects = volcano.objects(cfg, image=image, precompile=True, steps=steps)
-    if dry_run:
-        typer.echo(volcano.render_yaml(objects), nl=False)
-        return
-    if EXAMPLE_ACCOUNT in volcano.image_of(cfg, image):
-        raise UserError(f"the image still names the example account {EXAMPLE_ACCOUNT}; push the "
-                        "image to your ECR (see `trainmaster cluster plan`) and set it",
-                        where="kubernetes.image")
-    from trainmaster.launch import kubernetes
-
-    cluster = kubernetes.connect(kubeconfig, context, cfg.kubernetes.namespace)
-    name = kubernetes.submit(cluster, objects)["metadata"]["name"]
-    typer.echo(f"{name}  (Volcano job in namespace {cluster.namespace}; `trainmaster status "
-               f"{name} --backend kubernetes`; its rank 0 writes the cacheset's fingerprint "
-               "after the first step)")
 
 
 # --- cache list | show | clear ------------------------------------------------------------------
@@ -172,9 +127,9 @@ def _when(ts: float) -> str:
 
 
 @cache_app.command("list")
-def list_caches(storage: StorageOpt = None) -> None:
+def list_caches(ctx: typer.Context) -> None:
     """The cachesets under STORAGE/cache: size, compiled entries, whose graphs, lock."""
-    root = _root(storage)
+    root = _root(target(ctx).storage)
     table = Table("cacheset", "size", "entries", "filled by", "lock")
     for folder in sorted(root.iterdir() if root.is_dir() else []):
         if not folder.is_dir():
@@ -187,10 +142,10 @@ def list_caches(storage: StorageOpt = None) -> None:
 
 
 @cache_app.command()
-def show(name: CachesetArg, storage: StorageOpt = None,
+def show(ctx: typer.Context, name: CachesetArg,
          as_json: Annotated[bool, typer.Option("--json", help="Print as JSON")] = False) -> None:
     """A cacheset: where, size, entries per compiler, its fingerprint, its lock."""
-    folder = _folder(storage, name)
+    folder = _folder(target(ctx).storage, name)
     saved = fingerprint.read(folder)
     current = lock.read(folder)
     data: dict[str, Any] = {
@@ -219,10 +174,10 @@ def show(name: CachesetArg, storage: StorageOpt = None,
 
 
 @cache_app.command()
-def clear(name: CachesetArg, storage: StorageOpt = None,
+def clear(ctx: typer.Context, name: CachesetArg,
           yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask")] = False) -> None:
     """Delete a cacheset (refused while a job uses it)."""
-    folder = _folder(storage, name)
+    folder = _folder(target(ctx).storage, name)
     if not yes:
         if not sys.stdin.isatty():
             raise UserError(f"this deletes {folder}; pass --yes to confirm", where="cache clear")

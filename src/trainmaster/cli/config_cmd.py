@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainmaster import api
-from trainmaster.cli.options import JobFileArg, SetOpt, StorageOpt
+from trainmaster.cli.options import JobFileArg, SetOpt, target
 from trainmaster.errors import UserError
 from trainmaster.launch.volcano import ETCD_VERSIONS
 
@@ -55,13 +55,13 @@ def validate(file: JobFileArg, overrides: SetOpt = None) -> None:
 
 @config_app.command()
 def show(
+    ctx: typer.Context,
     file: JobFileArg,
     overrides: SetOpt = None,
-    storage: StorageOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print as JSON")] = False,
 ) -> None:
     """Print the resolved job: every value, the derived values and the config hash."""
-    info = api.describe(api.load_job(file, overrides), storage)
+    info = api.describe(api.load_job(file, overrides), target(ctx).storage)
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return

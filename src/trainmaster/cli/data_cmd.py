@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from trainmaster.cli.options import ContextOpt, KubeconfigOpt, NamespaceOpt, SetOpt, StorageOpt
+from trainmaster.cli.options import SetOpt, target
 from trainmaster.errors import EXIT_FAILED, UserError
 from trainmaster.storage import Storage, dataset_path
 
@@ -32,6 +32,7 @@ DirArg = Annotated[str, typer.Argument(metavar="DIR", help="A folder of shards, 
 
 @data_app.command()
 def prepare(
+    ctx: typer.Context,
     inputs: Annotated[list[Path] | None, typer.Argument(
         metavar="[INPUT]...", help="Text files (.gz too) or folders of them: one sentence per "
                                    "line, documents separated by blank lines")] = None,
@@ -41,7 +42,6 @@ def prepare(
                                                      "STORAGE/datasets/NAME)")] = None,
     name: Annotated[str | None, typer.Option(help="Dataset name under STORAGE/datasets (default "
                                                   "'pydoc' with --builtin pydoc)")] = None,
-    storage: StorageOpt = None,
     vocab: Annotated[Path | None, typer.Option(help="An existing BERT WordPiece vocab.txt "
                                                     "(default: train one on the input)")] = None,
     vocab_size: Annotated[int | None, typer.Option(help="Size of the vocabulary to train "
@@ -68,6 +68,7 @@ def prepare(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress, only the summary")] = False,
 ) -> None:
     """Turn text into shuffled, masked BERT pretraining shards (+ vocab.txt, dataset.json)."""
+    storage = target(ctx).storage
     from trainmaster import data
 
     folder = _output(output, name, storage, builtin)
@@ -116,11 +117,12 @@ def _folder(directory: str, storage: str | None) -> Path:
 
 @data_app.command()
 def verify(
+    ctx: typer.Context,
     directory: DirArg,
-    storage: StorageOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the verdict")] = False,
 ) -> None:
     """Check every row of every shard against the format; exit 1 when anything is wrong."""
+    storage = target(ctx).storage
     from trainmaster import data
 
     folder = _folder(directory, storage)
@@ -146,12 +148,13 @@ def verify(
 
 @data_app.command()
 def inspect(
+    ctx: typer.Context,
     directory: DirArg,
-    storage: StorageOpt = None,
     examples: Annotated[int, typer.Option(help="Examples to show decoded")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print the statistics as JSON")] = False,
 ) -> None:
     """Statistics of a dataset (tokens, padding, masking, NSP balance) and decoded examples."""
+    storage = target(ctx).storage
     from trainmaster import data
 
     st = data.inspect(_folder(directory, storage), examples=examples)
@@ -182,6 +185,7 @@ def inspect(
 
 @data_app.command()
 def stage(
+    ctx: typer.Context,
     src: Annotated[str, typer.Argument(metavar="SRC", help="s3://bucket/prefix/, s3://.../data.tar, or a local folder")],
     name: Annotated[str, typer.Option("--name", help="Dataset name: lands in MOUNT/datasets/NAME")],
     job: Annotated[str, typer.Option("--job", metavar="FILE", help="Job file giving the cluster side (image, PVC, mount, namespace)")],
@@ -189,15 +193,13 @@ def stage(
     image: Annotated[str | None, typer.Option(help="Image of the stage pod (else kubernetes.image)")] = None,
     no_sign_request: Annotated[bool, typer.Option(help="Public S3 data (the tutorial's bucket)")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the stage pod; create nothing")] = False,
-    kubeconfig: KubeconfigOpt = None,
-    context: ContextOpt = None,
-    namespace: NamespaceOpt = None,
 ) -> None:
     """Copy a dataset onto the cluster's shared storage through a short-lived pod, verify it there."""
+    where = target(ctx)
     from trainmaster import jobfile
     from trainmaster.launch import stage as stage_mod
 
-    extra = [f'kubernetes.namespace="{namespace}"'] if namespace else []
+    extra = [f'kubernetes.namespace="{where.namespace}"'] if where.namespace else []
     cfg = jobfile.load(job, [*(overrides or []), *extra])
     pod = stage_mod.build_stage_pod(cfg, src, name, image=image, no_sign_request=no_sign_request)
     if dry_run:
@@ -207,6 +209,6 @@ def stage(
         return
     from trainmaster.launch import kubernetes
 
-    cluster = kubernetes.connect(kubeconfig, context, cfg.kubernetes.namespace)
+    cluster = kubernetes.connect(where.kubeconfig, where.context, cfg.kubernetes.namespace)
     dest = stage_mod.run_stage(cluster, pod, on_line=lambda line: typer.echo(line))
     typer.echo(f"staged and verified: {dest}")

@@ -42,11 +42,11 @@ def demo(
                                                    f'job.storage="{store.root.resolve()}"']))
     err.print(f"[bold]2/3[/bold] wrote {job_toml} (bert-tiny, 2 nodes x 1 worker, c10d)")
     cfg = api.load_job(job_toml)
-    store, plan = api.plan_launch(cfg, None)
-    api.start_launch(cfg, store, plan)
+    backend = api.backend(api.Target(storage=str(store.root), backend="local"), cfg)
+    backend.submit(backend.plan(cfg))
     err.print(f"[bold]3/3[/bold] training (`trainmaster status demo --storage {store.root}` "
               "from another shell)")
-    follow_job(store, "demo", cfg.train.max_steps)
+    follow_job(backend, "demo")
     _summary(RunPaths(store.run_dir("demo")), store)
 
 

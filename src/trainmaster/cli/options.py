@@ -1,10 +1,16 @@
-"""Options shared by several commands, declared once."""
+"""Options shared by several commands, declared once.
+
+--storage, --backend, --kubeconfig, --context and --namespace are the root command's (app.py),
+stored in ctx.obj as an api.Target; a command reads them with target(ctx).
+"""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
+
+from trainmaster import api
 
 SetOpt = Annotated[
     list[str] | None,
@@ -21,7 +27,7 @@ JobFileArg = Annotated[str, typer.Argument(metavar="FILE", help="A job file (TOM
 BackendOpt = Annotated[
     str | None,
     typer.Option("--backend", metavar="local|kubernetes",
-                 help="Where the job runs (default: job.backend for launch; $TRAINMASTER_BACKEND or local otherwise)"),
+                 help="Where the job runs (default: job.backend for commands that read a job file; $TRAINMASTER_BACKEND or local otherwise)"),
 ]
 KubeconfigOpt = Annotated[str | None, typer.Option(help="kubernetes: kubeconfig file (else $KUBECONFIG, ~/.kube/config)")]
 ContextOpt = Annotated[str | None, typer.Option(help="kubernetes: kubeconfig context (else the current one)")]
@@ -31,3 +37,11 @@ WaitLockOpt = Annotated[
     typer.Option("--wait-lock", metavar="SECONDS", min=0,
                  help="Compile jobs: how long to wait while another job uses the cacheset (then fail)"),
 ]
+
+ImageOpt = Annotated[str | None, typer.Option(help="kubernetes: training image (else kubernetes.image)")]
+
+
+def target(ctx: typer.Context) -> api.Target:
+    """The global options of this invocation (the root callback's ctx.obj)."""
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, api.Target) else api.Target()

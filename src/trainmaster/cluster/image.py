@@ -12,6 +12,7 @@ tensorboard (the TensorBoard Deployment runs this image) are pinned too. Builds 
 from __future__ import annotations
 
 from trainmaster.cluster import versions
+from trainmaster.launch import entry
 
 FLAVOURS = ("neuron", "cuda", "cpu")
 SOURCE_DIR = "/opt/trainmaster/src"
@@ -109,3 +110,43 @@ def dockerfiles() -> dict[str, str]:
         files[f"Dockerfile.{flavour}"] = text
         files[f"Dockerfile.{flavour}.dockerignore"] = _DOCKERIGNORE
     return files
+
+
+# --- your code on top of the training image (kubernetes.workspace, issue 13.1) ---------------
+# A custom job.entrypoint runs from the image, like the built-in trainer: the pods of a job all
+# run the same code, and a restart months later runs it again. So the workspace is built into
+# an image of its own, FROM the pushed training image, rather than copied into pods at run time.
+WORKSPACE_DIR = entry.WORKSPACE_DIR  # the training images' WORKDIR; the shim looks there
+
+_WORKSPACE_IGNORE = """\
+# Not part of the code the job runs: version control, environments, data, plans, caches.
+.git
+**/.venv
+**/__pycache__
+trainmaster-data
+cluster-plan
+"""
+
+
+def workspace(folder: str, flavour: str) -> str:
+    """image/Dockerfile.workspace: COPY the workspace folder onto the training image."""
+    return f"""\
+# syntax=docker/dockerfile:1
+# Your code on top of the {flavour} training image (written by `trainmaster cluster plan`;
+# kubernetes.workspace = {folder!r}). Build it from that folder once the training image is pushed
+# (`cluster up`, or `cluster status` prints it as REPO@sha256:...), push it, and launch with it:
+#   docker build --platform linux/amd64 -f image/Dockerfile.workspace \\
+#       --build-arg BASE=REPO@sha256:... -t REPO:TAG-workspace {folder}
+#   docker push REPO:TAG-workspace
+#   trainmaster launch JOB.toml --set kubernetes.image=REPO@sha256:<the pushed digest>
+# job.entrypoint's relative paths and -m modules are found in {WORKSPACE_DIR}.
+ARG BASE
+FROM --platform=linux/amd64 ${{BASE}}
+COPY . {WORKSPACE_DIR}
+WORKDIR {WORKSPACE_DIR}
+"""
+
+
+def workspace_files(folder: str, flavour: str) -> dict[str, str]:
+    return {"Dockerfile.workspace": workspace(folder, flavour),
+            "Dockerfile.workspace.dockerignore": _WORKSPACE_IGNORE}

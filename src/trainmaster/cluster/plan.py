@@ -7,6 +7,7 @@
     DIR/k8s/*.yaml                          device plugin, queue, etcd, storage class, claim, TensorBoard
     DIR/helm/*.yaml                         values of the pinned charts
     DIR/image/Dockerfile.{neuron,cuda,cpu}  the training image
+    DIR/image/Dockerfile.workspace          with kubernetes.workspace: your code on top of it
 
 `build` is pure (spec -> {path: text}); `write_plan` resolves the spec (an AWS look-up of the
 zones when none are given) and writes the files. Nothing here creates anything in AWS.
@@ -86,6 +87,8 @@ def build(spec: ClusterSpec) -> dict[str, str]:
         files["helm/efa-device-plugin.yaml"] = to_yaml(
             addons.efa_values(spec), f"{made} {versions.EFA_CHART} {versions.EFA_CHART_VERSION}")
     files |= {f"image/{name}": text for name, text in image.dockerfiles().items()}
+    if spec.workspace:  # your code on top of the training image (issue 13.1)
+        files |= {f"image/{n}": t for n, t in image.workspace_files(spec.workspace, spec.flavour).items()}
     files["runbook.sh"] = runbook.render(spec, up, down)
     files = dict(sorted(files.items()))
     summary = {

@@ -64,6 +64,7 @@ class ClusterSpec:
     endpoint_note: str = ""
     capacity_reservation_id: str | None = None  # an ODCR or, with capacity_block, a Capacity Block
     capacity_block: bool = False
+    workspace: str | None = None  # kubernetes.workspace: image/Dockerfile.workspace (cluster/image.py)
 
     @property
     def accelerator_zone(self) -> str:
@@ -262,7 +263,8 @@ def resolve(cfg: JobConfig, zone_lookup: ZoneLookup | None = None,
                        instance=inst, nodes=nodes, zones=tuple(zones), namespace=k.namespace,
                        queue=k.queue, pvc=k.pvc, mount=k.mount, image_repository=repo,
                        image_tag=tag, public_access_cidrs=cidrs, endpoint_note=note,
-                       capacity_reservation_id=capacity_id, capacity_block=block)
+                       capacity_reservation_id=capacity_id, capacity_block=block,
+                       workspace=k.workspace)
 
 
 def _flavour(inst: catalog.InstanceType) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from trainmaster import jobfile
 from trainmaster.compile import cache, fingerprint
-from trainmaster.config import JobConfig, is_valid_job_name
+from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig, is_valid_job_name
 from trainmaster.errors import UserError
 from trainmaster.storage import RunPaths, Storage
 
@@ -48,6 +48,13 @@ def precompile_config(cfg: JobConfig, steps: int = DEFAULT_STEPS) -> JobConfig:
     """
     if steps < 1:
         raise UserError(f"must be at least 1 (got {steps})", where="--steps")
+    if cfg.job.entrypoint != BUILTIN_ENTRYPOINT:
+        # The warm-cache check reads the fingerprint the built-in trainer's rank 0 writes; a
+        # custom script writes none, so a precompile of it could never be judged. Its graphs
+        # still land in the shared cache on its first launch (the cache env is the same).
+        raise UserError(f"precompile runs the built-in trainer only, not {cfg.job.entrypoint!r}: "
+                        "launch the job itself (its first run fills the shared compile cache)",
+                        where="job.entrypoint")
     data = cfg.model_dump(mode="json")
     data["job"]["name"] = precompile_name(cfg.job.name)
     data["job"]["max_restarts"] = 0

@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,7 +216,7 @@ def examples_task(item: tuple[int, list[Document]], worker: Worker | None = None
 
 def write_task(item: tuple[str, dict[str, np.ndarray]], worker: Worker | None = None) -> str:
     path, arrays = item
-    fmt.write_shard(Path(path), expand(arrays))
+    fmt.write_shard(Path(path), expand(arrays), durable=False)  # the caller fsyncs it
     return path
 
 
@@ -240,8 +241,15 @@ def _write_shards(run: Runner, arrays: dict[str, np.ndarray], shards: int, seed:
     parts = np.array_split(gen.permutation(total), shards)
     tasks = ((str(out.temp_path(k)), {key: a[rows] for key, a in arrays.items()})
              for k, rows in enumerate(parts))
-    for _ in run(write_task, tasks):
-        report.advance(1)
+    # Each written shard is fsync'd by a thread here while the next one is made: waiting for
+    # the disk does not hold up a worker, and the file system batches concurrent syncs.
+    with ThreadPoolExecutor(4, thread_name_prefix="fsync") as syncs:
+        pending = []
+        for path in run(write_task, tasks):
+            pending.append(syncs.submit(fmt.fsync_path, Path(path)))
+            report.advance(1)
+        for done in pending:
+            done.result()  # every shard is durable before commit() names it
     return [len(p) for p in parts]
 
 

@@ -25,8 +25,11 @@ _UNSURE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
 # Every printable ASCII character that is not a letter or digit is BERT punctuation; so is
 # any non-ASCII character the shortcut lets through (see _plain_punctuation).
-_WORDS_LOWER = re.compile(r"[a-z0-9]+|[^a-z0-9\s]")
-_WORDS_CASED = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9\s]")
+# A batch is one string, sentences joined by "\n": "\n" is a word of its own (the sentence
+# boundary, no pieces), so one findall and one lower() serve the whole batch.
+_WORDS_LOWER = re.compile(r"[a-z0-9]+|[^a-z0-9\s]|\n")
+_WORDS_CASED = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9\s]|\n")
+_BOUNDARY = 0  # the word cache's entry for "\n"
 _CACHE_LIMIT = 2_000_000  # distinct words; bounds memory on huge corpora
 
 
@@ -52,10 +55,11 @@ class Encoder:
         self._reset()
 
     def _reset(self) -> None:
-        self._index: dict[str, int] = {}
-        self._starts: list[int] = []
-        self._lens: list[int] = []
-        self._pieces: list[int] = []
+        self._index: dict[str, int] = {"\n": _BOUNDARY}
+        # numpy, grown by concatenation: no list -> array conversion of the cache per batch
+        self._starts = np.zeros(1, np.int64)
+        self._lens = np.zeros(1, np.int64)
+        self._pieces = np.zeros(0, np.int32)
 
     def encode_exact(self, sentences: list[str]) -> list[list[int]]:
         """The reference path: HF for every sentence."""
@@ -74,31 +78,45 @@ class Encoder:
                 return False
         return True
 
+    @staticmethod
+    def _grow(starts: np.ndarray, lens: np.ndarray, pieces: np.ndarray, new: list[list[int]]
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The CSR table with one entry per item of new appended (a copy)."""
+        n = np.fromiter(map(len, new), dtype=np.int64, count=len(new))
+        at = len(pieces) + np.cumsum(n) - n
+        flat = np.fromiter(chain.from_iterable(new), dtype=np.int32, count=int(n.sum()))
+        return (np.concatenate([starts, at]), np.concatenate([lens, n]),
+                np.concatenate([pieces, flat]))
+
     def _add(self, words: list[str], pieces: list[list[int]]) -> None:
-        for w, p in zip(words, pieces, strict=True):
-            self._index[w] = len(self._starts)
-            self._starts.append(len(self._pieces))
-            self._lens.append(len(p))
-            self._pieces.extend(p)
+        first = len(self._starts)
+        self._index.update(zip(words, range(first, first + len(words)), strict=True))
+        self._starts, self._lens, self._pieces = self._grow(self._starts, self._lens,
+                                                            self._pieces, pieces)
 
     def encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of all sentences, concatenated (int32), and each sentence's length."""
         if len(self._index) > _CACHE_LIMIT:
             self._reset()
-        words: list[list[str]] = []
+        if not sentences:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        text = "\n".join(sentences)
         unsure: list[int] = []
-        findall, lower = self._words.findall, self.lower_case
-        for k, s in enumerate(sentences):
-            if self._fast(s):
-                words.append(findall(s.lower() if lower else s))
-            else:
-                words.append([])
-                unsure.append(k)
-        counts = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
-        all_words = list(chain.from_iterable(words))
+        if not (text.isascii() and not _UNSURE.search(text)
+                and text.count("\n") == len(sentences) - 1):
+            # A sentence with a "\n" of its own goes to HF too (it is whitespace there).
+            unsure = [k for k, s in enumerate(sentences) if "\n" in s or not self._fast(s)]
+            if unsure:
+                batch = list(sentences)
+                for k in unsure:
+                    batch[k] = ""
+                text = "\n".join(batch)
+        all_words = self._words.findall(text.lower() if self.lower_case else text)
         index = self._index
         wid = np.fromiter(map(index.get, all_words, repeat(-1)), dtype=np.int64,
                           count=len(all_words))
+        boundary = np.flatnonzero(wid == _BOUNDARY)
+        counts = np.diff(np.concatenate([[-1], boundary, [len(wid)]])) - 1  # words per sentence
         missing = np.flatnonzero(wid < 0)
         if missing.size:
             # A word here is normalised already (lower-cased ASCII or plain punctuation) and
@@ -107,21 +125,20 @@ class Encoder:
             tokenize = self._model.tokenize
             self._add(new, [[t.id for t in tokenize(w)] for w in new])
             wid[missing] = [index[all_words[i]] for i in missing.tolist()]
+        wid = wid[wid != _BOUNDARY]
         starts, lens, pieces = self._starts, self._lens, self._pieces
         if unsure:
             # Each sentence HF had to do is one pseudo-word of this call only (not cached).
             exact = self.encode_exact([sentences[k] for k in unsure])
             local = np.arange(len(starts), len(starts) + len(unsure))
-            starts = starts + list(len(pieces) + np.cumsum([0, *map(len, exact[:-1])]))
-            lens = lens + [len(e) for e in exact]
-            pieces = pieces + list(chain.from_iterable(exact))
+            starts, lens, pieces = self._grow(starts, lens, pieces, exact)
             at = (np.cumsum(counts) - counts)[unsure]
             wid = np.insert(wid, at, local)
             counts[unsure] = 1
-        wl = np.asarray(lens, dtype=np.int64)[wid]
+        wl = lens[wid]
         ends = np.cumsum(wl)
-        src = np.repeat(np.asarray(starts, dtype=np.int64)[wid] - (ends - wl), wl)
-        flat = np.asarray(pieces, dtype=np.int32)[src + np.arange(len(src))]
+        src = np.repeat(starts[wid] - (ends - wl), wl)
+        flat = pieces[src + np.arange(len(src))]
         cum = np.concatenate([[0], ends])
         last = np.cumsum(counts)
         return flat, cum[last] - cum[last - counts]

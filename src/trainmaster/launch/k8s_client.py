@@ -4,6 +4,11 @@ A thin layer over the official `kubernetes` client. Every API answer a user can 
 one UserError line: 401 (credentials), 403 (which verb on which resource RBAC refuses, or what
 Volcano's admission webhook said), 404 (no such job, or no such API: Volcano missing), 409 (a
 name clash, raised as Conflict for the caller to explain).
+
+Lists are read in chunks (list_all): `limit` items per request and the server's `continue`
+token for the next, so a 1,024-pod job is a few bounded answers, not one giant one. Pages are
+parsed as plain JSON, not into the client's models: for 1,024 (small, fake) pods, 0.05 s
+against 1.3 s, measured here.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import codecs
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +31,12 @@ from trainmaster.errors import JobFailed, UserError
 from trainmaster.launch.volcano import GROUP
 
 JOBS = f"jobs.{GROUP}"
+# Items per list request: kubectl's default (`kubectl get --chunk-size=500`, "Return large lists
+# in chunks rather than all at once"; kubectl reference, kubernetes.io/docs/reference/kubectl/).
+PAGE = 500
+# Concurrent requests of one command (pod logs when looking for rank 0): also the size of the
+# client's connection pool, so that no connection is opened and dropped per request.
+CONNECTIONS = 16
 FIX_CREDENTIALS = ("refresh them (`aws eks update-kubeconfig --name CLUSTER`) or pick others with "
                    "--kubeconfig / --context")
 
@@ -54,6 +65,7 @@ def connect(kubeconfig: str | None = None, context: str | None = None,
     env = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
     path = Path(kubeconfig or env or "~/.kube/config").expanduser()
     configuration = k8s.Configuration()
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, CONNECTIONS)
     if not path.exists():
         if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
             k8s_config.load_incluster_config(client_configuration=configuration)
@@ -132,6 +144,41 @@ def call(cluster: Cluster, verb: str, resource: str, name: str | None = None,
         host = cluster.api.configuration.host
         raise UserError(f"cannot reach the API server at {host} ({type(exc).__name__}); check the "
                         "network and --kubeconfig / --context", where="kubernetes") from None
+
+
+def list_all(cluster: Cluster, resource: str, fetch: Callable[..., Any], *,
+             limit: int | None = None) -> list[dict[str, Any]]:
+    """Every item of a list call, `limit` (default PAGE) per request, following `continue`.
+
+    `fetch` is a list method of the client with its arguments bound (functools.partial); it
+    gets limit, _continue and _preload_content=False, and the raw JSON is parsed here. A page
+    may hold fewer items than `limit`, even none, while a token says more follow: only the
+    token ends the list ("Retrieving large results sets in chunks",
+    https://kubernetes.io/docs/reference/using-api/api-concepts/). A token expires (410 Gone,
+    after 5 minutes by default): the list then starts over, once, as that page advises.
+    """
+    items: list[dict[str, Any]] = []
+    token, restarted = "", False
+    with call(cluster, "list", resource):
+        while True:
+            opts: dict[str, Any] = {"limit": limit or PAGE, "_preload_content": False}
+            if token:
+                opts["_continue"] = token
+            try:
+                resp = fetch(**opts)
+                try:
+                    page = json.loads(resp.data)
+                finally:
+                    resp.release_conn()
+            except ApiException as exc:
+                if exc.status != 410 or not token or restarted:
+                    raise
+                items, token, restarted = [], "", True
+                continue
+            items += page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return items
 
 
 def as_body(manifest: dict[str, Any]) -> Any:

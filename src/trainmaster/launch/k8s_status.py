@@ -3,19 +3,25 @@
 Rank 0 is not the pod with index 0: torchrun assigns ranks at the rendezvous. The trainer
 prints `trainmaster: rank 0 on pod <POD_NAME>` when it starts (and again after every restart);
 the rank-0 pod is the one whose own log holds the newest such line (log timestamps decide).
-Each pod's log is scanned up to RANK0_SCAN_BYTES.
+Each pod's log is scanned up to RANK0_SCAN_BYTES, CONNECTIONS pods at a time: at 1,024 pods
+one after another, every round trip to the API server would add up.
+
+At scale: pods are listed in pages (k8s_client.list_all) as plain JSON and put in node order
+by one sort, O(n log n); nothing here looks a pod up in a list.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainmaster.errors import UserError
 from trainmaster.launch import k8s_names, state
-from trainmaster.launch.k8s_client import JOBS, Cluster, call, lines, obj
+from trainmaster.launch.k8s_client import CONNECTIONS, JOBS, Cluster, call, lines, list_all, obj
 from trainmaster.launch.volcano import (
     ANN_CONFIG_HASH,
     ANN_STORAGE,
@@ -61,23 +67,26 @@ class JobStatus:
     created: str = ""
 
 
-def _pod_info(pod: Any) -> PodInfo:
-    name = pod.metadata.name
+def _pod_info(pod: dict[str, Any]) -> PodInfo:
+    """A pod as the API serves it (JSON: v1 Pod field names)."""
+    name = pod["metadata"]["name"]
     suffix = name.rpartition("-")[2]
+    spec, st = pod.get("spec") or {}, pod.get("status") or {}
     info = PodInfo(name=name, index=int(suffix) if suffix.isdigit() else -1,
-                   phase=pod.status.phase or "Unknown", node=pod.spec.node_name if pod.spec else None)
-    for cs in pod.status.container_statuses or []:
-        info.restarts += cs.restart_count or 0
-        term = cs.state.terminated if cs.state else None
+                   phase=st.get("phase") or "Unknown", node=spec.get("nodeName"))
+    for cs in st.get("containerStatuses") or []:
+        info.restarts += cs.get("restartCount") or 0
+        term = (cs.get("state") or {}).get("terminated")
         if term is not None:
-            info.exit_code, info.reason = term.exit_code, term.reason or ""
+            info.exit_code, info.reason = term.get("exitCode"), term.get("reason") or ""
     return info
 
 
 def pods(cluster: Cluster, name: str) -> list[PodInfo]:
-    with call(cluster, "list", "pods"):
-        found = cluster.core.list_namespaced_pod(cluster.namespace, label_selector=f"{LABEL_JOB}={name}")
-    return sorted((_pod_info(p) for p in found.items), key=lambda p: (p.index, p.name))
+    """The job's pods in node order (the API lists by name: worker-10 before worker-2)."""
+    found = list_all(cluster, "pods", functools.partial(
+        cluster.core.list_namespaced_pod, cluster.namespace, label_selector=f"{LABEL_JOB}={name}"))
+    return sorted((_pod_info(p) for p in found), key=lambda p: (p.index, p.name))
 
 
 def status(cluster: Cluster, name: str, *, find_rank0: bool = True) -> JobStatus:
@@ -105,24 +114,35 @@ def _timestamp(stamp: str) -> tuple[str, int]:
     return seconds, int((frac + "000000000")[:9])
 
 
+def _rank0_claim(cluster: Cluster, pod: str) -> tuple[str, int] | None:
+    """When the pod's own log last said `trainmaster: rank 0 on pod <pod>`, if it did."""
+    try:
+        with call(cluster, "read log of", "pods", pod):
+            resp = cluster.core.read_namespaced_pod_log(
+                pod, cluster.namespace, timestamps=True, limit_bytes=RANK0_SCAN_BYTES, _preload_content=False)
+    except UserError:
+        return None  # gone or not started since it was listed: not rank 0 now
+    newest: tuple[str, int] | None = None
+    for line in lines(resp):
+        stamp, _, text = line.partition(" ")
+        m = RANK0_LINE.search(text)
+        if m and m.group(1) == pod and (newest is None or _timestamp(stamp) >= newest):
+            newest = _timestamp(stamp)
+    return newest
+
+
 def rank0_pod(cluster: Cluster, infos: list[PodInfo]) -> str | None:
-    """The pod whose own log has the newest `trainmaster: rank 0 on pod <itself>` line."""
+    """The pod whose own log has the newest `trainmaster: rank 0 on pod <itself>` line (a tie:
+    the later pod in node order). The logs are read CONNECTIONS at a time."""
+    started = [p.name for p in infos if p.phase in ("Running", "Succeeded", "Failed")]
+    if not started:
+        return None
+    with ThreadPoolExecutor(max_workers=min(CONNECTIONS, len(started))) as pool:
+        claims = list(pool.map(functools.partial(_rank0_claim, cluster), started))
     best: tuple[tuple[str, int], str] | None = None
-    for pod in infos:
-        if pod.phase not in ("Running", "Succeeded", "Failed"):
-            continue
-        try:
-            with call(cluster, "read log of", "pods", pod.name):
-                resp = cluster.core.read_namespaced_pod_log(
-                    pod.name, cluster.namespace, timestamps=True, limit_bytes=RANK0_SCAN_BYTES,
-                    _preload_content=False)
-        except UserError:
-            continue  # gone or not started since it was listed: not rank 0 now
-        for line in lines(resp):
-            stamp, _, text = line.partition(" ")
-            m = RANK0_LINE.search(text)
-            if m and m.group(1) == pod.name and (best is None or _timestamp(stamp) >= best[0]):
-                best = (_timestamp(stamp), pod.name)
+    for name, claim in zip(started, claims, strict=True):
+        if claim is not None and (best is None or claim >= best[0]):
+            best = (claim, name)
     return best[1] if best else None
 
 

@@ -8,6 +8,7 @@ k8s_client.py; both are re-exported here for the CLI.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from trainmaster.launch.k8s_client import (
     as_body,
     call,
     connect,
+    list_all,
     obj,
 )
 from trainmaster.launch.k8s_status import (
@@ -122,14 +124,14 @@ class JobSummary:
 
 def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[JobSummary]:
     """Jobs trainmaster made (label app.kubernetes.io/managed-by=trainmaster), newest first."""
-    with call(cluster, "list", JOBS):
-        if all_namespaces:
-            found = cluster.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, label_selector=MANAGED_SELECTOR)
-        else:
-            found = cluster.custom.list_namespaced_custom_object(
-                GROUP, VERSION, cluster.namespace, PLURAL, label_selector=MANAGED_SELECTOR)
+    if all_namespaces:
+        fetch = functools.partial(cluster.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+                                  label_selector=MANAGED_SELECTOR)
+    else:
+        fetch = functools.partial(cluster.custom.list_namespaced_custom_object, GROUP, VERSION,
+                                  cluster.namespace, PLURAL, label_selector=MANAGED_SELECTOR)
     out = []
-    for job in obj(found).get("items", []):
+    for job in list_all(cluster, JOBS, fetch):  # in pages (k8s_client.list_all)
         meta, st = job["metadata"], job.get("status", {})
         vphase = st.get("state", {}).get("phase", "Pending")
         out.append(JobSummary(

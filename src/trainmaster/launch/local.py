@@ -25,7 +25,7 @@ from trainmaster.compile import cache, lock
 from trainmaster.compile import precompile as compile_precompile
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
-from trainmaster.launch import procs, rendezvous, state
+from trainmaster.launch import entry, procs, rendezvous, state
 from trainmaster.launch.torchrun import Rendezvous, command
 from trainmaster.storage import SHARD_GLOB, RunPaths, Storage, dataset_path
 
@@ -61,9 +61,10 @@ def _rendezvous(cfg: JobConfig) -> tuple[Rendezvous, bool]:
     return Rendezvous(r.backend, r.endpoint), False
 
 
-def agent_commands(cfg: JobConfig, rdzv: Rendezvous, run: RunPaths, storage: Path) -> list[list[str]]:
+def agent_commands(cfg: JobConfig, rdzv: Rendezvous, run: RunPaths, storage: Path,
+                   workdir: str | None = None) -> list[list[str]]:
     cmd = command(cfg, rdzv, job_file=str(run.job_toml.resolve()), storage=str(storage.resolve()),
-                  python=sys.executable)
+                  python=sys.executable, workdir=workdir or str(Path.cwd()))
     return [cmd for _ in range(cfg.job.nnodes)]
 
 
@@ -102,7 +103,9 @@ def plan(cfg: JobConfig, store: Storage, *, resume: bool = False, precompile: bo
             raise UserError(f"job {cfg.job.name} exists ({run.dir}, {current.phase}); pass --resume "
                             "to continue it from its last checkpoint, or choose another job.name",
                             where="job.name")
-    check_shards(cfg, store)
+    if entry.is_builtin(cfg):  # a custom entrypoint reads what it likes (H2, issue 13.1)
+        check_shards(cfg, store)
+    entry.check_local(cfg, Path.cwd())
     note = None
     if cfg.train.compile and not precompile:
         note = compile_precompile.expect(cfg, store).message
@@ -164,8 +167,8 @@ def _start(cfg: JobConfig, store: Storage, p: Plan, held: lock.CacheLock | None)
         job=cfg.job.name, backend="local", config_hash=cfg.derived.config_hash,
         nnodes=cfg.job.nnodes, nproc_per_node=cfg.job.nproc_per_node,
         rendezvous={"backend": p.rdzv.backend, "endpoint": p.rdzv.endpoint,
-                    "run_id": p.rdzv.run_id or rdzv_id(cfg.job.name),
-                    "private_etcd": str(p.private_etcd).lower(), "storage": str(store.root.resolve())},
+                    "run_id": p.rdzv.run_id or rdzv_id(cfg.job.name)},
+        storage=str(store.root.resolve()), private_etcd=p.private_etcd, workdir=str(Path.cwd()),
         nodes=[state.NodeState(index=i, log=str(run.logs / f"node{i}.log")) for i in range(cfg.job.nnodes)],
     )
     state.write_atomic(run.state, st.model_dump_json(indent=2))

@@ -29,7 +29,8 @@ from trainmaster.storage import RunPaths, Storage
 POLL_S = 0.5
 
 
-def _remove_previous(run: RunPaths) -> None:
+def remove_previous(run: RunPaths) -> None:
+    """The folder of a finished earlier precompile run goes; a running one is refused."""
     if not run.dir.exists():
         return
     if run.state.exists() and state.observed(run.state).phase in ("pending", "running"):
@@ -45,7 +46,7 @@ def plan_local(cfg: JobConfig, store: Storage, *, steps: int, wait_lock_s: float
     pre = pre_mod.precompile_config(cfg, steps)
     store.ensure_writable()
     if not dry_run:
-        _remove_previous(RunPaths(store.run_dir(pre.job.name)))
+        remove_previous(RunPaths(store.run_dir(pre.job.name)))
     plan = local.plan(pre, store, resume=dry_run, precompile=True)
     return pre, dataclasses.replace(plan, lock_wait_s=wait_lock_s)
 

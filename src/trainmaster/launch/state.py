@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from trainmaster.pids import pid_alive as pid_alive  # re-exported: callers use state.pid_alive
 from trainmaster.pids import start_time as start_time
@@ -41,7 +41,10 @@ class RunState(BaseModel):
     config_hash: str = ""
     nnodes: int = 1
     nproc_per_node: int = 1
-    rendezvous: dict[str, str] = Field(default_factory=dict)
+    rendezvous: dict[str, str] = Field(default_factory=dict)  # backend, endpoint, run_id
+    storage: str = ""  # the storage root the run's workers use (absolute)
+    private_etcd: bool = False  # the supervisor starts an etcd of its own for the rendezvous
+    workdir: str | None = None  # where the agents run (the launching shell's folder)
     supervisor_pid: int | None = None
     supervisor_start: int | None = None  # pids.start_time of supervisor_pid
     etcd_pid: int | None = None
@@ -52,6 +55,22 @@ class RunState(BaseModel):
     finished_at: float | None = None
     cancel_requested: bool = False
     message: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_files(cls, data: Any) -> Any:
+        """state.json of older versions kept storage and private_etcd (as "true"/"false")
+        inside the rendezvous dict; such a run still loads, status and cancel still work."""
+        if not isinstance(data, dict) or not isinstance(data.get("rendezvous"), dict):
+            return data
+        rdzv = dict(data["rendezvous"])
+        old_storage, old_private = rdzv.pop("storage", None), rdzv.pop("private_etcd", None)
+        data = {**data, "rendezvous": rdzv}
+        if old_storage is not None and "storage" not in data:
+            data["storage"] = old_storage
+        if old_private is not None and "private_etcd" not in data:
+            data["private_etcd"] = str(old_private).lower() == "true"
+        return data
 
 
 def _lock_path(path: Path) -> Path:

@@ -49,9 +49,24 @@ class Cancelled(Exception):
     """`cancel` asked for the end while the supervisor was still starting the run."""
 
 
-def _check_cancel(run: RunPaths) -> None:
-    if state.read(run.state).cancel_requested:
-        raise Cancelled
+class CancelWatch:
+    """Raises Cancelled once state.json records a cancel. The file is parsed again only when it
+    was replaced since the last look (every write is an atomic replace: a new inode): one parse
+    per started node of a file that grows with the node count made starting n agents O(n^2),
+    ~30 s at 1,024 nodes (measured by H5, issue 15)."""
+
+    def __init__(self, run: RunPaths) -> None:
+        self.path, self.seen = run.state, (-1, -1, -1)
+        self.reads = 0
+
+    def check(self) -> None:
+        st = os.stat(self.path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp == self.seen:
+            return
+        self.seen, self.reads = stamp, self.reads + 1
+        if state.read(self.path).cancel_requested:
+            raise Cancelled
 
 
 def _stop(etcd: subprocess.Popen[bytes] | None) -> None:
@@ -104,19 +119,20 @@ def supervise(run_dir: Path) -> int:
         _signal_groups([a.pid for a in agents], signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_term)
-    held = _hold_cache_lock(cfg, Path(st.rendezvous["storage"]))
+    storage = Path(st.storage)
+    held = _hold_cache_lock(cfg, storage)
     codes: list[int] = []
     try:
         # `cancel` of a pending run finds no process group to signal: it only records the
         # request, so every step of the start-up looks for it before starting anything more.
-        _check_cancel(run)
-        if st.rendezvous.get("private_etcd") == "true":
+        watch = CancelWatch(run)
+        watch.check()
+        if st.private_etcd:
             etcd, endpoint = rendezvous.start_private_etcd(run.dir / "etcd", run.logs / "etcd.log",
                                                            timeout_s=30.0)
             rdzv = Rendezvous(rdzv.backend, endpoint, run_id=rdzv.run_id)
             state.update(run.state, etcd_pid=etcd.pid, etcd_start=state.start_time(etcd.pid),
                          rendezvous=st.rendezvous | {"endpoint": endpoint})
-        storage = Path(st.rendezvous["storage"])
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **AGENT_ENV}
         # All nodes share this machine's cores: without a limit every worker starts one thread
         # per core and they fight (torchrun only sets this when nproc_per_node > 1).
@@ -124,10 +140,12 @@ def supervise(run_dir: Path) -> int:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
         if cfg.train.compile:
             env |= cache_env(cfg, storage)
-        for i, cmd in enumerate(agent_commands(cfg, rdzv, run, storage)):
-            _check_cancel(run)
+        # The launching shell's folder: a custom entrypoint runs from there (like TorchX local_cwd).
+        workdir = st.workdir or os.getcwd()
+        for i, cmd in enumerate(agent_commands(cfg, rdzv, run, storage, workdir)):
+            watch.check()
             with (run.logs / f"node{i}.log").open("ab") as log:
-                agents.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                agents.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
                                                stdin=subprocess.DEVNULL, start_new_session=True,
                                                env={**env, "TRAINMASTER_NODE_INDEX": str(i)}))
         if held is not None:  # a killed supervisor must not free the cache its workers use

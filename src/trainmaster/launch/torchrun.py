@@ -7,9 +7,11 @@ one builder means a job debugged locally is the job the cluster runs.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from trainmaster.config import JobConfig
+from trainmaster.launch import entry
 
 # The trainer's entry point (python -m trainmaster.train); torchrun starts it on every worker.
 TRAIN_MODULE = "trainmaster.train"
@@ -48,7 +50,7 @@ def torchrun_args(cfg: JobConfig, rdzv: Rendezvous) -> list[str]:
         f"--rdzv-backend={rdzv.backend}",
         f"--rdzv-endpoint={rdzv.endpoint}",
         f"--rdzv-id={rdzv.run_id or cfg.job.name}",
-        f"--rdzv-conf=join_timeout={cfg.rendezvous.timeout},timeout={cfg.rendezvous.timeout}",
+        f"--rdzv-conf={rdzv_conf(cfg)}",
         f"--max-restarts={cfg.job.max_restarts}",
         # Tee every worker's output (prefixed with its local rank) into the agent's stream:
         # the node log locally, the pod log on Kubernetes.
@@ -56,19 +58,31 @@ def torchrun_args(cfg: JobConfig, rdzv: Rendezvous) -> list[str]:
         # Seconds between health checks of the workers; a dead worker is noticed this fast.
         "--monitor-interval=1",
     ]
-    if cfg.job.min_nnodes and cfg.job.min_nnodes != cfg.job.nnodes:
-        # Wait a little for late nodes after the minimum has joined, so that a full start
-        # does not begin with fewer nodes only because one pod was slower.
-        args[5] += ",last_call_timeout=5"
     return args
 
 
-def program_args(job_file: str, storage: str) -> list[str]:
-    return ["-m", TRAIN_MODULE, "--job", job_file, "--storage", storage]
+def rdzv_conf(cfg: JobConfig) -> str:
+    """--rdzv-conf: key=value pairs, built by name (torchrun parses them into RendezvousParameters)."""
+    conf = {"join_timeout": cfg.rendezvous.timeout, "timeout": cfg.rendezvous.timeout}
+    if cfg.job.min_nnodes and cfg.job.min_nnodes != cfg.job.nnodes:
+        # Wait a little for late nodes after the minimum has joined, so that a full start
+        # does not begin with fewer nodes only because one pod was slower.
+        conf["last_call_timeout"] = 5
+    return ",".join(f"{k}={v}" for k, v in conf.items())
+
+
+def program_args(cfg: JobConfig, *, job_file: str, storage: str, workdir: str | None = None) -> list[str]:
+    """The worker program: the built-in trainer (job.args appended), or a custom job.entrypoint
+    through launch/entry.py's shim, which gives it the run folder's environment and files.
+    workdir: where a custom script's relative path and modules are found (default: here)."""
+    if entry.is_builtin(cfg):
+        return ["-m", TRAIN_MODULE, "--job", job_file, "--storage", storage, *cfg.job.args]
+    return entry.program_args(cfg, job_file=job_file, storage=storage,
+                              workdir=workdir or os.getcwd())
 
 
 def command(cfg: JobConfig, rdzv: Rendezvous, *, job_file: str, storage: str,
-            python: str = "python3") -> list[str]:
+            python: str = "python3", workdir: str | None = None) -> list[str]:
     """The full command line of one node's agent."""
     return [python, "-m", "torch.distributed.run", *torchrun_args(cfg, rdzv),
-            *program_args(job_file, storage)]
+            *program_args(cfg, job_file=job_file, storage=storage, workdir=workdir)]

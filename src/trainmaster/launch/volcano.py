@@ -45,12 +45,12 @@ from typing import Any
 
 import yaml
 
-from trainmaster import catalog, jobfile
+from trainmaster import catalog, config, jobfile
 from trainmaster.compile import cache
 from trainmaster.compile import precompile as pre_mod
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
-from trainmaster.launch import k8s_names, podspec
+from trainmaster.launch import entry, k8s_names, podspec
 from trainmaster.launch.pod_script import (  # noqa: F401 - CACHE_HOLD, RDZV_ID_*: part of this API
     ANN_JOB_VERSION,
     ANN_PODGROUP,
@@ -128,12 +128,10 @@ def check_settings(cfg: JobConfig) -> None:
 
 def check(cfg: JobConfig, image: str | None) -> tuple[catalog.InstanceType, str]:
     """Every check that needs no cluster; UserError naming the field, before any API call."""
-    k = cfg.kubernetes
-    inst = catalog.get(k.instance_type, where="kubernetes.instance_type")
-    if cfg.job.nproc_per_node > inst.max_workers:
-        raise UserError(f"{cfg.job.nproc_per_node} workers per node, but {inst.name} has "
-                        f"{inst.max_workers} {'cores' if inst.devices else 'vCPUs'}; use at most "
-                        f"{inst.max_workers}", where="job.nproc_per_node")
+    # The job file's own cross-section checks (node type, workers per node, batch), as for a
+    # kubernetes job: a config made for another backend, or copied past validation, gets them too.
+    as_k8s = cfg.model_copy(update={"job": cfg.job.model_copy(update={"backend": "kubernetes"})})
+    inst = config.derive(as_k8s).instance
     image = image_of(cfg, image)
     check_settings(cfg)
     check_endpoint(cfg.rendezvous.endpoint)
@@ -159,8 +157,10 @@ def container_script(cfg: JobConfig, rdzv: Rendezvous, wrapper: list[str], purpo
     pod0 = k8s_names.pod_name(name, TASK, 0)
     own = f' && {{ [ "$POD_NAME" != {q(pod0)} ] || [ "$ip" = "$POD_IP" ]; }}' if host == f"{pod0}.{name}" else ""
     timeout = cfg.rendezvous.timeout
+    # A custom job.entrypoint comes with the image: relative paths and -m modules are found in
+    # its /workspace (kubernetes.workspace: cluster/image.py), never copied in at run time.
     torchrun = command(cfg, dataclasses.replace(rdzv, run_id=_ID_MARK), job_file=str(run.job_toml),
-                       storage=mount, python="python3")
+                       storage=mount, python="python3", workdir=entry.WORKSPACE_DIR)
     line = shlex.join([*wrapper, *torchrun])
     mark = shlex.quote(f"--rdzv-id={_ID_MARK}")
     if line.count(mark) != 1:  # pragma: no cover - torchrun.py renders --rdzv-id once

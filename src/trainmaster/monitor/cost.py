@@ -86,10 +86,10 @@ def render(p: Progress) -> str:
 
 def progress_of_run(run: RunPaths, st: state.RunState | None, max_steps: int | None) -> Progress | None:
     cfg = history.read_config(run)
-    max_steps = max_steps or (cfg.train.max_steps if cfg else None)
+    rows = runinfo.read_metrics(run.metrics)
+    max_steps = max_steps or runinfo.max_steps_of(cfg, rows)
     if not max_steps:
         return None
-    rows = runinfo.read_metrics(run.metrics)
     phase = st.phase if st else "running"
     nodes = st.nnodes if st else None
     return progress(rows, max_steps, phase, history.wall_s(st, rows), history.price_of(cfg, nodes))

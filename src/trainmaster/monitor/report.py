@@ -3,7 +3,7 @@
 The table: steps, wall time, average and peak seq/s, MFU, restarts, compile cache, final
 loss and the estimated cost (price per node-hour x nodes x wall hours, see history.Price).
 The picture: loss, learning rate and throughput against step, one panel each, restarts marked
-as dashed lines. matplotlib is imported here only, inside `plot`, with the Agg canvas (no
+as dashed lines; for a custom script's metrics, the values it logged (panels_for). matplotlib is imported here only, inside `plot`, with the Agg canvas (no
 display needed, nothing global switched), so `trainmaster --help` stays fast.
 """
 
@@ -15,10 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainmaster.config import BUILTIN_ENTRYPOINT
 from trainmaster.monitor import cost, history, runinfo
 from trainmaster.storage import RunPaths, Storage
 
 PANELS = (("loss", "loss"), ("lr", "learning rate"), ("seq_per_s", "throughput (seq/s)"))
+# Not worth a panel of their own: bookkeeping, and the parts drawn into the loss panel.
+NOT_PLOTTED = frozenset({"step", "elapsed_s", "max_steps", "mlm_loss", "nsp_loss", "resumed_from"})
+LABELS = {"tokens_per_s": "throughput (tokens/s)"}
 Box = tuple[int, int, int, int]  # x0, y0, x1, y1 in image pixels, origin top-left
 
 
@@ -26,7 +30,7 @@ Box = tuple[int, int, int, int]  # x0, y0, x1, y1 in image pixels, origin top-le
 class Report:
     job: str
     phase: str
-    steps: int
+    steps: int | None  # None: the job logged no metrics (a custom script need not)
     max_steps: int | None
     wall_s: float
     avg_seq_per_s: float | None
@@ -36,7 +40,7 @@ class Report:
     compile_cache: str
     final_loss: float | None
     price: history.Price | None
-    png: Path
+    png: Path | None  # None: nothing to plot
     panels: tuple[Box, ...] = ()
 
     @property
@@ -48,7 +52,7 @@ class Report:
         def num(v: float | None, fmt: str) -> str:
             return "-" if v is None else format(v, fmt)
 
-        steps = f"{self.steps}" + (f" / {self.max_steps}" if self.max_steps else "")
+        steps = ("-" if self.steps is None else f"{self.steps}") + (f" / {self.max_steps}" if self.max_steps else "")
         mfu = (f"{self.mfu:.1%}" if self.mfu is not None else
                "n/a (no peak TFLOP/s known for this device; set TRAINMASTER_PEAK_TFLOPS)")
         spent = (f"{cost.money(self.cost)}  ({self.price.basis()} x {self.wall_s / 3600:.3f} h)"
@@ -60,7 +64,8 @@ class Report:
                 ("restarts", str(self.restarts)), ("compile cache", self.compile_cache),
                 ("final loss", num(self.final_loss, ".4f")),
                 ("estimated cost" + (" so far" if self.phase in ("pending", "running") else ""), spent),
-                ("plot", str(self.png))]
+                ("plot", str(self.png) if self.png else
+                 "none: no metrics.jsonl rows (a custom script writes them with trainmaster.api.log_metrics)")]
 
 
 def _mean(values: list[float]) -> float | None:
@@ -79,18 +84,34 @@ def summarize(run: RunPaths, job: str, rows: list[dict[str, Any]]) -> Report:
     cfg = history.read_config(run)
     segs = history.segments(rows)
     steady = [r for seg in segs for r in (seg[1:] or seg)]  # each process's first step is warm-up
-    restarts = summary.get("restarts", rank0.get("restarts", len(segs) - 1))
+    restarts = summary.get("restarts", rank0.get("restarts", max(0, len(segs) - 1)))
     phase = st.phase if st else str(summary.get("status", "unknown"))
     return Report(
-        job=job, phase=phase, steps=int(rows[-1]["step"]),
-        max_steps=cfg.train.max_steps if cfg else None,
+        job=job, phase=phase, steps=int(rows[-1]["step"]) if rows else None,
+        max_steps=runinfo.max_steps_of(cfg, rows),
         wall_s=history.wall_s(st, rows),
         avg_seq_per_s=_mean(_floats(steady, "seq_per_s")),
         peak_seq_per_s=max(_floats(rows, "seq_per_s"), default=None),
         mfu=_mean(_floats(steady, "mfu")),
         restarts=int(restarts), compile_cache=str(summary.get("compile_cache", "-")),
-        final_loss=float(rows[-1]["loss"]) if isinstance(rows[-1].get("loss"), (int, float)) else None,
-        price=history.price_of(cfg, st.nnodes if st else None), png=run.report_png)
+        final_loss=float(rows[-1]["loss"]) if rows and isinstance(rows[-1].get("loss"), (int, float)) else None,
+        price=history.price_of(cfg, st.nnodes if st else None), png=run.report_png if rows else None)
+
+
+def panels_for(rows: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """Three panels: the built-in trainer's (loss, lr, seq/s) where the rows have them, the
+    rest filled with the numeric values a custom script logged, in the order first seen."""
+    def numeric(key: str) -> bool:
+        return any(isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) for r in rows)
+
+    chosen = [(k, label) for k, label in PANELS if numeric(k)]
+    known = {k for k, _ in PANELS}
+    extra = list(dict.fromkeys(k for r in rows for k in r
+                               if k not in NOT_PLOTTED and k not in known and numeric(k)))
+    chosen += [(k, LABELS.get(k, k)) for k in extra[:len(PANELS) - len(chosen)]]
+    taken = {k for k, _ in chosen}
+    chosen += [p for p in PANELS if p[0] not in taken][:len(PANELS) - len(chosen)]  # empty ones
+    return tuple(chosen)
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> tuple[Box, ...]:
@@ -100,9 +121,10 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> tuple[Box, ...]:
 
     fig = Figure(figsize=(8, 9), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(PANELS), 1, sharex=True)
+    panels = panels_for(rows)
+    axes = fig.subplots(len(panels), 1, sharex=True)
     restarts = [int(seg[0]["step"]) for seg in history.segments(rows)[1:]]
-    for ax, (key, label) in zip(axes, PANELS, strict=True):
+    for ax, (key, label) in zip(axes, panels, strict=True):
         pts = [(int(r["step"]), float(r[key])) for r in rows if isinstance(r.get(key), (int, float))]
         if pts:
             xs, ys = zip(*pts, strict=True)
@@ -137,7 +159,14 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> tuple[Box, ...]:
 def make_report(store: Storage, job: str) -> Report:
     """Read the run, write report.png, return the figures (UserError: no such job, no metrics)."""
     run = history.find_run(store, job)
-    rows = history.metrics_or_fail(run, job)
+    cfg = history.read_config(run)
+    if cfg is not None and cfg.job.entrypoint != BUILTIN_ENTRYPOINT:
+        # A custom script need not log metrics: phase, restarts, wall time and cost still count.
+        rows = runinfo.read_metrics(run.metrics)
+        if not rows:
+            return summarize(run, job, rows)
+    else:
+        rows = history.metrics_or_fail(run, job)
     rep = summarize(run, job, rows)
     title = f"{job}: {rep.steps} steps, {rep.phase}"
     panels = plot(rows, run.report_png, title)

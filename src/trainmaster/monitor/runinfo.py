@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainmaster import jobfile
+from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig
 from trainmaster.errors import UserError
 from trainmaster.launch import state
 from trainmaster.launch.procs import Worker, workers
@@ -41,16 +43,37 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl, tolerating a last line that is being written right now."""
+    """metrics.jsonl's rows: JSON objects with a numeric `step` (runlog.py has the format).
+
+    A last line being written right now, and lines a custom script wrote in another shape,
+    are skipped; every other key is optional (a custom script need not log loss or seq_per_s).
+    """
     if not path.exists():
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except ValueError:
             continue
+        if isinstance(row, dict) and _is_num(row.get("step")):
+            rows.append(row)
     return rows
+
+
+def _is_num(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def max_steps_of(cfg: JobConfig | None, rows: list[dict[str, Any]]) -> int | None:
+    """Steps the run is heading for: train.max_steps for the built-in trainer; for a custom
+    entrypoint the `max_steps` its newest row logged, if any (train.* are not its settings)."""
+    if cfg is not None and cfg.job.entrypoint == BUILTIN_ENTRYPOINT:
+        return cfg.train.max_steps
+    for row in reversed(rows):
+        if _is_num(row.get("max_steps")) and int(row["max_steps"]) > 0:
+            return int(row["max_steps"])
+    return None
 
 
 @dataclass
@@ -76,12 +99,50 @@ def status(store: Storage, job: str) -> Status:
     st = state.observed(run.state)
     rows = read_metrics(run.metrics)
     last = rows[-1] if rows else None
-    max_steps = None
+    cfg = None
     with contextlib.suppress(UserError):
-        max_steps = jobfile.load(run.job_toml).train.max_steps
+        cfg = jobfile.load(run.job_toml)
+    max_steps = max_steps_of(cfg, rows)
     eta = None
-    if last and max_steps and len(rows) >= 2 and st.phase == "running":
-        per_step = (rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]) / max(1, rows[-1]["step"] - rows[0]["step"])
-        eta = per_step * max(0, max_steps - int(last["step"]))
+    timed = [r for r in rows if _is_num(r.get("elapsed_s"))]
+    if last and max_steps and len(timed) >= 2 and st.phase == "running":
+        per_step = (timed[-1]["elapsed_s"] - timed[0]["elapsed_s"]) / max(1, timed[-1]["step"] - timed[0]["step"])
+        eta = max(0.0, per_step) * max(0, max_steps - int(last["step"]))
     return Status(st, last, read_json(run.summary), read_json(run.rank0),
                   workers(st) if st.phase == "running" else [], max_steps, eta)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.1f}" if 1e3 <= abs(value) < 1e9 else f"{value:.4g}"
+    return str(value)
+
+
+SHOWN = 6  # values of the newest row shown after its step
+
+
+def progress_text(s: Status) -> str:
+    """`step 40/200  loss 2.31  seq_per_s 51.2  restarts 1`: the newest metrics row, whatever
+    keys it has (built-in rows: loss and seq/s first), and the restarts, metrics or not."""
+    parts = []
+    if s.last is not None:
+        step = int(s.last["step"])
+        parts.append(f"step {step}/{s.max_steps}" if s.max_steps else f"step {step}")
+        skip = {"step", "max_steps", "elapsed_s", "mlm_loss", "nsp_loss", "mfu", "resumed_from"}
+        if "seq_per_s" in s.last:
+            skip.add("tokens_per_s")
+        keys: list[str] = [k for k in ("loss", "seq_per_s") if k in s.last]
+        keys += [k for k in s.last if k not in skip and k not in keys]
+        parts += [f"{k} {_fmt(s.last[k])}" for k in keys[:SHOWN] if s.last[k] is not None]
+    parts.append(f"restarts {s.restarts}")
+    return "  ".join(parts)
+
+
+def summary_text(s: Status) -> str | None:
+    """summary.json in one line: the keys it has (a custom script's holds status and restarts)."""
+    if not s.summary:
+        return None
+    names = {"steps": "steps", "final_loss": "final loss", "avg_seq_per_s": "seq/s average"}
+    parts = [str(s.summary.get("status", "?"))]
+    parts += [f"{names[k]} {_fmt(s.summary[k])}" for k in names if s.summary.get(k) is not None]
+    return "summary: " + ", ".join(parts)

@@ -64,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if plan.compile_cache is not None:  # before torch reads its cache settings
             held = _use_cache(plan)
-        from trainmaster.train import loop  # torch, transformers: only after the checks
+        from trainmaster.train import faults, loop  # torch, transformers: only after the checks
 
+        faults.install()  # tests only: does nothing unless a fault test asks for one
         loop.train(plan, STARTED)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

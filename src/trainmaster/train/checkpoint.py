@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,12 @@ from trainmaster.train.dataset import Position
 from trainmaster.train.device import Runtime
 
 MODEL, TRAINER, RANKS = "model.pt", "trainer.pt", "ranks.pt"
-FAULT_ENV = "TRAINMASTER_FAULT_KILL_IN_CHECKPOINT"
+
+# Called on rank 0 half-way through writing a checkpoint (the model file written, the rest not
+# yet) with (checkpoints folder, step). Empty in normal runs; the fault tests add one
+# (train/faults.py) to kill rank 0 exactly there and prove the previous checkpoint survives.
+MidSaveHook = Callable[[Path, int], None]
+mid_save_hooks: list[MidSaveHook] = []
 
 
 def to_cpu(obj: Any) -> Any:
@@ -79,7 +84,8 @@ def save(folder: Path, *, step: int, rt: Runtime, model: nn.Module,
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     _save(to_cpu(model.state_dict()), tmp / MODEL)
-    _fault_injection(step, folder)
+    for hook in mid_save_hooks:
+        hook(folder, step)
     _save({"optimizer": to_cpu(optimizer.state_dict()), "scheduler": scheduler.state_dict(),
            "step": step}, tmp / TRAINER)
     _save(states, tmp / RANKS)
@@ -89,18 +95,6 @@ def save(folder: Path, *, step: int, rt: Runtime, model: nn.Module,
     final = ckptdir.publish(tmp, folder, step)
     ckptdir.prune(folder, keep)
     return final
-
-
-def _fault_injection(step: int, folder: Path) -> None:
-    """Tests only: TRAINMASTER_FAULT_KILL_IN_CHECKPOINT=N SIGKILLs rank 0 half-way through
-    writing checkpoint N, once per job, to prove the previous one survives. Once is kept by a
-    marker file, not by TORCHELASTIC_RESTART_COUNT: an agent that restarts its workers for a
-    membership change does not count a restart, so that count can be 0 again after a kill."""
-    target = os.environ.get(FAULT_ENV)
-    marker = folder / f".fault-injected-{step}"
-    if target and int(target) == step and not marker.exists():
-        marker.touch()
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def load_model(path: Path, model: nn.Module) -> None:

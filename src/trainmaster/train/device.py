@@ -11,6 +11,7 @@ of 1 (xla-on-cpu.md), so such a world size is refused, before and after init.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import importlib
 import importlib.util
@@ -47,11 +48,46 @@ def resolve_kind(requested: str) -> DeviceKind:
     return "cpu"
 
 
+CUDA_SYNC_EVERY = 10  # steps between host reads of the loss on CUDA (metrics rows in batches)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceOptions:
+    """The per-device choices of the fast path, in one place (and tested for each kind).
+
+    On CUDA: bf16 autocast (fp32 master weights), fused AdamW, SDPA attention, batches pinned
+    and copied non-blocking, TF32 for what stays fp32, and the host reads the loss only every
+    `sync_every` steps, so the GPU never waits for Python in between. With a padding mask,
+    PyTorch's SDPA runs its memory-efficient kernel (the flash kernel takes no mask).
+    """
+
+    autocast_bf16: bool
+    adamw: str  # "fused" | "foreach": torch.optim.AdamW's implementation
+    attn_implementation: str | None  # transformers' attention; None = its default
+    pin_memory: bool
+    non_blocking: bool
+    tf32: bool
+    sync_every: int  # host syncs (loss read, metrics row) every N steps; 1 = every step
+
+
+def options_for(kind: DeviceKind, *, bf16: bool) -> DeviceOptions:
+    """What a worker on this kind of device does; a pure function of (kind, precision)."""
+    cuda = kind == "cuda"
+    return DeviceOptions(
+        autocast_bf16=bf16 and kind in ("cpu", "cuda"),
+        # torch's fused AdamW has CPU and CUDA kernels; XLA takes the foreach ops.
+        adamw="fused" if kind in ("cpu", "cuda") else "foreach",
+        attn_implementation="sdpa" if kind in ("cpu", "cuda") else None,
+        pin_memory=cuda, non_blocking=cuda, tf32=cuda,
+        sync_every=CUDA_SYNC_EVERY if cuda else 1)  # XLA: the loss read is the step's barrier
+
+
 class Runtime:
     """One worker's view of the job: its rank, its device and the collectives it needs."""
 
     def __init__(self, env: Env, kind: DeviceKind, *, bf16: bool) -> None:
         self.env, self.kind, self.bf16 = env, kind, bf16
+        self.options = options_for(kind, bf16=bf16)
         self.rank, self.world = env.rank, env.world_size
         self.distributed = env.world_size > 1
         self._xm: Any = None
@@ -60,6 +96,9 @@ class Runtime:
             self.device = self._init_xla(timeout)
         elif kind == "cuda":
             torch.cuda.set_device(env.local_rank)
+            if self.options.tf32:
+                torch.backends.cuda.matmul.allow_tf32 = True
+                torch.backends.cudnn.allow_tf32 = True
             self.device = torch.device("cuda", env.local_rank)
             if self.distributed:
                 dist.init_process_group("nccl", timeout=timeout, device_id=self.device)
@@ -101,7 +140,7 @@ class Runtime:
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """bf16 autocast around forward and loss on cpu/cuda (fp32 master weights)."""
-        if self.bf16 and self.kind in ("cpu", "cuda"):
+        if self.options.autocast_bf16:
             return torch.autocast(device_type=self.kind, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -116,12 +155,16 @@ class Runtime:
         return self._to_device(source)
 
     def _to_device(self, source: Iterable[Batch]) -> Iterator[Batch]:
-        cuda = self.kind == "cuda"
+        """Pinned (page-locked) host copies let the copy to the GPU run asynchronously; the
+        caching host allocator reuses their memory once the copy has been done."""
+        o = self.options
+        if not o.pin_memory and self.device.type == "cpu":
+            yield from source
+            return
         for batch in source:
-            if cuda:
-                yield {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
-            else:
-                yield batch
+            if o.pin_memory:
+                batch = {k: v.pin_memory() for k, v in batch.items()}
+            yield {k: v.to(self.device, non_blocking=o.non_blocking) for k, v in batch.items()}
 
     def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """XLA has no DDP here: one all-reduce of the accumulated gradients per step."""

@@ -20,18 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from trainmaster.compile import counters as compile_counters
 from trainmaster.compile import fingerprint
 from trainmaster.errors import UserError
-from trainmaster.train import checkpoint, ckptdir, dataset, netplugin
+from trainmaster.train import checkpoint, ckptdir, netplugin
 from trainmaster.train import model as model_mod
 from trainmaster.train.data import ShardLoader
 from trainmaster.train.device import Runtime, resolve_kind
 from trainmaster.train.metrics import MetricsLog, log, peak_tflops_per_worker, write_rank0
 from trainmaster.train.optim import make_optimizer, make_scheduler
-from trainmaster.train.preflight import Plan, resume_position
+from trainmaster.train.preflight import Plan
 from trainmaster.train.step import Stepper
 
 
@@ -43,24 +44,21 @@ def param_checksum(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def _agree_on_resume(plan: Plan, rt: Runtime) -> None:
+def _agree_on_resume(plan: Plan, rt: Runtime) -> Plan:
     """Rank 0 decides where to resume; a rank that saw another checkpoint follows it."""
     mine = plan.resume.step if plan.resume else None
     chosen = rt.broadcast_object(mine, tag="resume")
     if chosen == mine:
-        return
+        return plan
     if chosen is None:
-        plan.resume, plan.position = None, dataset.Position()
-    else:
-        path = plan.run.checkpoints / ckptdir.step_name(chosen)
-        meta = ckptdir.read_meta(path)
-        if meta is None:
-            raise UserError(f"rank 0 resumes from {path.name}, which rank {rt.rank} cannot read: "
-                            "the run folder must be shared storage seen by every node",
-                            where=str(path))
-        plan.resume = ckptdir.Checkpoint(path, chosen, meta)
-        plan.position = resume_position(plan.resume, plan.env, plan.shards, plan.notes)
-    plan.first_shard = {}  # the loader loads the shard at the new position
+        return plan.resuming_from(None)
+    path = plan.run.checkpoints / ckptdir.step_name(chosen)
+    meta = ckptdir.read_meta(path)
+    if meta is None:
+        raise UserError(f"rank 0 resumes from {path.name}, which rank {rt.rank} cannot read: "
+                        "the run folder must be shared storage seen by every node",
+                        where=str(path))
+    return plan.resuming_from(ckptdir.Checkpoint(path, chosen, meta))
 
 
 class Trainer:
@@ -69,8 +67,8 @@ class Trainer:
         cfg = plan.cfg
         self.rt = Runtime(plan.env, resolve_kind(cfg.train.device), bf16=cfg.train.precision == "bf16")
         rt = self.rt
-        _agree_on_resume(plan, rt)
-        self.model = model_mod.build(cfg, plan.vocab_size)
+        self.plan = plan = _agree_on_resume(plan, rt)
+        self.model = model_mod.build(cfg, plan.vocab_size, rt.options.attn_implementation)
         if plan.resume is not None:
             checkpoint.load_model(plan.resume.path, self.model)
         nn.Module.to(self.model, device=rt.device, dtype=rt.model_dtype())
@@ -142,25 +140,40 @@ class Trainer:
         end = min(t.max_steps, self.start_step + (t.steps_this_run or t.max_steps))
         batches = rt.batches(self.loader)
         step, first_step_s = self.start_step, None
+        pending: list[tuple[int, torch.Tensor, float]] = []  # steps not yet read on the host
+        window_t0 = 0.0
         while step < end:
             t0 = time.perf_counter()
+            window_t0 = window_t0 if pending else t0
             result = self.stepper(batches, accum, self.loader.consumed)
             losses = rt.all_reduce_sum(result.losses) / (accum * rt.world)
-            loss_v, mlm_v, nsp_v = losses.tolist()
-            norm = float(result.grad_norm)
             step += 1
+            pending.append((step, torch.cat([losses, result.grad_norm.reshape(1).float()]),
+                            result.lr))
+            if (first_step_s is None or step % rt.options.sync_every == 0 or step == end
+                    or step % t.checkpoint_every == 0):
+                self._log(pending, window_t0)  # the one host sync of the window
             if first_step_s is None:
                 first_step_s = time.time() - self.started
                 self._compiled()
                 if rt.rank == 0 and rt.kind == "cuda":  # NCCL opens its plugin at the first collective
                     self.net_plugin = netplugin.describe(rt.kind)
                     log(f"nccl net plugin: {self.net_plugin}")
-            if self.metrics is not None:
-                self.metrics.step(step=step, loss=loss_v, mlm_loss=mlm_v, nsp_loss=nsp_v,
-                                  lr=result.lr, grad_norm=norm, step_s=time.perf_counter() - t0)
             if step % t.checkpoint_every == 0 or step == end:  # and always at the end
                 self._save(step)
         return self._finish(step, first_step_s)
+
+    def _log(self, pending: list[tuple[int, torch.Tensor, float]], since: float) -> None:
+        """Read the window's losses and gradient norms in one host sync (every step on CPU,
+        every options.sync_every on CUDA) and write their metrics rows; step_s is the window's
+        mean (the host runs ahead of the GPU, so one step's own time is not known)."""
+        values = torch.stack([v for _, v, _ in pending]).tolist()
+        step_s = (time.perf_counter() - since) / len(pending)
+        if self.metrics is not None:
+            for (step, _, lr), (loss, mlm, nsp, norm) in zip(pending, values, strict=True):
+                self.metrics.step(step=step, loss=loss, mlm_loss=mlm, nsp_loss=nsp, lr=lr,
+                                  grad_norm=norm, step_s=step_s)
+        pending.clear()
 
     def _compiled(self) -> None:
         """After the first step the graphs are in the cache: record whose they are (rank 0)."""

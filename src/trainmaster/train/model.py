@@ -10,6 +10,7 @@ mean. The loss is the same number as BertForPreTraining's own (tests/train/test_
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,12 +24,15 @@ DROPOUT_ENV = "TRAINMASTER_DROPOUT"  # an A/B knob (devices, batch layouts); uns
 SIZES = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
 
 
-def bert_config(cfg: JobConfig, vocab_size: int) -> BertConfig:
+def bert_config(cfg: JobConfig, vocab_size: int, attn_implementation: str | None = None
+                ) -> BertConfig:
     m = cfg.model
-    extra = {}
+    extra: dict[str, Any] = {}
+    if attn_implementation is not None:  # device.options_for: "sdpa" on cpu/cuda
+        extra["attn_implementation"] = attn_implementation
     if os.environ.get(DROPOUT_ENV):
         p = float(os.environ[DROPOUT_ENV])
-        extra = {"hidden_dropout_prob": p, "attention_probs_dropout_prob": p}
+        extra.update(hidden_dropout_prob=p, attention_probs_dropout_prob=p)
     return BertConfig(vocab_size=vocab_size, hidden_size=m.size("hidden_size"),
                       num_hidden_layers=m.size("num_layers"),
                       num_attention_heads=m.size("num_heads"),
@@ -37,10 +41,11 @@ def bert_config(cfg: JobConfig, vocab_size: int) -> BertConfig:
                       tie_word_embeddings=True, **extra)
 
 
-def build(cfg: JobConfig, vocab_size: int) -> BertForPreTraining:
+def build(cfg: JobConfig, vocab_size: int, attn_implementation: str | None = None
+          ) -> BertForPreTraining:
     """A fresh model (no download): the same weights on every rank for the same seed."""
     torch.manual_seed(cfg.train.seed)
-    model = BertForPreTraining(bert_config(cfg, vocab_size))
+    model = BertForPreTraining(bert_config(cfg, vocab_size, attn_implementation))
     model.tie_weights()
     return model
 

@@ -35,13 +35,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable
 from itertools import chain
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from trainmaster.config import JobConfig
+from trainmaster.train.device import DeviceKind, options_for
 
 BETAS = (0.9, 0.999)
 EPS = 1e-6
@@ -179,9 +180,9 @@ def make_optimizer(cfg: JobConfig, model: nn.Module, device_kind: str) -> torch.
                     nvlamb=t.optimizer == "nvlamb")
     if any(p.dtype != torch.float32 for g in groups for p in g["params"]):
         return Fp32AdamW(groups, lr=t.lr, betas=BETAS, eps=EPS, weight_decay=t.weight_decay)
-    fast: dict[str, bool] = {"fused": True} if device_kind in ("cpu", "cuda") else {"foreach": True}
+    impl = options_for(cast(DeviceKind, device_kind), bf16=t.precision == "bf16").adamw
     return torch.optim.AdamW(groups, lr=t.lr, betas=BETAS, eps=EPS, weight_decay=t.weight_decay,
-                             **fast)
+                             **{impl: True})
 
 
 class Schedule:

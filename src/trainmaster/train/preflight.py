@@ -8,6 +8,7 @@ resume decision after the process group is up (see loop.py).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Mapping
@@ -56,8 +57,10 @@ class Env:
                    restarts=num("TORCHELASTIC_RESTART_COUNT", 0), launched="WORLD_SIZE" in environ)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """What this worker will do; frozen: a change of mind (rank 0 resumes elsewhere) is a new plan."""
+
     cfg: JobConfig
     env: Env
     storage: Storage
@@ -73,6 +76,12 @@ class Plan:
     compile_cache: Path | None
     cache_state: CacheState
     notes: list[str]  # warnings for the log
+
+    def resuming_from(self, resume: ckptdir.Checkpoint | None) -> Plan:
+        """The plan for another resume point (rank 0's choice, loop.py): its data position,
+        and no preloaded shard (the loader loads the one at the new position)."""
+        position = Position() if resume is None else resume_position(resume, self.env, self.shards, self.notes)
+        return dataclasses.replace(self, resume=resume, position=position, first_shard={})
 
 
 def grad_accum_for(cfg: JobConfig, env: Env) -> int:

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# BERT-large phase 1 (seq 128, bf16) on one CUDA GPU, eager and torch.compile: one JSON line
+# (seq/s, MFU against the catalog's peak, peak memory, time to first step per mode).
+#
+#   bench/gpu.sh [--dry] [--steps 50] [--warmup 5] [--batch 0] [--modes eager,compile]
+#                [--peak-tflops T]
+#
+# On a CUDA machine: creates .venv-gpu, installs torch==2.13.0 (pinned as in the Makefile; from
+# PyPI the Linux x86_64 wheel is a CUDA build, which is what a GPU needs) and this project into
+# it, then runs bench/gpu_bench.py. --batch 0 fits the micro-batch to the GPU's memory.
+# --dry (or TRAINMASTER_GPU_DRY=1): installs nothing and runs on the CPU with $PYTHON (default
+# .venv/bin/python): bert-tiny in fp32, 2 steps, to check the arguments and the JSON shape.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+dry="${TRAINMASTER_GPU_DRY:-0}"
+args=()
+for arg in "$@"; do
+  case "$arg" in
+    --dry) dry=1 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) args+=("$arg") ;;
+  esac
+done
+
+# Bad arguments fail here, in a second, before anything is installed (stdlib-only parse).
+python3 bench/gpu_bench.py --check-args ${args[@]+"${args[@]}"}
+
+if [ "$dry" = 1 ]; then
+  exec "${PYTHON:-.venv/bin/python}" bench/gpu_bench.py --dry ${args[@]+"${args[@]}"}
+fi
+
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  echo "error: no nvidia-smi here: bench/gpu.sh needs a CUDA machine (or --dry on a CPU)" >&2
+  exit 2
+fi
+venv=.venv-gpu
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+"$venv/bin/python" -m pip install --quiet "torch==2.13.0"
+"$venv/bin/python" -m pip install --quiet -e .
+"$venv/bin/python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+'error: torch ' + torch.__version__ + ' sees no GPU (a CPU wheel, or no driver)')"
+exec "$venv/bin/python" bench/gpu_bench.py ${args[@]+"${args[@]}"}

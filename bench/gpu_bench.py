@@ -1,0 +1,219 @@
+"""BERT-large phase 1 on one GPU, eager and torch.compile: what bench/gpu.sh runs.
+
+    python bench/gpu_bench.py [--steps 50] [--batch 0] [--modes eager,compile]
+                              [--peak-tflops T] [--dry]
+
+Seq 128, max_pred 20, vocab 30,522, bf16 autocast, one GPU, the trainer's own parts: model
+(masked-positions-only MLM head, SDPA attention), fused AdamW, Stepper, ShardLoader and the
+runtime's pinned non-blocking copies (trainmaster.train.device.options_for("cuda")). Sequences
+are the built-in corpus prepared in a temp folder. --batch 0 fits the micro-batch: the largest
+of 512, 256, ... that runs a step without running out of memory (NVIDIA used 256 on an
+A100-80GB). Each mode runs in a fresh process, so time_to_first_step_s counts the imports,
+CUDA start-up, model build and (compile) compilation, as a job's first step does. The timed
+steps are --steps after --warmup, the host reading the loss only at the end (as the trainer's
+CUDA path reads it every options.sync_every steps).
+
+MFU = seq/s x FLOPs per sequence (model.flops_per_seq, masked head) / the GPU's dense bf16 peak
+from the catalog (A100 from p4d.24xlarge, H100 from p5.48xlarge, H200 from p5e.48xlarge), or
+--peak-tflops. --dry runs on the CPU (bert-tiny, fp32, 2 steps, batch 4): arguments and JSON
+shape.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+STARTED = time.time()
+SEQ, PRED, VOCAB = 128, 20, 30522
+CANDIDATES = (512, 256, 128, 64, 32, 16, 8)
+MODES = ("eager", "compile")
+# NVIDIA's own figure for this workload on one GPU (phase 1, seq 128): AMP fp16, micro-batch
+# 256 accumulated to 8,192 sequences per GPU, NGC 21.11; NVIDIA/DeepLearningExamples
+# PyTorch/LanguageModeling/BERT/README.md (commit 729963d), table "Pre-training NVIDIA DGX A100
+# (8x A100 80GB)", 1 GPU row. Printed beside ours; not measured here.
+PUBLISHED = {"gpu": "A100-80GB", "seq_per_s": 580, "precision": "AMP fp16, micro-batch 256",
+             "source": "NVIDIA/DeepLearningExamples PyTorch/LanguageModeling/BERT/README.md "
+                       "(729963d), Pre-training NVIDIA DGX A100 (8x A100 80GB), 1 GPU"}
+# The GPU's name -> the catalog instance whose per-GPU peak applies.
+GPU_INSTANCES = (("H200", "p5e.48xlarge"), ("H100", "p5.48xlarge"), ("A100", "p4d.24xlarge"))
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench/gpu.sh", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dry", action="store_true", help="CPU, bert-tiny, 2 steps: shape only")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per mode (50; dry 2)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (5; dry 1)")
+    ap.add_argument("--batch", type=int, default=None, help="micro-batch; 0 = fit (dry 4)")
+    ap.add_argument("--modes", default="eager,compile", help="comma-separated: eager,compile")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="the GPU's dense bf16 peak, when the catalog does not know it")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: one mode
+    ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--check-args", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    modes = [m for m in a.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        ap.error(f"--modes: unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(MODES)}")
+    a.modes = modes
+    a.steps = a.steps if a.steps is not None else (2 if a.dry else 50)
+    a.warmup = a.warmup if a.warmup is not None else (1 if a.dry else 5)
+    a.batch = a.batch if a.batch is not None else (4 if a.dry else 0)
+    for name in ("steps", "warmup", "batch"):
+        if getattr(a, name) < (1 if name == "steps" else 0):
+            ap.error(f"--{name} must be {'at least 1' if name == 'steps' else 'non-negative'}")
+    return a
+
+
+def _setup(a: argparse.Namespace, mode: str, batch: int) -> tuple[Any, Any, Any, Any]:
+    """(runtime, stepper, batch iterator, flops per sequence) with the trainer's own parts."""
+    import torch  # noqa: F401 - after the argument checks (a typo costs no torch import)
+
+    from trainmaster import jobfile
+    from trainmaster.data import shards as fmt
+    from trainmaster.train import model, optim
+    from trainmaster.train.data import ShardLoader
+    from trainmaster.train.dataset import Position
+    from trainmaster.train.device import Runtime
+    from trainmaster.train.preflight import Env
+    from trainmaster.train.step import Stepper
+
+    kind = "cpu" if a.dry else "cuda"
+    precision = _precision(a)
+    cfg = jobfile.preset("local-cpu", [f'model.preset="{"bert-tiny" if a.dry else "bert-large"}"',
+                                       f'train.precision="{precision}"', f'train.device="{kind}"',
+                                       "train.lr=1e-4", "train.max_steps=100000",
+                                       f"data.seq_len={SEQ}", f"data.max_pred={PRED}"])
+    rt = Runtime(Env(), kind, bf16=precision == "bf16")
+    bert = model.build(cfg, VOCAB, rt.options.attn_implementation).to(rt.device)
+    opt = optim.make_optimizer(cfg, bert, kind)
+    stepper = Stepper(bert, opt, optim.make_scheduler(cfg, opt), rt, compile=mode == "compile")
+    loader = ShardLoader(fmt.list_shards(Path(a.data)), rank=0, world=1, batch_size=batch,
+                         seed=1, vocab_size=VOCAB, start=Position())
+    return rt, stepper, rt.batches(loader), model.flops_for(cfg, VOCAB)
+
+
+def _precision(a: argparse.Namespace) -> str:
+    """bf16 on the GPU; fp32 in the dry run (bf16 matmuls crawl on a CPU without AVX512-BF16)."""
+    return "fp32" if a.dry else "bf16"
+
+
+def _fits(a: argparse.Namespace, batch: int) -> bool:
+    import torch
+
+    try:
+        _, stepper, batches, _ = _setup(a, "eager", batch)
+        float(stepper(batches, 1).losses[0])
+        return True
+    except torch.cuda.OutOfMemoryError:
+        return False
+    finally:
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def child(a: argparse.Namespace) -> dict[str, Any]:
+    """One mode in this (fresh) process; the figures of that mode."""
+    import torch
+
+    mode, batch = a.child, a.batch
+    cuda = not a.dry
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    rt, stepper, batches, flops = _setup(a, mode, batch)
+    float(stepper(batches, 1).losses[0])  # the first step: compiled here in compile mode
+    first = time.time() - STARTED
+    for _ in range(max(0, a.warmup - 1)):
+        stepper(batches, 1)
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        result = stepper(batches, 1)
+    loss = float(result.losses[0])  # the one host read of the timed steps (waits for the GPU)
+    seconds = time.perf_counter() - t0
+    seq_s = a.steps * batch / seconds
+    peak = _peak_tflops(a, rt)
+    return {"mode": mode, "seq_per_s": round(seq_s, 2),
+            "mfu": round(seq_s * flops / (peak * 1e12), 4) if peak else None,
+            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+            "time_to_first_step_s": round(first, 2), "timed_steps": a.steps,
+            "step_s": round(seconds / a.steps, 4), "final_loss": round(loss, 4)}
+
+
+def _peak_tflops(a: argparse.Namespace, rt: Any) -> float | None:
+    if a.peak_tflops:
+        return float(a.peak_tflops)
+    if a.dry:
+        return None
+    import torch
+
+    from trainmaster import catalog
+
+    name = torch.cuda.get_device_name(rt.device)
+    for key, instance in GPU_INSTANCES:
+        if key in name:
+            return catalog.get(instance).peak_tflops_per_worker
+    return None
+
+
+def _run_child(a: argparse.Namespace, mode: str, batch: int, data: Path) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", mode, "--batch", str(batch), "--data", str(data),
+           "--steps", str(a.steps), "--warmup", str(a.warmup), "--modes", mode]
+    cmd += ["--dry"] if a.dry else []
+    cmd += ["--peak-tflops", str(a.peak_tflops)] if a.peak_tflops else []
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"mode": mode, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    if a.check_args:
+        return 0
+    if a.child:
+        print(json.dumps(child(a)), flush=True)
+        return 0
+    from trainmaster.data import prepare
+
+    with tempfile.TemporaryDirectory() as d:
+        data = Path(d) / "pydoc"
+        prepare(builtin="pydoc", output=data, seq_len=SEQ, max_pred=PRED, vocab_size=4096,
+                dupe_factor=1 if a.dry else 5, shards=1, workers=1)
+        batch = a.batch
+        if batch == 0:
+            a.data = str(data)
+            batch = next((b for b in CANDIDATES if _fits(a, b)), 0)
+            if batch == 0:
+                print(json.dumps({"error": f"not even a micro-batch of {CANDIDATES[-1]} fits"}))
+                return 1
+        results = [_run_child(a, mode, batch, data) for mode in a.modes]
+    import torch
+
+    cuda = torch.cuda.is_available() and not a.dry
+    print(json.dumps({
+        "bench": "gpu", "dry": a.dry, "model": "bert-tiny" if a.dry else "bert-large",
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "gpus": 1, "seq_len": SEQ, "max_pred": PRED, "precision": _precision(a), "micro_batch": batch,
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "results": results,
+        "published": PUBLISHED,
+    }))
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
