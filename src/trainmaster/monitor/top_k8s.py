@@ -249,25 +249,31 @@ def exec_probe(cluster: Cluster, pod: str, container: str | None, kind: str) -> 
 
 
 def k8s_rows(cluster: Cluster, job: str) -> list[Row]:
-    """Rows of every running pod of the job (UserError: no such job; none running yet)."""
+    """Rows of every running pod of the job (UserError: no such job; none running yet).
+
+    The pods come from status's paged list; every pod of a job has one template, so the
+    device kind and container are read from one pod, and the probes run CONNECTIONS at a
+    time (one after another, 1,024 pods would take 1,024 exec round trips)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from trainmaster.launch import k8s_status
-    from trainmaster.launch.k8s_client import NotFound, call
-    from trainmaster.launch.volcano import LABEL_JOB
+    from trainmaster.launch.k8s_client import CONNECTIONS, NotFound, call
 
     st = k8s_status.status(cluster, job, find_rank0=False)  # "no job NAME in namespace ..."
-    with call(cluster, "list", "pods"):
-        found = cluster.core.list_namespaced_pod(cluster.namespace, label_selector=f"{LABEL_JOB}={job}")
-    items: list[Any] = list(found.items)
-    running = [p for p in items if p.status and p.status.phase == "Running"]
+    running = [p.name for p in st.pods if p.phase == "Running"]
     if not running:
         raise UserError(f"job {job} has no running pods (phase {st.phase}, Volcano {st.volcano_phase}); "
                         f"see `trainmaster status {job} --backend kubernetes`", where="JOB")
-    rows: list[Row] = []
-    for pod in sorted(running, key=lambda p: p.metadata.name):
-        name = pod.metadata.name
-        container = pod.spec.containers[0].name if pod.spec and pod.spec.containers else None
+    with call(cluster, "get", "pods", running[0]):
+        first = cluster.core.read_namespaced_pod(running[0], cluster.namespace)
+    kind = device_kind(first)
+    container = first.spec.containers[0].name if first.spec and first.spec.containers else None
+
+    def probe(name: str) -> list[Row]:
         try:
-            rows += parse_probe(name, exec_probe(cluster, name, container, device_kind(pod)))
+            return parse_probe(name, exec_probe(cluster, name, container, kind))
         except (JobFailed, NotFound) as exc:  # the pod ended or its probe failed: say so, go on
-            rows.append(Row(name, None, None, None, note=str(exc)))
-    return rows
+            return [Row(name, None, None, None, note=str(exc))]
+
+    with ThreadPoolExecutor(max_workers=min(CONNECTIONS, len(running))) as pool:
+        return [row for rows in pool.map(probe, running) for row in rows]
