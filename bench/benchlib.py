@@ -43,6 +43,16 @@ def emit(report: dict[str, Any], out: Path | None, indent: int = 2) -> None:
 POLL_S = 0.01
 
 
+def agent_env(world_size: int) -> dict[str, str]:
+    """What the supervisor gives its agents (launch/supervise.py), so a bench's directly
+    started torchrun runs the same as `trainmaster launch`: one thread per worker's share."""
+    from trainmaster.launch.torchrun import AGENT_ENV
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **AGENT_ENV}
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
+    return env
+
+
 def first_step_at(metrics: Path, t0: float, timeout_s: float = 900.0) -> float:
     """Seconds from t0 (time.time()) to rank 0's write of step 1 in metrics.jsonl: that file's
     modification time while it holds one row (polled: another process writes it)."""

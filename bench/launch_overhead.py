@@ -20,7 +20,6 @@ The aim (issue 5): overhead within 15%.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -29,10 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import emit, machine, prepare_corpus
+from benchlib import agent_env, emit, first_step_at, machine, prepare_corpus
 from trainmaster import jobfile
 from trainmaster.launch import local, state
-from trainmaster.launch.torchrun import AGENT_ENV
 from trainmaster.storage import Storage
 
 POLL_S = 0.01
@@ -52,38 +50,17 @@ def job_file(root: Path, name: str, steps: int) -> Path:
     return path
 
 
-def worker_env(nworkers: int) -> dict[str, str]:
-    # What the supervisor gives its agents (launch/supervise.py), so both ways run the same.
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **AGENT_ENV}
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nworkers)))
-    return env
-
-
-def first_step_at(metrics: Path, t0: float) -> float:
-    """Seconds from t0 to the write of step 1."""
-    end = time.monotonic() + TIMEOUT_S
-    while time.monotonic() < end:
-        if metrics.exists():
-            rows = metrics.read_text().splitlines()
-            if len(rows) == 1:
-                return metrics.stat().st_mtime - t0
-            if rows:  # polled late: the first row's time is not known exactly; now bounds it
-                return time.time() - t0
-        time.sleep(POLL_S)  # polling another process's output (bounded)
-    raise SystemExit(f"no first step in {metrics} after {TIMEOUT_S:g} s")
-
-
 def via_launch(root: Path, name: str, steps: int) -> dict[str, Any]:
     path = job_file(root, name, steps)
     run = Storage(root).run_dir(name)
-    env = worker_env(2)
+    env = agent_env(2)
     t0 = time.time()
     result = subprocess.run([sys.executable, "-m", "trainmaster", "launch", str(path), "--storage", str(root)],
                             env=env, capture_output=True, text=True)
     returned = time.time() - t0
     if result.returncode != 0:
         raise SystemExit(f"launch {name} failed: {result.stderr.strip()}")
-    first = first_step_at(run / "metrics.jsonl", t0)
+    first = first_step_at(run / "metrics.jsonl", t0, TIMEOUT_S)
     end = time.monotonic() + TIMEOUT_S
     while (phase := state.observed(run / "state.json").phase) not in state.FINAL and time.monotonic() < end:
         time.sleep(0.1)  # waiting for the job's end (bounded)
@@ -98,13 +75,13 @@ def via_torchrun(root: Path, name: str, steps: int) -> dict[str, Any]:
     plan.run.dir.mkdir(parents=True)
     plan.run.logs.mkdir()
     plan.run.job_toml.write_text(jobfile.render(cfg, f"bench job {name}"), encoding="utf-8")
-    env = worker_env(cfg.derived.world_size)
+    env = agent_env(cfg.derived.world_size)
     logs = [(plan.run.logs / f"node{i}.log").open("wb") for i in range(len(plan.commands))]
     t0 = time.time()
     procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
              for cmd, log in zip(plan.commands, logs, strict=True)]
     try:
-        first = first_step_at(plan.run.dir / "metrics.jsonl", t0)
+        first = first_step_at(plan.run.dir / "metrics.jsonl", t0, TIMEOUT_S)
         codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
     finally:
         for p in procs:

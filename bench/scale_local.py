@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -39,11 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import emit, first_step_at, load, machine, prepare_corpus
+from benchlib import agent_env, emit, first_step_at, load, machine, prepare_corpus
 from trainmaster import jobfile
-from trainmaster.config import JobConfig
 from trainmaster.launch import local, rendezvous, state
-from trainmaster.launch.torchrun import AGENT_ENV, Rendezvous
+from trainmaster.launch.torchrun import Rendezvous
 from trainmaster.storage import Storage
 
 TIMEOUT_S = 900.0
@@ -67,13 +65,6 @@ def job_file(root: Path, name: str, nodes: int, backend: str) -> Path:
     return path
 
 
-def agent_env(cfg: JobConfig) -> dict[str, str]:
-    """What the supervisor gives its agents (launch/supervise.py), so both ways run the same."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **AGENT_ENV}
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.derived.world_size)))
-    return env
-
-
 def wait_final(run_state: Path) -> str:
     end = time.monotonic() + TIMEOUT_S
     while (phase := state.observed(run_state).phase) not in state.FINAL and time.monotonic() < end:
@@ -88,7 +79,7 @@ def via_launch(root: Path, name: str, nodes: int, backend: str) -> dict[str, Any
     before = load()
     t0 = time.time()
     result = subprocess.run([sys.executable, "-m", "trainmaster", "launch", str(path), "--storage", str(root)],
-                            env=agent_env(cfg), capture_output=True, text=True)
+                            env=agent_env(cfg.derived.world_size), capture_output=True, text=True)
     returned = time.time() - t0
     if result.returncode != 0:
         raise SystemExit(f"launch {name} failed: {result.stderr.strip()}")
@@ -108,7 +99,7 @@ def via_torchrun(root: Path, name: str, nodes: int, backend: str) -> dict[str, A
     plan.run.dir.mkdir(parents=True)
     plan.run.logs.mkdir()
     plan.run.job_toml.write_text(jobfile.render(cfg, f"bench job {name}"), encoding="utf-8")
-    env = agent_env(cfg)
+    env = agent_env(cfg.derived.world_size)
     logs = [(plan.run.logs / f"node{i}.log").open("wb") for i in range(nodes)]
     etcd: subprocess.Popen[bytes] | None = None
     procs: list[subprocess.Popen[bytes]] = []

@@ -77,6 +77,14 @@ def drop_after(step: int, *, environ: Mapping[str, str] = os.environ) -> int:
     path = metrics_path(environ) or Path(METRICS_FILE)
     if int(environ.get("RANK", "0") or 0) != 0 or not path.exists():
         return 0
+    return truncate_after(path, step)
+
+
+def truncate_after(path: Path, step: int) -> int:
+    """Keep the lines of steps <= step (a torn or unreadable line goes too); returns how many
+    were dropped. The file is replaced whole (temp file + rename), never left half-written."""
+    if not path.exists():
+        return 0
     kept, dropped = [], 0
     for line in path.read_text(encoding="utf-8").splitlines():
         try:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainmaster import runlog
 from trainmaster.storage import RunPaths
 from trainmaster.train import ckptdir
 
@@ -45,28 +46,6 @@ def mfu(seq_per_s: float, flops_per_seq: float, world: int, peak_tflops: float) 
     return seq_per_s * flops_per_seq / (world * peak_tflops * 1e12)
 
 
-def truncate_after(path: Path, step: int) -> int:
-    """Keep the lines of steps <= step (and no torn last line); returns how many were dropped."""
-    if not path.exists():
-        return 0
-    kept, dropped = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            dropped += 1
-            continue
-        if isinstance(row, dict) and int(row.get("step", 0)) <= step:
-            kept.append(line)
-        else:
-            dropped += 1
-    if dropped:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, path)
-    return dropped
-
-
 def write_rank0(run: RunPaths, *, node_rank: int, local_rank: int) -> None:
     ckptdir.write_json(run.rank0, {
         "host": socket.gethostname(),
@@ -88,7 +67,7 @@ class MetricsLog:
         self.flops, self.peak = flops_per_seq, peak_tflops
         self.global_batch, self.seq_len = global_batch, seq_len
         self.rows: list[dict[str, Any]] = []
-        truncate_after(run.metrics, start_step)
+        runlog.truncate_after(run.metrics, start_step)
         self._file = open(run.metrics, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._tb = _summary_writer(run.tensorboard, purge_step=start_step + 1)
 
