@@ -92,6 +92,16 @@ class RunPaths:
         return self.dir / "metrics.jsonl"
 
     @property
+    def timeline(self) -> Path:
+        """rank 0's events for goodput (goodput.py): never truncated, unlike metrics.jsonl."""
+        return self.dir / "timeline.jsonl"
+
+    @property
+    def hangs(self) -> Path:
+        """One JSON line per hang the workers' watchdogs caught (train/watchdog.py)."""
+        return self.dir / "hangs.jsonl"
+
+    @property
     def summary(self) -> Path:
         return self.dir / "summary.json"
 

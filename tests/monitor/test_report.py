@@ -83,10 +83,15 @@ def test_report_table_and_three_panels(finished_run: tuple[Path, str]) -> None:
     assert st.finished_at is not None and st.started_at is not None
     assert hours == pytest.approx((st.finished_at - st.started_at) / 3600, abs=0.0005)
 
+    g = json.loads(run.summary.read_text())["goodput"]  # no restart: nothing lost
+    assert g["steps_lost"] == 0 and g["lost"] == 0 and g["restart"] == 0 and 0 < g["ratio"] < 1
+    assert re.search(r"goodput\s*│\s*[\d.]+% \(useful step time / wall time\)", text)
+
     img = np.asarray(Image.open(run.report_png).convert("RGB")).astype(int)
     frames = spine_rows(img)
-    assert len(frames) == 6, frames  # three panels, each framed top and bottom
-    panels = list(zip(frames[0::2], frames[1::2], strict=True))
+    # three panels and goodput's timeline below them, each framed top and bottom
+    assert len(frames) == 8, frames
+    panels = list(zip(frames[0:6:2], frames[1:6:2], strict=True))
     for top, bottom in panels:
         assert bottom - top > 100  # real plot areas, not lines
         ys, xs = curve_pixels(img, top, bottom)
@@ -108,9 +113,10 @@ def test_report_returns_the_panels_it_drew(finished_run: tuple[Path, str]) -> No
     store, job = finished_run
     rep = report.make_report(Storage(store), job)
     img = np.asarray(Image.open(rep.png).convert("RGB")).astype(int)
-    assert len(rep.panels) == 3
+    assert len(rep.panels) == 3 and rep.timeline is not None
     frames = spine_rows(img)
-    for (x0, y0, x1, y1), (top, bottom) in zip(rep.panels, zip(frames[0::2], frames[1::2], strict=True),
+    assert abs(rep.timeline[1] - frames[6]) <= 2 and abs(rep.timeline[3] - frames[7]) <= 2
+    for (x0, y0, x1, y1), (top, bottom) in zip(rep.panels, zip(frames[0:6:2], frames[1:6:2], strict=True),
                                               strict=True):
         assert abs(y0 - top) <= 2 and abs(y1 - bottom) <= 2
         assert len(curve_pixels(img[:, x0:x1], y0, y1)[0]) > 200
@@ -148,7 +154,10 @@ def test_kubernetes_run_folder_without_state(finished_run: tuple[Path, str], tmp
         (dst.dir / name).write_bytes((src.dir / name).read_bytes())
     result = tm("report", job, "--storage", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert json.loads(src.summary.read_text())["status"] in result.stdout  # "completed"
+    summary = json.loads(src.summary.read_text())
+    assert summary["status"] in result.stdout  # "completed"
+    # No timeline.jsonl in the copy: goodput as the trainer summed it up, and no timeline drawn.
+    assert f"{summary['goodput']['ratio']:.1%} (useful step time" in result.stdout
     assert dst.report_png.stat().st_size > 10_000
 
 

@@ -71,9 +71,9 @@ def _run(storage: Path, name: str, every: int, monkeypatch: pytest.MonkeyPatch
     reads = {"n": 0}
     real_log = loop.Trainer._log
 
-    def counting(self: loop.Trainer, pending: list[Any], since: float) -> None:
+    def counting(self: loop.Trainer, pending: list[Any], *since: float) -> None:
         reads["n"] += 1
-        real_log(self, pending, since)
+        real_log(self, pending, *since)
 
     monkeypatch.setattr(loop.Trainer, "_log", counting)
     job = make_job(storage, name, "train.max_steps=9", "train.checkpoint_every=100",

@@ -113,6 +113,7 @@ class LocalBackend:
         if s.workers:
             blocks.append(Grid(("rank", "node", "local rank", "pid"), tuple(
                 (str(w.rank), str(w.node), str(w.local_rank), str(w.pid)) for w in s.workers)))
+        blocks += [Line(f"  {line}") for line in runinfo.hang_lines(s)]
         summary = runinfo.summary_text(s)
         if summary:
             blocks.append(Line(f"  {summary}"))

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainmaster import jobfile
+from trainmaster import goodput, jobfile
 from trainmaster.compile import cache, lock
 from trainmaster.config import JobConfig
 from trainmaster.launch import rendezvous, state
@@ -142,6 +142,10 @@ def supervise(run_dir: Path) -> int:
             env |= cache_env(cfg, storage)
         # The launching shell's folder: a custom entrypoint runs from there (like TorchX local_cwd).
         workdir = st.workdir or os.getcwd()
+        # One launch time for state.json and the trainers' goodput (summary.json), so that
+        # summary and `report` measure startup from the same instant.
+        launched = time.time()
+        env[goodput.LAUNCHED_AT_ENV] = repr(launched)
         for i, cmd in enumerate(agent_commands(cfg, rdzv, run, storage, workdir)):
             watch.check()
             with (run.logs / f"node{i}.log").open("ab") as log:
@@ -152,7 +156,7 @@ def supervise(run_dir: Path) -> int:
             held.also_held_by([a.pid for a in agents])
         nodes = [n.model_copy(update={"pid": a.pid, "start_time": state.start_time(a.pid)})
                  for n, a in zip(st.nodes, agents, strict=True)]
-        now = state.update(run.state, phase="running", started_at=time.time(), nodes=nodes)
+        now = state.update(run.state, phase="running", started_at=launched, nodes=nodes)
         # Read under the same lock as the write: a cancel recorded before it saw no agents to
         # signal, so they are signalled here; a cancel after it finds them in state.json.
         if now.cancel_requested:

@@ -3,19 +3,25 @@
 The table: steps, wall time, average and peak seq/s, MFU, restarts, compile cache, final
 loss and the estimated cost (price per node-hour x nodes x wall hours, see history.Price).
 The picture: loss, learning rate and throughput against step, one panel each, restarts marked
-as dashed lines; for a custom script's metrics, the values it logged (panels_for). matplotlib is imported here only, inside `plot`, with the Agg canvas (no
-display needed, nothing global switched), so `trainmaster --help` stays fast.
+as dashed lines; for a custom script's metrics, the values it logged (panels_for); below them,
+when the trainer recorded its timeline, goodput's: one bar from launch to end, coloured by
+where the time went (goodput.py). The table shows the same split. matplotlib is imported here
+only, inside `plot`, with the Agg canvas (no display needed, nothing global switched), so
+`trainmaster --help` stays fast.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainmaster import goodput
 from trainmaster.config import BUILTIN_ENTRYPOINT
+from trainmaster.goodput import Span
 from trainmaster.monitor import cost, history, runinfo
 from trainmaster.storage import RunPaths, Storage
 
@@ -24,6 +30,10 @@ PANELS = (("loss", "loss"), ("lr", "learning rate"), ("seq_per_s", "throughput (
 NOT_PLOTTED = frozenset({"step", "elapsed_s", "max_steps", "mlm_loss", "nsp_loss", "resumed_from"})
 LABELS = {"tokens_per_s": "throughput (tokens/s)"}
 Box = tuple[int, int, int, int]  # x0, y0, x1, y1 in image pixels, origin top-left
+# Light colours: the bar's labels stay readable, and nothing is mistaken for a panel's curve.
+COLOURS = {"startup": "#c8c8c8", "compile": "#ffd480", "productive": "#90d890", "lost": "#f4a3a3",
+           "checkpoint": "#a6cee3", "restart": "#f6c1dd", "other": "#ececec"}
+NAMES = {"productive": "useful steps", "lost": "steps lost"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,10 @@ class Report:
     price: history.Price | None
     png: Path | None  # None: nothing to plot
     panels: tuple[Box, ...] = ()
+    goodput: dict[str, Any] | None = None  # summary.json's shape (goodput.Goodput.to_json)
+    spans: tuple[Span, ...] = ()  # the timeline drawn, when the run recorded one
+    saves: dict[str, Any] | None = None  # goodput.save_stats
+    timeline: Box | None = None
 
     @property
     def cost(self) -> float | None:
@@ -61,11 +75,31 @@ class Report:
                 ("wall time", cost.duration(self.wall_s)),
                 ("average seq/s", num(self.avg_seq_per_s, ".2f")),
                 ("peak seq/s", num(self.peak_seq_per_s, ".2f")), ("MFU", mfu),
-                ("restarts", str(self.restarts)), ("compile cache", self.compile_cache),
+                ("restarts", str(self.restarts)), *self.goodput_rows(),
+                ("compile cache", self.compile_cache),
                 ("final loss", num(self.final_loss, ".4f")),
                 ("estimated cost" + (" so far" if self.phase in ("pending", "running") else ""), spent),
                 ("plot", str(self.png) if self.png else
                  "none: no metrics.jsonl rows (a custom script writes them with trainmaster.api.log_metrics)")]
+
+
+    def goodput_rows(self) -> list[tuple[str, str]]:
+        g = self.goodput
+        if not g:
+            return [("goodput", "n/a (no timeline.jsonl: a custom script or an older trainer)")]
+        wall = g["wall"] or 1.0
+        out = [("goodput", f"{g['ratio']:.1%} (useful step time / wall time)")]
+        for kind in goodput.KINDS:
+            text = f"{g[kind]:.2f} s ({g[kind] / wall:.1%})"
+            if kind == "lost":
+                text += f", {g['steps_lost']} steps redone"
+            out.append((f"  {NAMES.get(kind, kind)}", text))
+        s = self.saves
+        if s and s.get("count"):
+            out.append(("checkpoint saves", f"{s['count']}, {s['total_s']:.2f} s writing (max "
+                        f"{s['max_s']:.2f} s, {s['mb_per_s']} MB/s) in the background; training "
+                        f"waited {s['blocked_s']:.2f} s"))
+        return out
 
 
 def _mean(values: list[float]) -> float | None:
@@ -86,6 +120,12 @@ def summarize(run: RunPaths, job: str, rows: list[dict[str, Any]]) -> Report:
     steady = [r for seg in segs for r in (seg[1:] or seg)]  # each process's first step is warm-up
     restarts = summary.get("restarts", rank0.get("restarts", max(0, len(segs) - 1)))
     phase = st.phase if st else str(summary.get("status", "unknown"))
+    # The same function as the trainer's summary, over launch to the end state.json records
+    # (the summary's stops as the trainer exits): the parts agree, wall and other run longer.
+    events = goodput.read(run.timeline)
+    launched = st.started_at if st else None
+    ended = (st.finished_at or time.time()) if st and st.started_at else None
+    g = goodput.breakdown(events, launched_at=launched, ended_at=ended)
     return Report(
         job=job, phase=phase, steps=int(rows[-1]["step"]) if rows else None,
         max_steps=runinfo.max_steps_of(cfg, rows),
@@ -95,7 +135,9 @@ def summarize(run: RunPaths, job: str, rows: list[dict[str, Any]]) -> Report:
         mfu=_mean(_floats(steady, "mfu")),
         restarts=int(restarts), compile_cache=str(summary.get("compile_cache", "-")),
         final_loss=float(rows[-1]["loss"]) if rows and isinstance(rows[-1].get("loss"), (int, float)) else None,
-        price=history.price_of(cfg, st.nnodes if st else None), png=run.report_png if rows else None)
+        price=history.price_of(cfg, st.nnodes if st else None), png=run.report_png if rows else None,
+        goodput=g.to_json() if g else summary.get("goodput"), spans=g.spans if g else (),
+        saves=goodput.save_stats(events, launched_at=launched) if events else summary.get("checkpoint_saves"))
 
 
 def panels_for(rows: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
@@ -114,15 +156,23 @@ def panels_for(rows: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
     return tuple(chosen)
 
 
-def plot(rows: list[dict[str, Any]], path: Path, title: str) -> tuple[Box, ...]:
-    """Write the three panels to `path` (atomically); return each panel's plot area in pixels."""
+def plot(rows: list[dict[str, Any]], path: Path, title: str,
+         spans: tuple[goodput.Span, ...] = ()) -> tuple[Box, ...]:
+    """Write the three panels (and the goodput timeline, given its spans) to `path`
+    (atomically); return each panel's plot area in pixels, the timeline's last."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 9), dpi=100, layout="constrained")
+    fig = Figure(figsize=(8, 11 if spans else 9), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     panels = panels_for(rows)
-    axes = fig.subplots(len(panels), 1, sharex=True)
+    every = fig.subplots(len(panels) + bool(spans), 1,
+                         height_ratios=[3] * len(panels) + [1] * bool(spans))
+    axes = every[:len(panels)]
+    for ax in axes[1:]:
+        ax.sharex(axes[0])
+    for ax in axes[:-1]:
+        ax.tick_params(labelbottom=False)  # one step axis, under the last panel
     restarts = [int(seg[0]["step"]) for seg in history.segments(rows)[1:]]
     for ax, (key, label) in zip(axes, panels, strict=True):
         pts = [(int(r["step"]), float(r[key])) for r in rows if isinstance(r.get(key), (int, float))]
@@ -144,16 +194,37 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> tuple[Box, ...]:
         ax.grid(True, alpha=0.3)
     axes[0].set_title(title)
     axes[-1].set_xlabel("step")
+    if spans:
+        _timeline(every[-1], spans)
     fig.canvas.draw()
     height = fig.bbox.height
     boxes = []
-    for ax in axes:
+    for ax in every:
         b = ax.get_window_extent()
         boxes.append((int(b.x0), int(height - b.y1), int(b.x1), int(height - b.y0)))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
     fig.savefig(tmp, dpi=fig.dpi, facecolor="white")
     os.replace(tmp, path)
     return tuple(boxes)
+
+
+def _timeline(ax: Any, spans: tuple[goodput.Span, ...]) -> None:
+    """One bar from launch to end, each stretch in its category's colour; the legend sums them."""
+    wall = max(s.end for s in spans) or 1.0
+    for kind in goodput.KINDS:
+        mine = [(s.start, s.end - s.start) for s in spans if s.kind == kind]
+        total = sum(d for _, d in mine)
+        if mine:
+            ax.broken_barh(mine, (0.15, 0.7), facecolors=COLOURS[kind],
+                           label=f"{NAMES.get(kind, kind)} {total:.1f} s ({total / wall:.0%})")
+    ax.set_xlim(0, wall)
+    ax.set_ylim(0, 1)
+    ax.set_yticks([])
+    ax.set_xlabel("seconds since launch")
+    useful = sum(s.end - s.start for s in spans if s.kind == "productive")
+    ax.set_title(f"goodput {useful / wall:.1%}: where the wall time went", fontsize="medium")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, fontsize="small",
+              frameon=False)
 
 
 def make_report(store: Storage, job: str) -> Report:
@@ -169,5 +240,6 @@ def make_report(store: Storage, job: str) -> Report:
         rows = history.metrics_or_fail(run, job)
     rep = summarize(run, job, rows)
     title = f"{job}: {rep.steps} steps, {rep.phase}"
-    panels = plot(rows, run.report_png, title)
-    return dataclasses.replace(rep, panels=panels)
+    boxes = plot(rows, run.report_png, title, rep.spans)
+    n = len(panels_for(rows))
+    return dataclasses.replace(rep, panels=boxes[:n], timeline=boxes[n] if len(boxes) > n else None)

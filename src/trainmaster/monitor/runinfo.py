@@ -18,6 +18,7 @@ from trainmaster.errors import UserError
 from trainmaster.launch import state
 from trainmaster.launch.procs import Worker, workers
 from trainmaster.storage import RunPaths, Storage
+from trainmaster.train import watchdog
 
 
 def run_paths(store: Storage, job: str) -> RunPaths:
@@ -85,6 +86,7 @@ class Status:
     workers: list[Worker] = field(default_factory=list)
     max_steps: int | None = None
     eta_s: float | None = None
+    hangs: list[watchdog.Hang] = field(default_factory=list)
 
     @property
     def restarts(self) -> int:
@@ -109,7 +111,22 @@ def status(store: Storage, job: str) -> Status:
         per_step = (timed[-1]["elapsed_s"] - timed[0]["elapsed_s"]) / max(1, timed[-1]["step"] - timed[0]["step"])
         eta = max(0.0, per_step) * max(0, max_steps - int(last["step"]))
     return Status(st, last, read_json(run.summary), read_json(run.rank0),
-                  workers(st) if st.phase == "running" else [], max_steps, eta)
+                  workers(st) if st.phase == "running" else [], max_steps, eta,
+                  watchdog.read_hangs(run.hangs))
+
+
+HANGS_SHOWN = 4
+
+
+def hang_lines(s: Status) -> list[str]:
+    """The newest hangs the watchdogs caught (each hung rank of an attempt reports its own:
+    the stuck one, and its peers waiting for it in a collective)."""
+    lines = [f"hang: {h.describe()} (stacks in logs/{h.dump})" for h in s.hangs[-HANGS_SHOWN:]]
+    if lines:
+        lines.append(f"hung workers exit for a restart from the last checkpoint; {len(s.hangs)} "
+                     "hang report(s) in this run (hangs.jsonl)")
+    return lines
+
 
 
 def _fmt(value: Any) -> str:

@@ -15,6 +15,8 @@ Modules, in the order a run uses them:
   optim       AdamW / LAMB, parameter groups and the learning-rate schedules
   step        one optimizer step (micro-batches, gradient reduction, clipping, update)
   checkpoint  saving and loading model, optimizer, scheduler, RNG and data position
+  ckptwriter  checkpoint writes in a background thread
+  watchdog    the hang watchdog: stack dumps and a restart instead of a 30-minute wait
   metrics     metrics.jsonl, TensorBoard, log lines, rank0.json and summary.json
   loop        the training loop
 """

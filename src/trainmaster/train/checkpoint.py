@@ -5,14 +5,21 @@ states and data position, a few KB each), so there is one writer and no cross-no
 races. Layout and atomicity are ckptdir's. Tensors are moved to the CPU before saving (on XLA
 this is the workaround for xm.save hanging when ranks reach it at different times) and
 everything loads with weights_only=True.
+
+A save is two halves: stage() (collective, on the training thread: gather the ranks' state and
+copy the rest into CPU memory) and write() (rank 0 alone: files, fsync, rename). save() does
+both in a row; training uses ckptwriter to run write() in the background.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import random
+import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +35,7 @@ from trainmaster.train.device import Runtime
 MODEL, TRAINER, RANKS = "model.pt", "trainer.pt", "ranks.pt"
 
 # Called on rank 0 half-way through writing a checkpoint (the model file written, the rest not
-# yet) with (checkpoints folder, step). Empty in normal runs; the fault tests add one
+# yet) with (checkpoints folder, step), in the thread that writes it (ckptwriter's, in training). Empty in normal runs; the fault tests add one
 # (train/faults.py) to kill rank 0 exactly there and prove the previous checkpoint survives.
 MidSaveHook = Callable[[Path, int], None]
 mid_save_hooks: list[MidSaveHook] = []
@@ -63,38 +70,79 @@ def restore_rank_state(rt: Runtime, state: dict[str, Any]) -> None:
     rt.set_rng_state(state["device"])
 
 
-def _save(obj: Any, path: Path) -> None:
+def snapshot(obj: Any) -> Any:
+    """A private CPU copy: unlike to_cpu, also of tensors already on the CPU, which training
+    goes on updating in place while a background thread writes the copy."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(snapshot(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+@dataclass(frozen=True)
+class Staged:
+    """Everything one checkpoint holds, in CPU memory, ready to be written by write()."""
+
+    step: int
+    model: dict[str, Any]
+    trainer: dict[str, Any]
+    ranks: list[Any]
+    meta: dict[str, Any]
+
+
+def stage(*, step: int, rt: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer,
+          scheduler: LRScheduler, position: Position, meta: dict[str, Any],
+          private: bool = True) -> Staged | None:
+    """Collective: every rank calls it at the same step; rank 0 gets the checkpoint's content
+    (private: copied, so that training may go on while it is written), the others None."""
+    states = rt.all_gather_object(rank_state(rt, position), tag=f"ckpt-{step}")
+    if rt.rank != 0:
+        return None
+    copy_of = snapshot if private else to_cpu
+    return Staged(step, copy_of(model.state_dict()),
+                  {"optimizer": copy_of(optimizer.state_dict()),
+                   "scheduler": copy.deepcopy(scheduler.state_dict()), "step": step},
+                  states,
+                  {"format": ckptdir.FORMAT, "step": step, **meta, "world_size": rt.world,
+                   "positions": [s["position"] for s in states]})
+
+
+def _save(obj: Any, path: Path) -> int:
     with open(path, "wb") as f:
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
+        return f.tell()
+
+
+def write(folder: Path, staged: Staged, keep: int) -> tuple[Path, int]:
+    """Write a staged checkpoint atomically (ckptdir); returns its folder and its bytes. Needs
+    no other rank and no training state: the background writer runs it in its own thread."""
+    tmp = ckptdir.temp_dir(folder, staged.step)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    size = _save(staged.model, tmp / MODEL)
+    for hook in mid_save_hooks:
+        hook(folder, staged.step)
+    size += _save(staged.trainer, tmp / TRAINER)
+    size += _save(staged.ranks, tmp / RANKS)
+    ckptdir.write_json(tmp / ckptdir.META, {**staged.meta, "written_at": time.time()})
+    final = ckptdir.publish(tmp, folder, staged.step)
+    ckptdir.prune(folder, keep)
+    return final, size
 
 
 def save(folder: Path, *, step: int, rt: Runtime, model: nn.Module,
          optimizer: torch.optim.Optimizer, scheduler: LRScheduler, position: Position,
          meta: dict[str, Any], keep: int) -> Path | None:
-    """Collective: every rank calls it at the same step; rank 0 writes, returns the folder."""
-    states = rt.all_gather_object(rank_state(rt, position), tag=f"ckpt-{step}")
-    if rt.rank != 0:
-        return None
-    tmp = ckptdir.temp_dir(folder, step)
-    if tmp.exists():
-        import shutil
-
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    _save(to_cpu(model.state_dict()), tmp / MODEL)
-    for hook in mid_save_hooks:
-        hook(folder, step)
-    _save({"optimizer": to_cpu(optimizer.state_dict()), "scheduler": scheduler.state_dict(),
-           "step": step}, tmp / TRAINER)
-    _save(states, tmp / RANKS)
-    ckptdir.write_json(tmp / ckptdir.META, {
-        "format": ckptdir.FORMAT, "step": step, **meta, "world_size": rt.world,
-        "positions": [s["position"] for s in states], "written_at": time.time()})
-    final = ckptdir.publish(tmp, folder, step)
-    ckptdir.prune(folder, keep)
-    return final
+    """Collective and synchronous (stage, then write): rank 0 returns the folder."""
+    staged = stage(step=step, rt=rt, model=model, optimizer=optimizer, scheduler=scheduler,
+                   position=position, meta=meta, private=False)
+    return None if staged is None else write(folder, staged, keep)[0]
 
 
 def load_model(path: Path, model: nn.Module) -> None:

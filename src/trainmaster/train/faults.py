@@ -1,8 +1,16 @@
 """Fault injection for the end-to-end tests, kept out of the code paths it breaks.
 
 `python -m trainmaster.train` calls install() before training; it does nothing unless a test
-set TRAINMASTER_FAULT_KILL_IN_CHECKPOINT=N, which SIGKILLs rank 0 half-way through writing
-checkpoint N (checkpoint.mid_save_hooks), once per job, to prove the previous one survives.
+sets one of:
+
+- TRAINMASTER_FAULT_KILL_IN_CHECKPOINT=N: SIGKILL rank 0 half-way through writing checkpoint N
+  (checkpoint.mid_save_hooks, in the writer's thread), to prove the previous one survives;
+- TRAINMASTER_FAULT_KILL_AT_STEP=R:N: SIGKILL rank R right after its step N
+  (loop.after_step_hooks), a worker lost between checkpoints (the goodput test);
+- TRAINMASTER_FAULT_HANG_AT_STEP=R:N: rank R stops right after its step N and never goes on
+  (a sleep), as a worker stuck in a driver or a collective would (the watchdog test).
+
+Each fires once per job.
 """
 
 from __future__ import annotations
@@ -10,25 +18,53 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from trainmaster.train import checkpoint
+from trainmaster.train import checkpoint, loop
 
 KILL_IN_CHECKPOINT_ENV = "TRAINMASTER_FAULT_KILL_IN_CHECKPOINT"
+KILL_AT_STEP_ENV = "TRAINMASTER_FAULT_KILL_AT_STEP"
+HANG_AT_STEP_ENV = "TRAINMASTER_FAULT_HANG_AT_STEP"
 
 
-def kill_in_checkpoint(target: int, folder: Path, step: int) -> None:
+def _once(marker: Path) -> bool:
     """Once is kept by a marker file, not by TORCHELASTIC_RESTART_COUNT: an agent that restarts
     its workers for a membership change does not count a restart, so that count can be 0 again
     after a kill."""
-    marker = folder / f".fault-injected-{step}"
-    if step == target and not marker.exists():
-        marker.touch()
+    if marker.exists():
+        return False
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    return True
+
+
+def kill_in_checkpoint(target: int, folder: Path, step: int) -> None:
+    if step == target and _once(folder / f".fault-injected-{step}"):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_at_step(rank: int, target: int, run_dir: Path, my_rank: int, step: int) -> None:
+    if (my_rank, step) == (rank, target) and _once(run_dir / f".fault-killed-{rank}-{step}"):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hang_at_step(rank: int, target: int, run_dir: Path, my_rank: int, step: int) -> None:
+    if (my_rank, step) == (rank, target) and _once(run_dir / f".fault-hung-{rank}-{step}"):
+        while True:  # only the watchdog (or a kill) ends this process now
+            time.sleep(3600)
+
+
+def _rank_step(raw: str) -> tuple[int, int]:
+    rank, _, step = raw.partition(":")
+    return int(rank), int(step)
 
 
 def install(environ: Mapping[str, str] = os.environ) -> None:
     target = environ.get(KILL_IN_CHECKPOINT_ENV)
     if target:
         checkpoint.mid_save_hooks.append(functools.partial(kill_in_checkpoint, int(target)))
+    for env, hook in ((KILL_AT_STEP_ENV, kill_at_step), (HANG_AT_STEP_ENV, hang_at_step)):
+        if environ.get(env):
+            loop.after_step_hooks.append(functools.partial(hook, *_rank_step(environ[env])))

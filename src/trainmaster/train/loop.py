@@ -16,6 +16,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +24,25 @@ import numpy as np
 import torch
 from torch import nn
 
+from trainmaster import goodput
 from trainmaster.compile import counters as compile_counters
 from trainmaster.compile import fingerprint
 from trainmaster.errors import UserError
-from trainmaster.train import checkpoint, ckptdir, netplugin
+from trainmaster.train import checkpoint, ckptdir, ckptwriter, netplugin
 from trainmaster.train import model as model_mod
+from trainmaster.train.ckptwriter import BackgroundWriter, Written
 from trainmaster.train.data import ShardLoader
 from trainmaster.train.device import Runtime, resolve_kind
 from trainmaster.train.metrics import MetricsLog, log, peak_tflops_per_worker, write_rank0
 from trainmaster.train.optim import make_optimizer, make_scheduler
 from trainmaster.train.preflight import Plan
 from trainmaster.train.step import Stepper
+from trainmaster.train.watchdog import Watchdog
+
+# Called on every rank after each step with (run folder, rank, step). Empty in normal runs; the
+# fault tests add one (train/faults.py) to kill a worker at a chosen step.
+StepHook = Callable[[Path, int, int], None]
+after_step_hooks: list[StepHook] = []
 
 
 def param_checksum(model: nn.Module) -> str:
@@ -93,8 +102,16 @@ class Trainer:
                                   first_shard=plan.first_shard or None)
         self.flops = model_mod.flops_for(cfg, plan.vocab_size)
         self.metrics: MetricsLog | None = None
+        self.writer: BackgroundWriter | None = None
         self.net_plugin: str | None = None
+        self.watchdog = Watchdog(logs=plan.run.logs, hangs=plan.run.hangs, rank=rt.rank,
+                                 node=plan.env.node_rank, configured=cfg.train.hang_timeout)
         if rt.rank == 0:
+            # Goodput's events (goodput.py): this process began at `started`, before its imports.
+            goodput.record(plan.run.timeline, "start", t=started, step=self.start_step,
+                           compiles=plan.compile or rt.kind == "xla")
+            self.writer = BackgroundWriter(plan.run.checkpoints, cfg.train.keep_checkpoints,
+                                           on_written=self._written)
             write_rank0(plan.run, node_rank=plan.env.node_rank, local_rank=plan.env.local_rank)
             # The Kubernetes backend finds rank 0's pod by this exact line (launch/k8s_status.py).
             pod = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
@@ -124,15 +141,30 @@ class Trainer:
             log(f"note: {note}")
 
     def _save(self, step: int) -> None:
+        """Stage on the training thread, write in the background (ckptwriter); the stand-still
+        (waiting for the previous write, gathering, copying) is goodput's checkpoint time."""
         p, cfg = self.plan, self.plan.cfg
+        t0 = time.time()
+        self.watchdog.where = f"checkpoint of step {step}"
+        if self.writer is not None:
+            self.writer.wait()  # before staging: at most one staged copy in memory
         meta = {"job": cfg.job.name, "config_hash": cfg.derived.config_hash,
                 "vocab_size": p.vocab_size, "files": [s.path.name for s in p.shards]}
-        path = checkpoint.save(p.run.checkpoints, step=step, rt=self.rt, model=self.model,
-                               optimizer=self.optimizer, scheduler=self.scheduler,
-                               position=self.loader.position, meta=meta,
-                               keep=cfg.train.keep_checkpoints)
-        if path is not None:
-            log(f"checkpoint {path}")
+        staged = checkpoint.stage(step=step, rt=self.rt, model=self.model,
+                                  optimizer=self.optimizer, scheduler=self.scheduler,
+                                  position=self.loader.position, meta=meta)
+        if staged is not None and self.writer is not None:
+            self.writer.submit(staged)
+            if os.environ.get(ckptwriter.SYNC_ENV):
+                self.writer.wait()
+            goodput.record(p.run.timeline, "checkpoint", t=t0, end=time.time(), step=step)
+
+    def _written(self, w: Written) -> None:
+        """In the writer's thread, when a checkpoint is complete."""
+        log(f"checkpoint {w.path}: {w.bytes / 1e6:.1f} MB in {w.seconds:.2f} s "
+            f"({w.mb_per_s:.0f} MB/s), written in the background")
+        goodput.record(self.plan.run.timeline, "save", t=w.started, end=w.started + w.seconds,
+                       step=w.step, bytes=w.bytes)
 
     def train(self) -> dict[str, Any] | None:
         cfg, rt, accum = self.plan.cfg, self.rt, self.plan.grad_accum
@@ -141,18 +173,24 @@ class Trainer:
         batches = rt.batches(self.loader)
         step, first_step_s = self.start_step, None
         pending: list[tuple[int, torch.Tensor, float]] = []  # steps not yet read on the host
-        window_t0 = 0.0
+        window_t0, window_wall = 0.0, 0.0
+        wd = self.watchdog.start()
         while step < end:
             t0 = time.perf_counter()
-            window_t0 = window_t0 if pending else t0
+            if not pending:
+                window_t0, window_wall = t0, time.time()
+            wd.where = f"step {step + 1}: data, forward, backward (gradient all_reduce), optimizer"
             result = self.stepper(batches, accum, self.loader.consumed)
+            wd.where = f"step {step + 1}: loss all_reduce"
             losses = rt.all_reduce_sum(result.losses) / (accum * rt.world)
             step += 1
             pending.append((step, torch.cat([losses, result.grad_norm.reshape(1).float()]),
                             result.lr))
             if (first_step_s is None or step % rt.options.sync_every == 0 or step == end
                     or step % t.checkpoint_every == 0):
-                self._log(pending, window_t0)  # the one host sync of the window
+                wd.where = f"step {step}: reading losses on the host"
+                self._log(pending, window_t0, window_wall)  # the one host sync of the window
+            warm = first_step_s is not None
             if first_step_s is None:
                 first_step_s = time.time() - self.started
                 self._compiled()
@@ -161,9 +199,15 @@ class Trainer:
                     log(f"nccl net plugin: {self.net_plugin}")
             if step % t.checkpoint_every == 0 or step == end:  # and always at the end
                 self._save(step)
+            wd.beat(step, time.perf_counter() - t0 if warm else None)
+            wd.where = f"after step {step}"
+            for hook in after_step_hooks:
+                hook(self.plan.run.dir, rt.rank, step)
+        wd.stop()
         return self._finish(step, first_step_s)
 
-    def _log(self, pending: list[tuple[int, torch.Tensor, float]], since: float) -> None:
+    def _log(self, pending: list[tuple[int, torch.Tensor, float]], since: float,
+             since_wall: float) -> None:
         """Read the window's losses and gradient norms in one host sync (every step on CPU,
         every options.sync_every on CUDA) and write their metrics rows; step_s is the window's
         mean (the host runs ahead of the GPU, so one step's own time is not known)."""
@@ -173,6 +217,8 @@ class Trainer:
             for (step, _, lr), (loss, mlm, nsp, norm) in zip(pending, values, strict=True):
                 self.metrics.step(step=step, loss=loss, mlm_loss=mlm, nsp_loss=nsp, lr=lr,
                                   grad_norm=norm, step_s=step_s)
+            goodput.record(self.plan.run.timeline, "steps", t=since_wall, end=time.time(),
+                           first=pending[0][0], last=pending[-1][0])
         pending.clear()
 
     def _compiled(self) -> None:
@@ -187,6 +233,10 @@ class Trainer:
 
     def _finish(self, step: int, first_step_s: float | None) -> dict[str, Any] | None:
         p, cfg, rt = self.plan, self.plan.cfg, self.rt
+        if self.writer is not None:  # the last checkpoint is complete before the process ends
+            t0 = time.time()
+            self.writer.wait()
+            goodput.record(p.run.timeline, "checkpoint", t=t0, end=time.time(), step=step)
         sums = rt.all_gather_object(param_checksum(self.model), tag="checksum")
         # torchrun counts restarts per node agent; the job's count is the largest.
         restarts = max(rt.all_gather_object(p.env.restarts, tag="restarts"))
@@ -205,11 +255,23 @@ class Trainer:
             precision=cfg.train.precision, param_checksum=sums[0],
             cacheset=cfg.train.cacheset if p.compile else None,
             compile_counters=compile_counters.snapshot() if p.compile else {},
-            nccl_net_plugin=self.net_plugin or netplugin.describe(rt.kind))
+            nccl_net_plugin=self.net_plugin or netplugin.describe(rt.kind),
+            **self._goodput(step))
         self.metrics.close()
         log(f"done: step {step}, loss {last}, {summary['avg_seq_per_s']} seq/s average, "
             f"ranks agree: {summary['ranks_agree']}")
         return summary
+
+    def _goodput(self, step: int) -> dict[str, Any]:
+        """summary.json's goodput and checkpoint_saves, computed as `report` does (goodput.py)
+        but up to now, as this process ends; report runs to the end state.json records."""
+        run, now = self.plan.run, time.time()
+        goodput.record(run.timeline, "end", t=now, step=step)
+        launched = goodput.launched_at_from()
+        events = goodput.read(run.timeline)
+        g = goodput.breakdown(events, launched_at=launched, ended_at=now)
+        return {"goodput": g.to_json() if g else None,
+                "checkpoint_saves": goodput.save_stats(events, launched_at=launched)}
 
 
 def _last_logged_loss(path: Path) -> float | None:

@@ -1,0 +1,111 @@
+"""What checkpoints cost training: step time with and without a checkpoint every N steps, and
+background writes against synchronous ones (issue 14.5).
+
+    python bench/checkpoint_cost.py [--model bert-base] [--steps 24] [--every 4] [--out FILE]
+
+One local worker (1 node x 1), fp32, micro-batch 2 on the built-in corpus, three runs of the
+same job that differ only in checkpointing:
+
+  none        train.checkpoint_every > steps (only the final save, after the last step)
+  background  a checkpoint every --every steps, written by rank 0's writer thread (the default)
+  sync        the same, but training waits for each write (TRAINMASTER_CHECKPOINT_SYNC=1)
+
+For each: the median and mean step time (metrics.jsonl step_s, the final step left out), the
+seconds training stood still for saves and the write's size, time and MB/s (summary.json's
+checkpoint_saves), and the effective seconds per step = (sum of step times + stand-still) /
+steps, compared with `none`. Prints one JSON object; no assertions (DESIGN 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import agent_env, emit, load, machine, prepare_corpus
+from trainmaster import jobfile
+from trainmaster.launch import state
+from trainmaster.storage import RunPaths, Storage
+from trainmaster.train.ckptwriter import SYNC_ENV
+
+VARIANTS = ("none", "background", "sync")
+TIMEOUT_S = 1800.0
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run(root: Path, variant: str, model: str, steps: int, every: int) -> dict[str, Any]:
+    name = f"ckpt-{variant}"
+    cfg = jobfile.preset("local-cpu", [
+        f'job.name="{name}"', "job.nnodes=1", f'model.preset="{model}"', "train.batch_size=2",
+        "train.global_batch_size=2", f"train.max_steps={steps}", "train.warmup_steps=1",
+        f"train.checkpoint_every={steps + 1 if variant == 'none' else every}",
+        "train.keep_checkpoints=2", "job.max_restarts=0"])
+    path = root / "jobs" / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(jobfile.render(cfg, f"checkpoint bench {variant}"), encoding="utf-8")
+    env = agent_env(1) | ({SYNC_ENV: "1"} if variant == "sync" else {})
+    launched = subprocess.run([sys.executable, "-m", "trainmaster", "launch", str(path),
+                               "--storage", str(root)], env=env, capture_output=True, text=True)
+    if launched.returncode != 0:
+        raise SystemExit(f"launch {name}: {launched.stderr.strip()}")
+    paths = RunPaths(Storage(root).run_dir(name))
+    end = time.monotonic() + TIMEOUT_S
+    while (phase := state.observed(paths.state).phase) not in state.FINAL and time.monotonic() < end:
+        time.sleep(0.5)  # another process's job: polled
+    if phase != "succeeded":
+        raise SystemExit(f"{name} {phase}: see {paths.logs}")
+    rows = [json.loads(line) for line in paths.metrics.read_text().splitlines()]
+    step_s = [float(r["step_s"]) for r in rows[1:]]  # the first step compiles/warms up
+    summary = json.loads(paths.summary.read_text())
+    saves = summary["checkpoint_saves"]
+    # Stand-still before the final save is not a training cost of the cadence: leave it out.
+    stalls = [e["end"] - e["t"] for e in map(json.loads, paths.timeline.read_text().splitlines())
+              if e["event"] == "checkpoint" and e["step"] < steps]
+    return {"median_step_s": round(statistics.median(step_s), 4),
+            "mean_step_s": round(statistics.mean(step_s), 4),
+            "stood_still_s": round(sum(stalls), 3), "saves_during_training": len(stalls),
+            "effective_s_per_step": round((sum(step_s) + sum(stalls)) / len(step_s), 4),
+            "checkpoint_saves": saves, "goodput": summary["goodput"]["ratio"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="bert-base", help="bert-tiny | bert-base | bert-large")
+    ap.add_argument("--steps", type=int, default=24, help="steps per run")
+    ap.add_argument("--every", type=int, default=4, help="checkpoint every N steps")
+    ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    args = ap.parse_args()
+    if args.every < 1 or args.steps <= args.every + 1:
+        ap.error("--every >= 1 and --steps > --every + 1")
+    started, load_before = time.time(), load()
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as d:
+        root = Path(d)
+        say("preparing the built-in corpus")
+        prepare_corpus(root, shards=2)
+        for variant in VARIANTS:
+            say(f"{variant} ...")
+            results[variant] = run(root, variant, args.model, args.steps, args.every)
+            say(f"  {json.dumps(results[variant])}")
+    base = results["none"]["effective_s_per_step"]
+    emit({"bench": "checkpoint_cost",
+          "what": (f"measured here: {args.model}, 1 local worker, fp32, micro-batch 2, "
+                   f"{args.steps} steps, a checkpoint every {args.every} (none: only the final)"),
+          "command": "python bench/checkpoint_cost.py " + " ".join(sys.argv[1:]),
+          "machine": machine(), "load_before": load_before, "load_after": load(),
+          "seconds": round(time.time() - started, 1), "results": results,
+          "effective_step_vs_none": {v: round(r["effective_s_per_step"] / base, 3)
+                                     for v, r in results.items()}}, args.out)
+
+
+if __name__ == "__main__":
+    main()

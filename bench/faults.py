@@ -1,0 +1,164 @@
+"""Fault trials: does a 2-node local job survive kills and hangs, resume exactly, and how much
+time does each cost? (issue 14.6)
+
+    python bench/faults.py [--trials 10] [--kinds kill,kill_in_checkpoint,hang] [--steps 30]
+                           [--seed 0] [--out FILE]
+
+The job: bert-tiny, 2 nodes x 1 worker on loopback (c10d), `--steps` steps, a checkpoint every
+10, dropout off (so that an exact resume is decidable: the final parameters of a run that was
+interrupted and resumed must equal those of an uninterrupted one, bit for bit). One
+uninterrupted reference run first, then `--trials` runs of each kind, with a random rank and
+step drawn from --seed:
+
+  kill                SIGKILL a random worker right after a random step (not a checkpoint step)
+  kill_in_checkpoint  SIGKILL rank 0 half-way through writing a random checkpoint (the model
+                      file written, the rest not): the previous checkpoint must be used
+  hang                a random worker stops after a random step (sleeps); the hang watchdog
+                      (train.hang_timeout = --hang-timeout) must end it
+
+The faults are the trainer's test hooks (trainmaster/train/faults.py), each fires once per job.
+Per kind it reports completed/N (phase succeeded with every step done), exact/N (the summary's
+parameter checksum equals the reference's), the median time to resume (goodput's restart
+seconds: from the dead attempt's last event to the next attempt's first step), the median
+goodput ratio and the restarts. Prints one JSON object; no assertions (DESIGN 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import agent_env, emit, load, machine, prepare_corpus
+from trainmaster import jobfile
+from trainmaster.launch import state
+from trainmaster.storage import RunPaths, Storage
+from trainmaster.train import faults
+from trainmaster.train.model import DROPOUT_ENV
+
+KINDS = ("kill", "kill_in_checkpoint", "hang")
+CHECKPOINT_EVERY = 10
+POLL_S = 0.2
+TIMEOUT_S = 900.0
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def job_file(root: Path, name: str, steps: int, hang_timeout: float) -> Path:
+    cfg = jobfile.preset("local-cpu", [
+        f'job.name="{name}"', f"train.max_steps={steps}", "train.warmup_steps=2",
+        f"train.checkpoint_every={CHECKPOINT_EVERY}", "train.keep_checkpoints=3",
+        "job.max_restarts=3", "rendezvous.timeout=180", f"train.hang_timeout={hang_timeout}"])
+    path = root / "jobs" / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(jobfile.render(cfg, f"fault trial {name}"), encoding="utf-8")
+    return path
+
+
+def fault_env(kind: str, rng: random.Random, steps: int) -> tuple[dict[str, str], str]:
+    """The hook's environment variable for one trial, and the fault in words."""
+    if kind == "kill_in_checkpoint":
+        at = rng.choice(range(CHECKPOINT_EVERY, steps, CHECKPOINT_EVERY))  # not the final one
+        return {faults.KILL_IN_CHECKPOINT_ENV: str(at)}, f"rank 0 in checkpoint {at}"
+    rank = rng.choice((0, 1))
+    step = rng.choice([s for s in range(2, steps) if s % CHECKPOINT_EVERY])
+    env = faults.KILL_AT_STEP_ENV if kind == "kill" else faults.HANG_AT_STEP_ENV
+    return {env: f"{rank}:{step}"}, f"rank {rank} after step {step}"
+
+
+def run_job(root: Path, name: str, steps: int, hang_timeout: float,
+            extra_env: dict[str, str]) -> dict[str, Any]:
+    path = job_file(root, name, steps, hang_timeout)
+    env = agent_env(2) | {DROPOUT_ENV: "0", "TRAINMASTER_DIST_TIMEOUT_S": "180", **extra_env}
+    t0 = time.time()
+    launched = subprocess.run([sys.executable, "-m", "trainmaster", "launch", str(path),
+                               "--storage", str(root)], env=env, capture_output=True, text=True)
+    if launched.returncode != 0:
+        return {"phase": "not launched", "error": launched.stderr.strip()[-300:]}
+    run = RunPaths(Storage(root).run_dir(name))
+    end = time.monotonic() + TIMEOUT_S
+    st = state.observed(run.state)
+    while st.phase not in state.FINAL and time.monotonic() < end:
+        time.sleep(POLL_S)  # another process's job: polled
+        st = state.observed(run.state)
+    summary = json.loads(run.summary.read_text()) if run.summary.exists() else {}
+    g = summary.get("goodput") or {}
+    return {"phase": st.phase, "wall_s": round(time.time() - t0, 2),
+            "steps": summary.get("steps"), "restarts": summary.get("restarts"),
+            "resumed_from": summary.get("resumed_from"), "checksum": summary.get("param_checksum"),
+            "goodput": g.get("ratio"), "resume_s": g.get("restart"), "steps_lost": g.get("steps_lost"),
+            "hangs": len(run.hangs.read_text().splitlines()) if run.hangs.exists() else 0}
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def tally(trials: list[dict[str, Any]], steps: int, reference: str | None) -> dict[str, Any]:
+    done = [t for t in trials if t["phase"] == "succeeded" and t["steps"] == steps]
+    return {"trials": len(trials), "completed": len(done),
+            "exact": sum(1 for t in done if reference and t["checksum"] == reference),
+            "median_time_to_resume_s": _median([t["resume_s"] for t in done if t["resume_s"] is not None]),
+            "median_goodput": _median([t["goodput"] for t in done if t["goodput"] is not None]),
+            "restarts": [t["restarts"] for t in trials]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trials", type=int, default=10, help="trials of each kind")
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"some of {','.join(KINDS)}")
+    ap.add_argument("--steps", type=int, default=30, help="steps per job (a checkpoint every 10)")
+    ap.add_argument("--hang-timeout", type=float, default=15.0, help="train.hang_timeout, seconds")
+    ap.add_argument("--seed", type=int, default=0, help="draws the ranks and steps of the faults")
+    ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    args = ap.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or args.trials < 1 or args.steps <= CHECKPOINT_EVERY + 2:
+        ap.error(f"--kinds from {','.join(KINDS)}, --trials >= 1, --steps > {CHECKPOINT_EVERY + 2}")
+    rng = random.Random(args.seed)
+    started, load_before = time.time(), load()
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        say("preparing the built-in corpus")
+        prepare_corpus(root, shards=4)
+        say("reference run (no fault)")
+        ref = run_job(root, "reference", args.steps, args.hang_timeout, {})
+        say(f"  {ref['phase']} in {ref['wall_s']} s, goodput {ref['goodput']}")
+        results: dict[str, Any] = {}
+        for kind in kinds:
+            trials = []
+            for i in range(args.trials):
+                env, what = fault_env(kind, rng, args.steps)
+                t = run_job(root, f"{kind.replace('_', '-')}-{i}", args.steps, args.hang_timeout, env)
+                t["fault"] = what
+                t["exact"] = t["checksum"] == ref["checksum"] and ref["checksum"] is not None
+                say(f"  {kind} {i + 1}/{args.trials} ({what}): {t['phase']}, restarts "
+                    f"{t['restarts']}, resumed from {t['resumed_from']}, exact {t['exact']}, "
+                    f"resume {t['resume_s']} s, goodput {t['goodput']}")
+                trials.append(t)
+            results[kind] = {**tally(trials, args.steps, ref["checksum"]), "runs": trials}
+    emit({"bench": "faults",
+          "what": ("measured here: a 2-node x 1-worker bert-tiny job on loopback (c10d), "
+                   f"{args.steps} steps, a checkpoint every {CHECKPOINT_EVERY}, dropout off; "
+                   "faults injected by the trainer's test hooks"),
+          "command": "python bench/faults.py " + " ".join(sys.argv[1:]),
+          "machine": machine(), "load_before": load_before, "load_after": load(),
+          "seconds": round(time.time() - started, 1), "seed": args.seed,
+          "hang_timeout_s": args.hang_timeout,
+          "reference": ref, "summary": {k: {x: v for x, v in r.items() if x != "runs"}
+                                        for k, r in results.items()},
+          "results": results}, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""goodput.breakdown on hand-made timelines, checked against figures worked out by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainmaster import goodput
+
+
+def start(t: float, step: int = 0, compiles: bool = False) -> dict[str, Any]:
+    return {"event": "start", "t": t, "step": step, "compiles": compiles}
+
+
+def steps(t: float, end: float, first: int, last: int | None = None) -> dict[str, Any]:
+    return {"event": "steps", "t": t, "end": end, "first": first, "last": first if last is None else last}
+
+
+def ckpt(t: float, end: float, step: int) -> dict[str, Any]:
+    return {"event": "checkpoint", "t": t, "end": end, "step": step}
+
+
+def killed_once(compiles: bool = False) -> list[dict[str, Any]]:
+    """Launched at 100. The first trainer starts at 101, steps 1-6 (step 1 takes 2 s, the rest
+    1 s), checkpoints step 4 (0.5 s), dies after step 6. The second starts at 115 from step 4,
+    redoes 5-6, steps 7-8, checkpoints step 8, ends at 125; the run ends at 126."""
+    return [
+        start(101, 0, compiles), steps(105, 107, 1), steps(107, 108, 2), steps(108, 109, 3),
+        steps(109, 110, 4), ckpt(110, 110.5, 4), steps(110.5, 111.5, 5), steps(111.5, 112.5, 6),
+        start(115, 4, compiles), steps(120, 121, 5), steps(121, 122, 6), steps(122, 123, 7),
+        steps(123, 124, 8), ckpt(124, 124.5, 8), {"event": "end", "t": 125, "step": 8},
+    ]
+
+
+def test_a_kill_splits_wall_time_as_worked_out_by_hand() -> None:
+    g = goodput.breakdown(killed_once(), launched_at=100, ended_at=126)
+    assert g is not None
+    # startup 100->105; steps 1-4 of the first trainer (5 s) and 5-8 of the second (4 s) are
+    # productive; its steps 5-6 (2 s) were redone: lost; two checkpoints of 0.5 s; the restart
+    # runs from its last step (112.5) to the next first step (120); 124.5->126 is the end.
+    assert g.seconds == pytest.approx({"startup": 5, "compile": 0, "productive": 9, "lost": 2,
+                                       "checkpoint": 1, "restart": 7.5, "other": 1.5})
+    assert g.wall == 26 and g.ratio == pytest.approx(9 / 26)
+    assert g.steps_lost == 2 and g.restarts == 1
+    assert sum(g.seconds.values()) == pytest.approx(g.wall)
+    assert [s.kind for s in g.spans[:3]] == ["startup", "productive", "productive"]
+    assert g.spans[0] == goodput.Span("startup", 0, 5)
+    assert [s for s in g.spans if s.kind == "restart"] == [goodput.Span("restart", 12.5, 20)]
+    as_json = g.to_json()
+    assert as_json["ratio"] == round(9 / 26, 4) and as_json["lost"] == 2 and as_json["wall"] == 26
+
+
+def test_compile_is_the_first_steps_excess_over_a_steady_step() -> None:
+    g = goodput.breakdown(killed_once(compiles=True), launched_at=100, ended_at=126)
+    assert g is not None
+    # Both trainers' steady step is 1 s: the first's step 1 (2 s) is 1 s of compile. The
+    # second's first step (5, 1 s) has no excess.
+    assert g.seconds["compile"] == pytest.approx(1)
+    assert g.seconds["productive"] == pytest.approx(8)
+    assert g.seconds["lost"] == pytest.approx(2)
+
+
+def test_a_window_across_the_resume_point_is_lost_pro_rata() -> None:
+    """On CUDA one event covers several steps: steps 3-6 in 4 s, resumed after step 4."""
+    events = [start(0), steps(1, 2, 1, 2), steps(2, 6, 3, 6), start(10, 4), steps(12, 14, 5, 6)]
+    g = goodput.breakdown(events)
+    assert g is not None and g.steps_lost == 2
+    assert g.seconds["lost"] == pytest.approx(2) and g.seconds["productive"] == pytest.approx(1 + 2 + 2)
+    assert g.seconds["startup"] == pytest.approx(1) and g.seconds["restart"] == pytest.approx(6)
+    assert g.wall == 14  # no launch time given: from the first start to the last event
+
+
+def test_an_earlier_launch_of_the_job_is_not_counted() -> None:
+    """`launch --resume`: the timeline holds the first launch too; only this one is measured."""
+    old = [start(10), steps(12, 13, 1)]
+    new = [start(51, 1), steps(53, 54, 2), steps(54, 55, 3)]
+    g = goodput.breakdown(old + new, launched_at=50, ended_at=56)
+    assert g is not None and g.restarts == 0 and g.steps_lost == 0
+    assert g.seconds["startup"] == pytest.approx(3) and g.seconds["productive"] == pytest.approx(2)
+    stats = goodput.save_stats([*old, {"event": "save", "t": 12, "end": 13, "bytes": 10**6},
+                                *new, {"event": "save", "t": 54, "end": 54.5, "bytes": 10**6}],
+                               launched_at=50)
+    assert stats["count"] == 1 and stats["mb_per_s"] == 2.0
+
+
+def test_a_run_still_starting_is_all_startup_and_one_restarting_is_restart() -> None:
+    g = goodput.breakdown([start(1)], launched_at=0, ended_at=30)
+    assert g is not None and g.seconds["startup"] == 30 and g.ratio == 0
+    g = goodput.breakdown([start(1), steps(2, 3, 1), start(5, 0)], launched_at=0, ended_at=9)
+    assert g is not None and g.seconds["restart"] == pytest.approx(6) and g.seconds["lost"] == 1
+    assert goodput.breakdown([], launched_at=0, ended_at=5) is None
+
+
+def test_save_stats_sum_writes_and_stalls() -> None:
+    events = [ckpt(10, 10.2, 10), {"event": "save", "t": 10.2, "end": 12.2, "step": 10, "bytes": 40_000_000},
+              ckpt(20, 20.1, 20), {"event": "save", "t": 20.1, "end": 21.1, "step": 20, "bytes": 40_000_000}]
+    stats = goodput.save_stats(events)
+    assert stats == {"count": 2, "total_s": 3.0, "max_s": 2.0, "mb": 80.0, "mb_per_s": 26.7,
+                     "blocked_s": 0.3, "max_blocked_s": 0.2}
+    assert goodput.save_stats([])["mb_per_s"] is None
+
+
+def test_record_and_read_back_skip_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "timeline.jsonl"
+    goodput.record(path, "start", t=1.5, step=0, compiles=False)
+    goodput.record(path, "steps", t=2.0, end=3.0, first=1, last=1)
+    with path.open("a") as f:
+        f.write('{"event": "steps", "t": 3.0, "en')  # a writer killed mid-line
+    assert goodput.read(path) == [start(1.5), steps(2.0, 3.0, 1)]
+    assert goodput.read(tmp_path / "missing.jsonl") == []
+    assert goodput.launched_at_from({goodput.LAUNCHED_AT_ENV: "12.5"}) == 12.5
+    assert goodput.launched_at_from({}) is None
