@@ -154,6 +154,7 @@ class TrainSection(Section):
     steps_this_run: PositiveInt | None = Field(None, description="stop after this many steps in this run (unset = until max_steps)")
     checkpoint_every: PositiveInt = Field(50, description="optimizer steps between checkpoints")
     keep_checkpoints: PositiveInt = Field(2, description="checkpoints kept (the newest)")
+    preflight: bool = Field(True, description="check every node before the first step (device, a matmul against float64, an all-reduce, disk, /dev/shm, Neuron and EFA devices); a failing node stops the job naming the node and the check")
     hang_timeout: Annotated[float, Field(ge=0)] | None = Field(None, description="seconds without a finished step before a worker counts as hung: its stacks are dumped and the job restarts from its last checkpoint (unset = max(300, 20x the slowest recent step); 0 = off)")
     seed: NonNegativeInt = Field(12345, description="seed of weights, data order and dropout")
     compile: bool = Field(False, description="torch.compile (cpu/cuda) or the Neuron compile cache (xla)")

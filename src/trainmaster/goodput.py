@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,3 +205,15 @@ def save_stats(events: Iterable[dict[str, Any]], *, launched_at: float | None = 
             "mb": round(total_bytes / 1e6, 3),
             "mb_per_s": round(total_bytes / 1e6 / sum(secs), 1) if secs and sum(secs) > 0 else None,
             "blocked_s": round(sum(stalls), 3), "max_blocked_s": round(max(stalls), 3) if stalls else None}
+
+
+def summary_fields(path: Path, step: int) -> dict[str, Any]:
+    """summary.json's goodput and checkpoint_saves as the trainer ends (an "end" event now),
+    computed as `report` does; report runs on to the end that state.json records."""
+    now = time.time()
+    record(path, "end", t=now, step=step)
+    launched = launched_at_from()
+    events = read(path)
+    g = breakdown(events, launched_at=launched, ended_at=now)
+    return {"goodput": g.to_json() if g else None,
+            "checkpoint_saves": save_stats(events, launched_at=launched)}

@@ -102,6 +102,11 @@ class RunPaths:
         return self.dir / "hangs.jsonl"
 
     @property
+    def preemptions(self) -> Path:
+        """One JSON line per SIGTERM honoured with a checkpoint (train/preempt.py)."""
+        return self.dir / "preemptions.jsonl"
+
+    @property
     def summary(self) -> Path:
         return self.dir / "summary.json"
 

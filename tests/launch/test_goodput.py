@@ -31,6 +31,10 @@ def test_report_and_summary_account_for_a_killed_worker(pydoc_storage: Path, tmp
     assert final.phase == "succeeded", diagnosis(pydoc_storage, job)
     s = summary(pydoc_storage, job)
     assert s["restarts"] == 1 and s["resumed_from"] == 10 and s["steps"] == JOB_STEPS
+    # Node preflight (issue 14.2) ran on both nodes, for real, and passed.
+    assert [n["node"] for n in s["preflight"]] == [0, 1]
+    assert all(c["ok"] for n in s["preflight"] for c in n["checks"])
+    assert {"device", "matmul", "all_reduce", "disk", "shm"} <= {c["name"] for c in s["preflight"][1]["checks"]}
 
     g = s["goodput"]
     assert g["steps_lost"] == 5 and g["restarts"] == 1

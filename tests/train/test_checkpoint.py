@@ -129,7 +129,7 @@ def test_a_checkpoint_of_another_configuration_is_refused(pydoc_storage: Path) -
                                                 "vocab_size": 4096}))
     plan = preflight.make_plan(job, str(pydoc_storage), environ={})
     assert plan.resume is not None and plan.resume.step == 5 and plan.position == Position(0, 1, 8)
-    # The plan is frozen: rank 0's other choice (loop._agree_on_resume) is a new plan.
+    # The plan is frozen: rank 0's other choice (checkpoint.agree_on_resume) is a new plan.
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.resume = None  # type: ignore[misc]
     fresh = plan.resuming_from(None)

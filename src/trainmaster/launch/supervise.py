@@ -45,6 +45,19 @@ def _final_phase(run: RunPaths, st: state.RunState, codes: list[int], elastic: b
     return "failed"
 
 
+def first_error(run: RunPaths) -> str | None:
+    """The `error: ...` line a worker wrote last (bad input, a failed node preflight), of the
+    lowest rank that wrote one: the one line `status` shows for a failed job. The newest, since
+    rank logs append across restarts and launches of the job."""
+    logs = sorted(run.logs.glob("rank*.log"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)
+    for log in logs:
+        with log.open(encoding="utf-8", errors="replace") as f:
+            errors = [line for line in f if line.startswith("error: ")]
+        if errors:
+            return errors[-1].removeprefix("error: ").strip()
+    return None
+
+
 class Cancelled(Exception):
     """`cancel` asked for the end while the supervisor was still starting the run."""
 
@@ -180,7 +193,8 @@ def supervise(run_dir: Path) -> int:
         nodes += final.nodes[len(codes):]
     elastic = bool(cfg.job.min_nnodes and cfg.job.min_nnodes < cfg.job.nnodes)
     phase = _final_phase(run, final, codes, elastic)
-    state.update(run.state, phase=phase, nodes=nodes, finished_at=time.time())
+    why = {"message": first_error(run) or final.message} if phase == "failed" else {}
+    state.update(run.state, phase=phase, nodes=nodes, finished_at=time.time(), **why)
     return 0 if phase == "succeeded" else 1
 
 

@@ -18,7 +18,7 @@ from trainmaster.errors import UserError
 from trainmaster.launch import state
 from trainmaster.launch.procs import Worker, workers
 from trainmaster.storage import RunPaths, Storage
-from trainmaster.train import watchdog
+from trainmaster.train import preempt, watchdog
 
 
 def run_paths(store: Storage, job: str) -> RunPaths:
@@ -87,6 +87,7 @@ class Status:
     max_steps: int | None = None
     eta_s: float | None = None
     hangs: list[watchdog.Hang] = field(default_factory=list)
+    preemptions: int = 0  # SIGTERMs honoured with a checkpoint (not failures)
 
     @property
     def restarts(self) -> int:
@@ -112,7 +113,7 @@ def status(store: Storage, job: str) -> Status:
         eta = max(0.0, per_step) * max(0, max_steps - int(last["step"]))
     return Status(st, last, read_json(run.summary), read_json(run.rank0),
                   workers(st) if st.phase == "running" else [], max_steps, eta,
-                  watchdog.read_hangs(run.hangs))
+                  watchdog.read_hangs(run.hangs), len(preempt.read(run.preemptions)))
 
 
 HANGS_SHOWN = 4
@@ -152,6 +153,8 @@ def progress_text(s: Status) -> str:
         keys += [k for k in s.last if k not in skip and k not in keys]
         parts += [f"{k} {_fmt(s.last[k])}" for k in keys[:SHOWN] if s.last[k] is not None]
     parts.append(f"restarts {s.restarts}")
+    if s.preemptions:
+        parts.append(f"preemptions {s.preemptions} (SIGTERM, checkpointed)")
     return "  ".join(parts)
 
 

@@ -17,6 +17,8 @@ Modules, in the order a run uses them:
   checkpoint  saving and loading model, optimizer, scheduler, RNG and data position
   ckptwriter  checkpoint writes in a background thread
   watchdog    the hang watchdog: stack dumps and a restart instead of a 30-minute wait
+  health      node preflight: device, matmul, all-reduce, disk, shm, Neuron and EFA devices
+  preempt     SIGTERM: a checkpoint of the current step, then stop (not a failure)
   metrics     metrics.jsonl, TensorBoard, log lines, rank0.json and summary.json
   loop        the training loop
 """

@@ -2,7 +2,8 @@
 
 torchrun starts this on every worker (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR... come from
 its environment); started by hand without torchrun it is one worker of a world of 1. Exit
-codes: 0 done, 2 bad input (one `error: ...` line on stderr, no traceback), 1 anything else.
+codes: 0 done, 2 bad input (one `error: ...` line on stderr, no traceback), 3 hung (the
+watchdog), 143 preempted (SIGTERM, after a checkpoint), 1 anything else.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import traceback  # noqa: E402
 from trainmaster import ranklog  # noqa: E402
 from trainmaster.compile import cache, lock  # noqa: E402
 from trainmaster.errors import EXIT_BAD_INPUT, EXIT_FAILED, UserError  # noqa: E402
-from trainmaster.train import preflight  # noqa: E402
+from trainmaster.train import preempt, preflight  # noqa: E402
 
 LOCK_WAIT_ENV = "TRAINMASTER_CACHE_LOCK_WAIT_S"
 DEFAULT_LOCK_WAIT_S = 600.0  # a trainer that takes the lock itself (Kubernetes) waits this long
@@ -71,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         code = EXIT_BAD_INPUT
+    except preempt.Preempted as exc:
+        print(f"trainmaster: {exc}", flush=True)
+        code = preempt.EXIT_PREEMPTED
     except BaseException:
         traceback.print_exc()
         code = EXIT_FAILED

@@ -28,9 +28,11 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from trainmaster.errors import UserError
 from trainmaster.train import ckptdir
 from trainmaster.train.dataset import Position
 from trainmaster.train.device import Runtime
+from trainmaster.train.preflight import Plan
 
 MODEL, TRAINER, RANKS = "model.pt", "trainer.pt", "ranks.pt"
 
@@ -165,3 +167,20 @@ def load_rank(path: Path, rt: Runtime, same_world: bool) -> bool:
     states = torch.load(path / RANKS, map_location="cpu", weights_only=True)
     restore_rank_state(rt, states[rt.rank])
     return True
+
+
+def agree_on_resume(plan: Plan, rt: Runtime) -> Plan:
+    """Rank 0 decides where to resume; a rank that saw another checkpoint follows it."""
+    mine = plan.resume.step if plan.resume else None
+    chosen = rt.broadcast_object(mine, tag="resume")
+    if chosen == mine:
+        return plan
+    if chosen is None:
+        return plan.resuming_from(None)
+    path = plan.run.checkpoints / ckptdir.step_name(chosen)
+    meta = ckptdir.read_meta(path)
+    if meta is None:
+        raise UserError(f"rank 0 resumes from {path.name}, which rank {rt.rank} cannot read: "
+                        "the run folder must be shared storage seen by every node",
+                        where=str(path))
+    return plan.resuming_from(ckptdir.Checkpoint(path, chosen, meta))

@@ -8,7 +8,9 @@ sets one of:
 - TRAINMASTER_FAULT_KILL_AT_STEP=R:N: SIGKILL rank R right after its step N
   (loop.after_step_hooks), a worker lost between checkpoints (the goodput test);
 - TRAINMASTER_FAULT_HANG_AT_STEP=R:N: rank R stops right after its step N and never goes on
-  (a sleep), as a worker stuck in a driver or a collective would (the watchdog test).
+  (a sleep), as a worker stuck in a driver or a collective would (the watchdog test);
+- TRAINMASTER_FAULT_BAD_MATMUL_RANK=R: rank R's device computes its preflight matmul 1% off,
+  as a faulty accelerator would (the node preflight test).
 
 Each fires once per job.
 """
@@ -21,12 +23,14 @@ import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from trainmaster.train import checkpoint, loop
+from trainmaster.train import checkpoint, health, loop
 
 KILL_IN_CHECKPOINT_ENV = "TRAINMASTER_FAULT_KILL_IN_CHECKPOINT"
 KILL_AT_STEP_ENV = "TRAINMASTER_FAULT_KILL_AT_STEP"
 HANG_AT_STEP_ENV = "TRAINMASTER_FAULT_HANG_AT_STEP"
+BAD_MATMUL_ENV = "TRAINMASTER_FAULT_BAD_MATMUL_RANK"
 
 
 def _once(marker: Path) -> bool:
@@ -56,6 +60,10 @@ def hang_at_step(rank: int, target: int, run_dir: Path, my_rank: int, step: int)
             time.sleep(3600)
 
 
+def bad_matmul(rank: int, my_rank: int, product: Any) -> Any:
+    return product * 1.01 if my_rank == rank else product
+
+
 def _rank_step(raw: str) -> tuple[int, int]:
     rank, _, step = raw.partition(":")
     return int(rank), int(step)
@@ -65,6 +73,8 @@ def install(environ: Mapping[str, str] = os.environ) -> None:
     target = environ.get(KILL_IN_CHECKPOINT_ENV)
     if target:
         checkpoint.mid_save_hooks.append(functools.partial(kill_in_checkpoint, int(target)))
+    if environ.get(BAD_MATMUL_ENV):
+        health.matmul_hooks.append(functools.partial(bad_matmul, int(environ[BAD_MATMUL_ENV])))
     for env, hook in ((KILL_AT_STEP_ENV, kill_at_step), (HANG_AT_STEP_ENV, hang_at_step)):
         if environ.get(env):
             loop.after_step_hooks.append(functools.partial(hook, *_rank_step(environ[env])))

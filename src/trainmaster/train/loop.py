@@ -9,9 +9,7 @@ per step). At the end the ranks compare parameter checksums (summary.json's rank
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import os
 import random
 import socket
@@ -27,13 +25,18 @@ from torch import nn
 from trainmaster import goodput
 from trainmaster.compile import counters as compile_counters
 from trainmaster.compile import fingerprint
-from trainmaster.errors import UserError
-from trainmaster.train import checkpoint, ckptdir, ckptwriter, netplugin
+from trainmaster.train import checkpoint, ckptwriter, health, netplugin, preempt
 from trainmaster.train import model as model_mod
 from trainmaster.train.ckptwriter import BackgroundWriter, Written
 from trainmaster.train.data import ShardLoader
 from trainmaster.train.device import Runtime, resolve_kind
-from trainmaster.train.metrics import MetricsLog, log, peak_tflops_per_worker, write_rank0
+from trainmaster.train.metrics import (
+    MetricsLog,
+    last_logged_loss,
+    log,
+    peak_tflops_per_worker,
+    write_rank0,
+)
 from trainmaster.train.optim import make_optimizer, make_scheduler
 from trainmaster.train.preflight import Plan
 from trainmaster.train.step import Stepper
@@ -53,36 +56,20 @@ def param_checksum(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def _agree_on_resume(plan: Plan, rt: Runtime) -> Plan:
-    """Rank 0 decides where to resume; a rank that saw another checkpoint follows it."""
-    mine = plan.resume.step if plan.resume else None
-    chosen = rt.broadcast_object(mine, tag="resume")
-    if chosen == mine:
-        return plan
-    if chosen is None:
-        return plan.resuming_from(None)
-    path = plan.run.checkpoints / ckptdir.step_name(chosen)
-    meta = ckptdir.read_meta(path)
-    if meta is None:
-        raise UserError(f"rank 0 resumes from {path.name}, which rank {rt.rank} cannot read: "
-                        "the run folder must be shared storage seen by every node",
-                        where=str(path))
-    return plan.resuming_from(ckptdir.Checkpoint(path, chosen, meta))
-
-
 class Trainer:
     def __init__(self, plan: Plan, started: float) -> None:
         self.plan, self.started = plan, started
         cfg = plan.cfg
         self.rt = Runtime(plan.env, resolve_kind(cfg.train.device), bf16=cfg.train.precision == "bf16")
         rt = self.rt
-        self.plan = plan = _agree_on_resume(plan, rt)
+        self.plan = plan = checkpoint.agree_on_resume(plan, rt)
         self.model = model_mod.build(cfg, plan.vocab_size, rt.options.attn_implementation)
         if plan.resume is not None:
             checkpoint.load_model(plan.resume.path, self.model)
         nn.Module.to(self.model, device=rt.device, dtype=rt.model_dtype())
         if rt.kind == "xla":
             self.model.tie_weights()  # moving to the XLA device unties them (xla-on-cpu.md)
+        self.preflight = self._preflight() if cfg.train.preflight else []
         # Dropout differs per rank; the weights above are the same on every rank.
         seed = cfg.train.seed + 1 + rt.rank
         rt.manual_seed(seed)
@@ -104,6 +91,7 @@ class Trainer:
         self.metrics: MetricsLog | None = None
         self.writer: BackgroundWriter | None = None
         self.net_plugin: str | None = None
+        self.preempt = preempt.Preemption().install()
         self.watchdog = Watchdog(logs=plan.run.logs, hangs=plan.run.hangs, rank=rt.rank,
                                  node=plan.env.node_rank, configured=cfg.train.hang_timeout)
         if rt.rank == 0:
@@ -121,6 +109,20 @@ class Trainer:
                 peak_tflops=peak_tflops_per_worker(cfg.derived.instance.peak_tflops_per_worker),
                 world=rt.world, global_batch=cfg.train.global_batch_size, seq_len=cfg.data.seq_len)
             self._describe()
+
+    def _preflight(self) -> list[dict[str, Any]]:
+        """Every node's health checks (health.py), before anything is trained; rank 0 logs them."""
+        p, rt = self.plan, self.rt
+        every = health.run(rt, inst=p.cfg.derived.instance, node=p.env.node_rank,
+                           local_rank=p.env.local_rank, local_workers=p.env.local_world_size,
+                           checkpoints=p.run.dir, keep=p.cfg.train.keep_checkpoints,
+                           params=sum(x.numel() for x in self.model.parameters()),
+                           on_aws=health.on_aws_node())
+        nodes = health.per_node(every)
+        if rt.rank == 0:
+            for node in nodes:
+                log(health.describe(node))
+        return nodes
 
     def _describe(self) -> None:
         p, cfg, rt = self.plan, self.plan.cfg, self.rt
@@ -182,14 +184,19 @@ class Trainer:
             wd.where = f"step {step + 1}: data, forward, backward (gradient all_reduce), optimizer"
             result = self.stepper(batches, accum, self.loader.consumed)
             wd.where = f"step {step + 1}: loss all_reduce"
-            losses = rt.all_reduce_sum(result.losses) / (accum * rt.world)
+            # One more float in the all-reduce: the ranks' SIGTERM votes (preempt.py).
+            votes = torch.full((1,), self.preempt.flag, dtype=result.losses.dtype,
+                               device=result.losses.device)
+            reduced = rt.all_reduce_sum(torch.cat([result.losses, votes]))
+            losses = reduced[:-1] / (accum * rt.world)
             step += 1
-            pending.append((step, torch.cat([losses, result.grad_norm.reshape(1).float()]),
-                            result.lr))
+            pending.append((step, torch.cat([losses, result.grad_norm.reshape(1).float(),
+                                             reduced[-1:].float()]), result.lr))
+            stop = False
             if (first_step_s is None or step % rt.options.sync_every == 0 or step == end
-                    or step % t.checkpoint_every == 0):
+                    or step % t.checkpoint_every == 0):  # the same steps on every rank
                 wd.where = f"step {step}: reading losses on the host"
-                self._log(pending, window_t0, window_wall)  # the one host sync of the window
+                stop = self._log(pending, window_t0, window_wall)  # the one host sync of the window
             warm = first_step_s is not None
             if first_step_s is None:
                 first_step_s = time.time() - self.started
@@ -197,6 +204,8 @@ class Trainer:
                 if rt.rank == 0 and rt.kind == "cuda":  # NCCL opens its plugin at the first collective
                     self.net_plugin = netplugin.describe(rt.kind)
                     log(f"nccl net plugin: {self.net_plugin}")
+            if stop and step < end:  # preempted: every rank saw the vote at this same step
+                self._stop_preempted(step)
             if step % t.checkpoint_every == 0 or step == end:  # and always at the end
                 self._save(step)
             wd.beat(step, time.perf_counter() - t0 if warm else None)
@@ -206,20 +215,36 @@ class Trainer:
         wd.stop()
         return self._finish(step, first_step_s)
 
+    def _stop_preempted(self, step: int) -> None:
+        """Checkpoint this step, wait for its write, record the preemption, stop (Preempted)."""
+        t0 = time.time()
+        self._save(step)
+        if self.writer is not None:
+            self.writer.wait()
+            preempt.record(self.plan.run.preemptions, step=step,
+                           requested_at=self.preempt.requested_at, saved_s=time.time() - t0)
+            log(f"preempted (SIGTERM): checkpoint of step {step} written in {time.time() - t0:.2f} s")
+        if self.metrics is not None:
+            self.metrics.close()
+        self.watchdog.stop()
+        raise preempt.Preempted(step)
+
     def _log(self, pending: list[tuple[int, torch.Tensor, float]], since: float,
-             since_wall: float) -> None:
+             since_wall: float) -> bool:
         """Read the window's losses and gradient norms in one host sync (every step on CPU,
         every options.sync_every on CUDA) and write their metrics rows; step_s is the window's
-        mean (the host runs ahead of the GPU, so one step's own time is not known)."""
+        mean (the host runs ahead of the GPU, so one step's own time is not known). Returns
+        whether any rank voted to stop (SIGTERM) in the window: the same answer on every rank."""
         values = torch.stack([v for _, v, _ in pending]).tolist()
         step_s = (time.perf_counter() - since) / len(pending)
         if self.metrics is not None:
-            for (step, _, lr), (loss, mlm, nsp, norm) in zip(pending, values, strict=True):
+            for (step, _, lr), (loss, mlm, nsp, norm, _votes) in zip(pending, values, strict=True):
                 self.metrics.step(step=step, loss=loss, mlm_loss=mlm, nsp_loss=nsp, lr=lr,
                                   grad_norm=norm, step_s=step_s)
             goodput.record(self.plan.run.timeline, "steps", t=since_wall, end=time.time(),
                            first=pending[0][0], last=pending[-1][0])
         pending.clear()
+        return any(row[-1] > 0 for row in values)
 
     def _compiled(self) -> None:
         """After the first step the graphs are in the cache: record whose they are (rank 0)."""
@@ -244,7 +269,7 @@ class Trainer:
         rt.finish()
         if self.metrics is None:
             return None
-        last = self.metrics.rows[-1]["loss"] if self.metrics.rows else _last_logged_loss(p.run.metrics)
+        last = self.metrics.rows[-1]["loss"] if self.metrics.rows else last_logged_loss(p.run.metrics)
         summary = self.metrics.summary(
             status="completed" if step >= cfg.train.max_steps else "stopped",
             steps=step, final_loss=last, time_to_first_step_s=first_step_s,
@@ -255,35 +280,18 @@ class Trainer:
             precision=cfg.train.precision, param_checksum=sums[0],
             cacheset=cfg.train.cacheset if p.compile else None,
             compile_counters=compile_counters.snapshot() if p.compile else {},
-            nccl_net_plugin=self.net_plugin or netplugin.describe(rt.kind),
-            **self._goodput(step))
+            nccl_net_plugin=self.net_plugin or netplugin.describe(rt.kind), preflight=self.preflight,
+            preemptions=len(preempt.read(p.run.preemptions)),
+            **goodput.summary_fields(p.run.timeline, step))
         self.metrics.close()
         log(f"done: step {step}, loss {last}, {summary['avg_seq_per_s']} seq/s average, "
             f"ranks agree: {summary['ranks_agree']}")
         return summary
 
-    def _goodput(self, step: int) -> dict[str, Any]:
-        """summary.json's goodput and checkpoint_saves, computed as `report` does (goodput.py)
-        but up to now, as this process ends; report runs to the end state.json records."""
-        run, now = self.plan.run, time.time()
-        goodput.record(run.timeline, "end", t=now, step=step)
-        launched = goodput.launched_at_from()
-        events = goodput.read(run.timeline)
-        g = goodput.breakdown(events, launched_at=launched, ended_at=now)
-        return {"goodput": g.to_json() if g else None,
-                "checkpoint_saves": goodput.save_stats(events, launched_at=launched)}
-
-
-def _last_logged_loss(path: Path) -> float | None:
-    """A run that had nothing left to do reports the loss its predecessor logged last."""
-    if not path.exists():
-        return None
-    for line in reversed(path.read_text(encoding="utf-8").splitlines()):
-        with contextlib.suppress(ValueError):
-            return float(json.loads(line)["loss"])
-    return None
-
-
 def train(plan: Plan, started: float) -> dict[str, Any] | None:
     """Train; the caller ends the process (see __main__: a gloo group is never torn down)."""
-    return Trainer(plan, started).train()
+    trainer = Trainer(plan, started)
+    try:
+        return trainer.train()
+    finally:
+        trainer.preempt.uninstall()

@@ -12,6 +12,7 @@ bench/train_throughput.py); with neither (a generic CPU host) mfu is null.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -121,3 +122,13 @@ def _summary_writer(folder: Path, purge_step: int) -> Any:
               "(pip install tensorboard)", file=sys.stderr, flush=True)
         return None
     return SummaryWriter(log_dir=str(folder), purge_step=purge_step)
+
+
+def last_logged_loss(path: Path) -> float | None:
+    """A run that had nothing left to do reports the loss its predecessor logged last."""
+    if not path.exists():
+        return None
+    for line in reversed(path.read_text(encoding="utf-8").splitlines()):
+        with contextlib.suppress(ValueError):
+            return float(json.loads(line)["loss"])
+    return None

@@ -1,0 +1,182 @@
+"""Node preflight (issue 14.2): a short health check on every node before the first step.
+
+A bad node (a device that is missing or computes wrong numbers, a network far below the
+others, a full disk, a tiny /dev/shm) otherwise shows up as a hang, a NaN or a crash hours in.
+After the process group is up, every rank checks its own device and all ranks run one
+all-reduce; local rank 0 of each node checks what the node shares. Rank 0 gathers the results:
+they go into summary.json (`preflight`) and one log line per node; a failing check stops the
+job on every rank with one line naming the node, its host and the check (exit code 2).
+
+Checks (each only where it applies; what a CPU run here cannot have is not checked):
+  device       the rank's device answers (cuda: the GPU of its local rank exists)
+  matmul       a 512x512 fp32 matmul equals the float64 result (a device computing wrong
+               numbers), and its rate, beside the catalog's peak per worker where it has one
+  all_reduce   every rank's 4 MiB contribution sums exactly, with the bus bandwidth
+               (2(n-1)/n x bytes / time, NCCL's convention: nccl-tests doc/PERFORMANCE.md)
+  disk         free space where checkpoints go >= (keep_checkpoints + 1) x the checkpoint size
+  shm          free /dev/shm >= SHM_NEED_MB (NCCL and gloo put intra-node buffers there)
+  neuron       trn: at least ceil(local workers / cores per device) /dev/neuronN devices; the
+               Neuron runtime finds them there (Neuron docs, "Tutorial How to Build and Run a
+               Neuron Container": `docker run --device=/dev/neuron0 ... neuron-ls`)
+  efa          trn/p4d/p5 on Kubernetes: as many EFA devices as the catalog's interfaces; the
+               efa kernel driver registers each as an RDMA device in /sys/class/infiniband
+               (Linux drivers/infiniband/hw/efa; AWS's own check is `fi_info -p efa`)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainmaster.catalog import InstanceType
+from trainmaster.errors import UserError
+from trainmaster.train.device import Runtime
+
+SHM_NEED_MB = {"cpu": 32, "cuda": 256, "xla": 256}
+MATMUL_N = 512
+MATMUL_RTOL = 1e-3  # fp32 accumulation over 512 terms is far inside this; a bad device is not
+ALLREDUCE_BYTES = 4 << 20
+BYTES_PER_PARAM = 12  # fp32 weights + two fp32 AdamW/LAMB moments (+4 with a bf16 master copy)
+
+# Test hook (train/faults.py): called with (rank, product) and returns the product to check.
+matmul_hooks: list[Callable[[int, torch.Tensor], torch.Tensor]] = []
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str  # what was measured, and what was needed
+
+
+def _device(rt: Runtime) -> Check:
+    if rt.kind == "cuda":
+        n = torch.cuda.device_count()
+        ok = rt.device.index is not None and rt.device.index < n
+        return Check("device", ok, f"cuda:{rt.device.index} of {n} visible GPU(s)")
+    return Check("device", True, str(rt.device))
+
+
+def _matmul(rt: Runtime, inst: InstanceType) -> Check:
+    gen = torch.Generator().manual_seed(1234)
+    a = torch.randn(MATMUL_N, MATMUL_N, generator=gen)
+    b = torch.randn(MATMUL_N, MATMUL_N, generator=gen)
+    want = (a.double() @ b.double())
+    da, db = a.to(rt.device), b.to(rt.device)
+    got = da @ db  # warm-up, and the product checked
+    rt.sync()
+    reps = 5
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        da @ db
+    rt.sync()
+    if rt.kind == "cuda":
+        torch.cuda.synchronize(rt.device)
+    seconds = max(time.perf_counter() - t0, 1e-9) / reps
+    out = got.to("cpu").double()
+    for hook in matmul_hooks:
+        out = hook(rt.rank, out)
+    err = float((out - want).abs().max() / want.abs().max())
+    tflops = 2 * MATMUL_N**3 / seconds / 1e12
+    peak = inst.peak_tflops_per_worker
+    rate = f"{tflops:.3f} TFLOP/s fp32" + (f" (catalog peak {peak:.1f} bf16 per worker)" if peak else "")
+    ok = err <= MATMUL_RTOL
+    return Check("matmul", ok, f"relative error {err:.1e} (limit {MATMUL_RTOL:g}); {rate}")
+
+
+def _all_reduce(rt: Runtime) -> Check:
+    n = ALLREDUCE_BYTES // 4
+    x = torch.full((n,), float(rt.rank + 1), device=rt.device)
+    rt.all_reduce_sum(x)  # warm-up: connections, algorithms
+    x.fill_(float(rt.rank + 1))
+    rt.sync()
+    t0 = time.perf_counter()
+    rt.all_reduce_sum(x)
+    rt.sync()
+    got = x[:8].to("cpu")
+    seconds = max(time.perf_counter() - t0, 1e-9)
+    want = rt.world * (rt.world + 1) / 2
+    ok = bool(torch.all(got == want))
+    busbw = 2 * (rt.world - 1) / rt.world * ALLREDUCE_BYTES / seconds / 1e9 if rt.world > 1 else 0.0
+    return Check("all_reduce", ok, f"{ALLREDUCE_BYTES >> 20} MiB over {rt.world} ranks: "
+                 f"{'exact' if ok else f'got {got[0].item():g}, want {want:g}'}; "
+                 f"{seconds * 1e3:.1f} ms, bus bandwidth {busbw:.2f} GB/s")
+
+
+def _free_mb(path: Path) -> float:
+    return shutil.disk_usage(path).free / 2**20
+
+
+def node_checks(*, kind: str, inst: InstanceType, local_workers: int, checkpoints: Path,
+                checkpoint_mb: float, keep: int, dev: Path = Path("/dev"),
+                sys_ib: Path = Path("/sys/class/infiniband"), on_aws: bool = False) -> list[Check]:
+    """What the node shares: disk, /dev/shm, and on Trainium/AWS GPUs the devices (torch-free)."""
+    need = (keep + 1) * checkpoint_mb
+    free = _free_mb(checkpoints)
+    out = [Check("disk", free >= need, f"{free / 1024:.1f} GiB free in {checkpoints}, need "
+                 f"{need / 1024:.2f} GiB ({keep + 1} checkpoints of {checkpoint_mb:.0f} MB)")]
+    shm = dev / "shm"
+    if shm.is_dir():
+        shm_free, shm_need = _free_mb(shm), SHM_NEED_MB.get(kind, 32)
+        out.append(Check("shm", shm_free >= shm_need,
+                         f"{shm_free:.0f} MiB free in {shm}, need {shm_need} MiB"))
+    if kind == "xla" and inst.devices:
+        want = math.ceil(local_workers / max(1, inst.cores_per_device))
+        found = len(list(dev.glob("neuron[0-9]*")))
+        out.append(Check("neuron", found >= want, f"{found} Neuron device(s) in {dev}, need {want}"))
+    if on_aws and inst.efa_interfaces:
+        found = sum(1 for d in sys_ib.glob("*") if (d / "device" / "driver").resolve().name == "efa")
+        out.append(Check("efa", found >= inst.efa_interfaces,
+                         f"{found} EFA device(s) in {sys_ib}, need {inst.efa_interfaces}"))
+    return out
+
+
+def run(rt: Runtime, *, inst: InstanceType, node: int, local_rank: int, local_workers: int,
+        checkpoints: Path, params: int, keep: int, on_aws: bool) -> list[dict[str, Any]]:
+    """Collective: every rank runs its checks and the all-reduce; all get every node's results.
+    Raises UserError (the same on every rank) naming the first failing node and check."""
+    checks = [_device(rt), _matmul(rt, inst), _all_reduce(rt)]
+    if local_rank == 0:
+        ckpt_mb = params * (BYTES_PER_PARAM + (4 if rt.model_dtype() == torch.bfloat16 else 0)) / 1e6
+        checks += node_checks(kind=rt.kind, inst=inst, local_workers=local_workers,
+                              checkpoints=checkpoints, checkpoint_mb=ckpt_mb, keep=keep,
+                              on_aws=on_aws)
+    mine = {"node": node, "host": socket.gethostname(), "rank": rt.rank,
+            "checks": [asdict(c) for c in checks]}
+    every = sorted(rt.all_gather_object(mine, tag="preflight"), key=lambda r: (r["node"], r["rank"]))
+    for r in every:
+        for c in r["checks"]:
+            if not c["ok"]:
+                raise UserError(f"preflight check {c['name']} failed on {r['host']} (rank "
+                                f"{r['rank']}): {c['detail']}", where=f"node {r['node']}")
+    return every
+
+
+def per_node(every: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """summary.json's `preflight`: each node's first rank (the one that also ran the node's
+    checks); a 1,024-node job keeps 1,024 entries, not one per worker."""
+    first: dict[int, dict[str, Any]] = {}
+    for r in every:
+        first.setdefault(r["node"], r)
+    return [first[n] for n in sorted(first)]
+
+
+def describe(node: dict[str, Any]) -> str:
+    """One log line per node: every check's name and detail."""
+    return (f"preflight node {node['node']} ({node['host']}): " +
+            " | ".join(f"{c['name']} {'ok' if c['ok'] else 'FAILED'}: {c['detail']}"
+                       for c in node["checks"]))
+
+
+def on_aws_node(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """A pod of the Kubernetes backend (its EFA devices are requested, so they must be there)."""
+    return bool(environ.get("KUBERNETES_SERVICE_HOST"))
