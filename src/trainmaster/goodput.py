@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainmaster import runlog
+
 KINDS = ("startup", "compile", "productive", "lost", "checkpoint", "restart", "other")
 LAUNCHED_AT_ENV = "TRAINMASTER_LAUNCHED_AT"  # set by the local supervisor for its agents
 
@@ -51,17 +53,8 @@ def record(path: Path, event: str, **fields: Any) -> None:
 
 def read(path: Path) -> list[dict[str, Any]]:
     """The events of a timeline file; a torn last line (a killed writer) is skipped."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(ev, dict) and isinstance(ev.get("t"), (int, float)) and "event" in ev:
-            out.append(ev)
-    return out
+    return [ev for ev in runlog.read_jsonl(path)
+            if isinstance(ev.get("t"), (int, float)) and "event" in ev]
 
 
 def launched_at_from(environ: Mapping[str, str] = os.environ) -> float | None:

@@ -101,3 +101,20 @@ def truncate_after(path: Path, step: int) -> int:
         tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
         os.replace(tmp, path)
     return dropped
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a one-object-per-line file (metrics.jsonl, timeline.jsonl, hangs.jsonl,
+    preemptions.jsonl): a missing file is empty; a torn last line (a killed writer) and lines
+    of another shape are skipped."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import run_cli
-from tests.launch.test_local import FAULT_ENV, JOB_STEPS, diagnosis, job_file, summary, wait_final
+from tests.launch.test_local import FAULT_ENV, job_file, recovered_once
 from trainmaster import goodput
 from trainmaster.monitor import report
 from trainmaster.storage import Storage
@@ -26,11 +26,7 @@ def test_report_and_summary_account_for_a_killed_worker(pydoc_storage: Path, tmp
     path = job_file(tmp_path, job)  # 40 steps, a checkpoint every 10
     # Rank 1 dies right after step 15: steps 11-15 are redone from the step-10 checkpoint.
     env = FAULT_ENV | {faults.KILL_AT_STEP_ENV: "1:15"}
-    assert run_cli("launch", str(path), "--storage", str(pydoc_storage), env=env).returncode == 0
-    final = wait_final(pydoc_storage, job)
-    assert final.phase == "succeeded", diagnosis(pydoc_storage, job)
-    s = summary(pydoc_storage, job)
-    assert s["restarts"] == 1 and s["resumed_from"] == 10 and s["steps"] == JOB_STEPS
+    s = recovered_once(pydoc_storage, path, job, env)
     # Node preflight (issue 14.2) ran on both nodes, for real, and passed.
     assert [n["node"] for n in s["preflight"]] == [0, 1]
     assert all(c["ok"] for n in s["preflight"] for c in n["checks"])

@@ -83,6 +83,17 @@ def summary(store: Path, job: str) -> dict:
     return json.loads((Storage(store).run_dir(job) / "summary.json").read_text())
 
 
+def recovered_once(store: Path, path: Path, job: str, env: dict[str, str]) -> dict:
+    """Launch a job whose fault hook (env) strikes once between checkpoints 10 and 20; it must
+    end succeeded after exactly one restart from step 10. Returns its summary."""
+    assert run_cli("launch", str(path), "--storage", str(store), env=env).returncode == 0
+    final = wait_final(store, job)
+    assert final.phase == "succeeded", diagnosis(store, job)
+    s = summary(store, job)
+    assert s["restarts"] == 1 and s["resumed_from"] == 10 and s["steps"] == JOB_STEPS
+    return s
+
+
 def no_processes_left(st: state.RunState) -> bool:
     pids = [n.pid for n in st.nodes] + [st.supervisor_pid, st.etcd_pid]
     return not any(state.pid_alive(p) for p in pids if p)

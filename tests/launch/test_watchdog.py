@@ -15,9 +15,9 @@ import pytest
 from tests.conftest import run_cli
 from tests.launch.test_local import (
     FAULT_ENV,
-    JOB_STEPS,
     diagnosis,
     job_file,
+    recovered_once,
     summary,
     wait_final,
     wait_step,
@@ -34,11 +34,7 @@ def test_hung_rank_is_dumped_and_the_job_restarts_from_its_checkpoint(
     job = "hung"
     path = job_file(tmp_path, job, f"train.hang_timeout={HANG_TIMEOUT}")
     env = FAULT_ENV | {faults.HANG_AT_STEP_ENV: "1:15"}
-    assert run_cli("launch", str(path), "--storage", str(pydoc_storage), env=env).returncode == 0
-    final = wait_final(pydoc_storage, job)
-    assert final.phase == "succeeded", diagnosis(pydoc_storage, job)
-    s = summary(pydoc_storage, job)
-    assert s["restarts"] == 1 and s["resumed_from"] == 10 and s["steps"] == JOB_STEPS
+    recovered_once(pydoc_storage, path, job, env)
 
     run = RunPaths(Storage(pydoc_storage).run_dir(job))
     hangs = watchdog.read_hangs(run.hangs)

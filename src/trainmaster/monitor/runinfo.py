@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainmaster import jobfile
+from trainmaster import jobfile, runlog
 from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig
 from trainmaster.errors import UserError
 from trainmaster.launch import state
@@ -49,17 +49,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     A last line being written right now, and lines a custom script wrote in another shape,
     are skipped; every other key is optional (a custom script need not log loss or seq_per_s).
     """
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and _is_num(row.get("step")):
-            rows.append(row)
-    return rows
+    return [row for row in runlog.read_jsonl(path) if _is_num(row.get("step"))]
 
 
 def _is_num(value: object) -> bool:

@@ -23,6 +23,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from trainmaster import runlog
+
 EXIT_PREEMPTED = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 
 
@@ -72,14 +74,4 @@ def record(path: Path, *, step: int, requested_at: float | None, saved_s: float)
 
 def read(path: Path) -> list[dict[str, Any]]:
     """The preemptions of a run, oldest first; a line that does not parse is skipped."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("step"), int):
-            out.append(entry)
-    return out
+    return [e for e in runlog.read_jsonl(path) if isinstance(e.get("step"), int)]

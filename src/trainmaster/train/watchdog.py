@@ -21,6 +21,7 @@ rendezvous has its own timeout. No torch here, so it is testable with plain thre
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -30,6 +31,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from trainmaster import runlog
 
 FLOOR_S = 300.0  # never below: checkpoints, logging and slow nodes must not look like hangs
 FACTOR = 20.0  # x the slowest recent step
@@ -57,14 +60,10 @@ class Hang:
 
 def read_hangs(path: Path) -> list[Hang]:
     """The hangs recorded for a run, oldest first; lines that do not parse are skipped."""
-    if not path.exists():
-        return []
     out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            out.append(Hang(**json.loads(line)))
-        except (ValueError, TypeError):
-            continue
+    for obj in runlog.read_jsonl(path):
+        with contextlib.suppress(TypeError):  # another shape
+            out.append(Hang(**obj))
     return out
 
 
