@@ -71,3 +71,13 @@ def first_step_at(metrics: Path, t0: float, timeout_s: float = 900.0) -> float:
 def load() -> list[float]:
     """The 1/5/15-minute load averages: how busy the shared machine was around a run."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def wait_final(run_state: Path, timeout_s: float = 900.0) -> str:
+    """The phase a job launched by another process ends in (state.json, polled; bounded)."""
+    from trainmaster.launch import state
+
+    end = time.monotonic() + timeout_s
+    while (phase := state.observed(run_state).phase) not in state.FINAL and time.monotonic() < end:
+        time.sleep(0.1)  # another process tree's job
+    return phase

@@ -28,9 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import agent_env, emit, load, machine, prepare_corpus
+from benchlib import agent_env, emit, load, machine, prepare_corpus, wait_final
 from trainmaster import jobfile
-from trainmaster.launch import state
 from trainmaster.storage import RunPaths, Storage
 from trainmaster.train.ckptwriter import SYNC_ENV
 
@@ -59,9 +58,7 @@ def run(root: Path, variant: str, model: str, steps: int, every: int) -> dict[st
     if launched.returncode != 0:
         raise SystemExit(f"launch {name}: {launched.stderr.strip()}")
     paths = RunPaths(Storage(root).run_dir(name))
-    end = time.monotonic() + TIMEOUT_S
-    while (phase := state.observed(paths.state).phase) not in state.FINAL and time.monotonic() < end:
-        time.sleep(0.5)  # another process's job: polled
+    phase = wait_final(paths.state, TIMEOUT_S)
     if phase != "succeeded":
         raise SystemExit(f"{name} {phase}: see {paths.logs}")
     rows = [json.loads(line) for line in paths.metrics.read_text().splitlines()]

@@ -36,16 +36,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import agent_env, emit, load, machine, prepare_corpus
+from benchlib import agent_env, emit, load, machine, prepare_corpus, wait_final
 from trainmaster import jobfile
-from trainmaster.launch import state
 from trainmaster.storage import RunPaths, Storage
 from trainmaster.train import faults
 from trainmaster.train.model import DROPOUT_ENV
 
 KINDS = ("kill", "kill_in_checkpoint", "hang")
 CHECKPOINT_EVERY = 10
-POLL_S = 0.2
 TIMEOUT_S = 900.0
 
 
@@ -85,14 +83,10 @@ def run_job(root: Path, name: str, steps: int, hang_timeout: float,
     if launched.returncode != 0:
         return {"phase": "not launched", "error": launched.stderr.strip()[-300:]}
     run = RunPaths(Storage(root).run_dir(name))
-    end = time.monotonic() + TIMEOUT_S
-    st = state.observed(run.state)
-    while st.phase not in state.FINAL and time.monotonic() < end:
-        time.sleep(POLL_S)  # another process's job: polled
-        st = state.observed(run.state)
+    phase = wait_final(run.state, TIMEOUT_S)
     summary = json.loads(run.summary.read_text()) if run.summary.exists() else {}
     g = summary.get("goodput") or {}
-    return {"phase": st.phase, "wall_s": round(time.time() - t0, 2),
+    return {"phase": phase, "wall_s": round(time.time() - t0, 2),
             "steps": summary.get("steps"), "restarts": summary.get("restarts"),
             "resumed_from": summary.get("resumed_from"), "checksum": summary.get("param_checksum"),
             "goodput": g.get("ratio"), "resume_s": g.get("restart"), "steps_lost": g.get("steps_lost"),

@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import agent_env, emit, first_step_at, machine, prepare_corpus
+from benchlib import agent_env, emit, first_step_at, machine, prepare_corpus, wait_final
 from trainmaster import jobfile
-from trainmaster.launch import local, state
+from trainmaster.launch import local
 from trainmaster.storage import Storage
 
 POLL_S = 0.01
@@ -61,9 +61,7 @@ def via_launch(root: Path, name: str, steps: int) -> dict[str, Any]:
     if result.returncode != 0:
         raise SystemExit(f"launch {name} failed: {result.stderr.strip()}")
     first = first_step_at(run / "metrics.jsonl", t0, TIMEOUT_S)
-    end = time.monotonic() + TIMEOUT_S
-    while (phase := state.observed(run / "state.json").phase) not in state.FINAL and time.monotonic() < end:
-        time.sleep(0.1)  # waiting for the job's end (bounded)
+    phase = wait_final(run / "state.json", TIMEOUT_S)
     if phase != "succeeded":
         raise SystemExit(f"launch {name} {phase}: see {run}/logs")
     return {"first_step_s": round(first, 3), "cli_returned_s": round(returned, 3)}

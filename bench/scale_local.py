@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import agent_env, emit, first_step_at, load, machine, prepare_corpus
+from benchlib import agent_env, emit, first_step_at, load, machine, prepare_corpus, wait_final
 from trainmaster import jobfile
 from trainmaster.launch import local, rendezvous, state
 from trainmaster.launch.torchrun import Rendezvous
@@ -65,13 +65,6 @@ def job_file(root: Path, name: str, nodes: int, backend: str) -> Path:
     return path
 
 
-def wait_final(run_state: Path) -> str:
-    end = time.monotonic() + TIMEOUT_S
-    while (phase := state.observed(run_state).phase) not in state.FINAL and time.monotonic() < end:
-        time.sleep(0.1)  # waiting for another process tree to end (bounded)
-    return phase
-
-
 def via_launch(root: Path, name: str, nodes: int, backend: str) -> dict[str, Any]:
     path = job_file(root, name, nodes, backend)
     run = Storage(root).run_dir(name)
@@ -84,7 +77,7 @@ def via_launch(root: Path, name: str, nodes: int, backend: str) -> dict[str, Any
     if result.returncode != 0:
         raise SystemExit(f"launch {name} failed: {result.stderr.strip()}")
     first = first_step_at(run / "metrics.jsonl", t0, TIMEOUT_S)
-    phase = wait_final(run / "state.json")
+    phase = wait_final(run / "state.json", TIMEOUT_S)
     if phase != "succeeded":
         raise SystemExit(f"launch {name} {phase}: see {run}/logs")
     st = state.read(run / "state.json")

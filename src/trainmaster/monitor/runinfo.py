@@ -119,7 +119,6 @@ def hang_lines(s: Status) -> list[str]:
     return lines
 
 
-
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.1f}" if 1e3 <= abs(value) < 1e9 else f"{value:.4g}"

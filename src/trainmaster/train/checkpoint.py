@@ -37,8 +37,9 @@ from trainmaster.train.preflight import Plan
 MODEL, TRAINER, RANKS = "model.pt", "trainer.pt", "ranks.pt"
 
 # Called on rank 0 half-way through writing a checkpoint (the model file written, the rest not
-# yet) with (checkpoints folder, step), in the thread that writes it (ckptwriter's, in training). Empty in normal runs; the fault tests add one
-# (train/faults.py) to kill rank 0 exactly there and prove the previous checkpoint survives.
+# yet) with (checkpoints folder, step), in the thread that writes it (ckptwriter's, in
+# training). Empty in normal runs; the fault tests add one (train/faults.py) to kill rank 0
+# exactly there and prove the previous checkpoint survives.
 MidSaveHook = Callable[[Path, int], None]
 mid_save_hooks: list[MidSaveHook] = []
 

@@ -58,6 +58,14 @@ class Check:
     detail: str  # what was measured, and what was needed
 
 
+def _wait(rt: Runtime) -> None:
+    """Until the device has done what was queued (XLA: run the graph; CUDA: synchronize), so
+    that the timings below are of the work, not of its launch."""
+    rt.sync()
+    if rt.kind == "cuda":
+        torch.cuda.synchronize(rt.device)
+
+
 def _device(rt: Runtime) -> Check:
     if rt.kind == "cuda":
         n = torch.cuda.device_count()
@@ -73,14 +81,12 @@ def _matmul(rt: Runtime, inst: InstanceType) -> Check:
     want = (a.double() @ b.double())
     da, db = a.to(rt.device), b.to(rt.device)
     got = da @ db  # warm-up, and the product checked
-    rt.sync()
+    _wait(rt)
     reps = 5
     t0 = time.perf_counter()
     for _ in range(reps):
         da @ db
-    rt.sync()
-    if rt.kind == "cuda":
-        torch.cuda.synchronize(rt.device)
+    _wait(rt)
     seconds = max(time.perf_counter() - t0, 1e-9) / reps
     out = got.to("cpu").double()
     for hook in matmul_hooks:
@@ -98,12 +104,12 @@ def _all_reduce(rt: Runtime) -> Check:
     x = torch.full((n,), float(rt.rank + 1), device=rt.device)
     rt.all_reduce_sum(x)  # warm-up: connections, algorithms
     x.fill_(float(rt.rank + 1))
-    rt.sync()
+    _wait(rt)
     t0 = time.perf_counter()
     rt.all_reduce_sum(x)
-    rt.sync()
-    got = x[:8].to("cpu")
+    _wait(rt)
     seconds = max(time.perf_counter() - t0, 1e-9)
+    got = x[:8].to("cpu")
     want = rt.world * (rt.world + 1) / 2
     ok = bool(torch.all(got == want))
     busbw = 2 * (rt.world - 1) / rt.world * ALLREDUCE_BYTES / seconds / 1e9 if rt.world > 1 else 0.0

@@ -25,18 +25,12 @@ from torch import nn
 from trainmaster import goodput
 from trainmaster.compile import counters as compile_counters
 from trainmaster.compile import fingerprint
-from trainmaster.train import checkpoint, ckptwriter, health, netplugin, preempt
+from trainmaster.train import checkpoint, ckptwriter, health, metrics, netplugin, preempt
 from trainmaster.train import model as model_mod
 from trainmaster.train.ckptwriter import BackgroundWriter, Written
 from trainmaster.train.data import ShardLoader
 from trainmaster.train.device import Runtime, resolve_kind
-from trainmaster.train.metrics import (
-    MetricsLog,
-    last_logged_loss,
-    log,
-    peak_tflops_per_worker,
-    write_rank0,
-)
+from trainmaster.train.metrics import MetricsLog, log, write_rank0
 from trainmaster.train.optim import make_optimizer, make_scheduler
 from trainmaster.train.preflight import Plan
 from trainmaster.train.step import Stepper
@@ -106,7 +100,7 @@ class Trainer:
             log(f"trainmaster: rank 0 on pod {pod}")
             self.metrics = MetricsLog(
                 plan.run, start_step=self.start_step, started=started, flops_per_seq=self.flops,
-                peak_tflops=peak_tflops_per_worker(cfg.derived.instance.peak_tflops_per_worker),
+                peak_tflops=metrics.peak_tflops_per_worker(cfg.derived.instance.peak_tflops_per_worker),
                 world=rt.world, global_batch=cfg.train.global_batch_size, seq_len=cfg.data.seq_len)
             self._describe()
 
@@ -215,12 +209,19 @@ class Trainer:
         wd.stop()
         return self._finish(step, first_step_s)
 
+    def _drain(self, step: int) -> None:
+        """Rank 0: wait until the checkpoint write in flight is complete (goodput: a stand-still)."""
+        if self.writer is not None:
+            t0 = time.time()
+            self.writer.wait()
+            goodput.record(self.plan.run.timeline, "checkpoint", t=t0, end=time.time(), step=step)
+
     def _stop_preempted(self, step: int) -> None:
         """Checkpoint this step, wait for its write, record the preemption, stop (Preempted)."""
         t0 = time.time()
         self._save(step)
+        self._drain(step)
         if self.writer is not None:
-            self.writer.wait()
             preempt.record(self.plan.run.preemptions, step=step,
                            requested_at=self.preempt.requested_at, saved_s=time.time() - t0)
             log(f"preempted (SIGTERM): checkpoint of step {step} written in {time.time() - t0:.2f} s")
@@ -258,10 +259,7 @@ class Trainer:
 
     def _finish(self, step: int, first_step_s: float | None) -> dict[str, Any] | None:
         p, cfg, rt = self.plan, self.plan.cfg, self.rt
-        if self.writer is not None:  # the last checkpoint is complete before the process ends
-            t0 = time.time()
-            self.writer.wait()
-            goodput.record(p.run.timeline, "checkpoint", t=t0, end=time.time(), step=step)
+        self._drain(step)  # the last checkpoint is complete before the process ends
         sums = rt.all_gather_object(param_checksum(self.model), tag="checksum")
         # torchrun counts restarts per node agent; the job's count is the largest.
         restarts = max(rt.all_gather_object(p.env.restarts, tag="restarts"))
@@ -269,7 +267,7 @@ class Trainer:
         rt.finish()
         if self.metrics is None:
             return None
-        last = self.metrics.rows[-1]["loss"] if self.metrics.rows else last_logged_loss(p.run.metrics)
+        last = self.metrics.rows[-1]["loss"] if self.metrics.rows else metrics.last_logged_loss(p.run.metrics)
         summary = self.metrics.summary(
             status="completed" if step >= cfg.train.max_steps else "stopped",
             steps=step, final_loss=last, time_to_first_step_s=first_step_s,
