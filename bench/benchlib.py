@@ -44,7 +44,7 @@ POLL_S = 0.01
 
 
 def agent_env(world_size: int) -> dict[str, str]:
-    """What the supervisor gives its agents (launch/supervise.py), so a bench's directly
+    """What the supervisor gives its agents (backends/local/supervisor.py), so a bench's directly
     started torchrun runs the same as `trainmaster launch`: one thread per worker's share."""
     from trainmaster.launch.torchrun import AGENT_ENV
 
@@ -75,7 +75,7 @@ def load() -> list[float]:
 
 def wait_final(run_state: Path, timeout_s: float = 900.0) -> str:
     """The phase a job launched by another process ends in (state.json, polled; bounded)."""
-    from trainmaster.launch import state
+    from trainmaster.run import state
 
     end = time.monotonic() + timeout_s
     while (phase := state.observed(run_state).phase) not in state.FINAL and time.monotonic() < end:

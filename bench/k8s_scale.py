@@ -32,13 +32,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests.k8s
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests.backends.kubernetes
 
-from tests.k8s.fake_api import FakeCluster  # noqa: E402
+from tests.backends.kubernetes.fake_api import FakeCluster  # noqa: E402
 
 from benchlib import emit, load, machine  # noqa: E402
 from trainmaster import api  # noqa: E402
-from trainmaster.launch import k8s_client, k8s_status, kubernetes, volcano  # noqa: E402
+from trainmaster.backends.kubernetes import client as k8s_client  # noqa: E402
+from trainmaster.backends.kubernetes import jobs as kubernetes  # noqa: E402
+from trainmaster.backends.kubernetes import status as k8s_status  # noqa: E402
+from trainmaster.backends.kubernetes import volcano  # noqa: E402
 
 ETCD_REQUEST_LIMIT = 3 << 19  # 1.5 MiB: etcd's default --max-request-bytes (etcd "System limits")
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainmaster:0.1.0-neuron"

@@ -7,7 +7,7 @@ corpus, prepared once in a temp folder. Two ways to start the very same program:
 
   launch    `python -m trainmaster launch JOB.toml` (checks, run folder, state.json, detached
             supervisor, one torchrun agent per node): what a user runs
-  torchrun  the two torchrun commands that launch would run (launch/local.py's plan), started
+  torchrun  the two torchrun commands that launch would run (backends/local/launcher.py's plan), started
             directly by this script with the same environment: the floor
 
 Each run is timed from just before its first process starts to the moment rank 0 appended
@@ -30,7 +30,7 @@ from typing import Any
 
 from benchlib import agent_env, emit, first_step_at, machine, prepare_corpus, wait_final
 from trainmaster import jobfile
-from trainmaster.launch import local
+from trainmaster.backends.local import launcher as local
 from trainmaster.storage import Storage
 
 POLL_S = 0.01

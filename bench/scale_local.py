@@ -9,13 +9,13 @@ very same program:
 
   launch    `python -m trainmaster launch JOB.toml`: checks, run folder, state.json, detached
             supervisor, (etcd: a private etcd server), one torchrun agent per node
-  torchrun  the same torchrun commands (launch/local.py's plan) started directly by this
+  torchrun  the same torchrun commands (backends/local/launcher.py's plan) started directly by this
             script with the supervisor's environment, each in its own session as the
             supervisor starts them (and as torchrun on N machines would be): with the kernel's
             autogroup scheduling (/proc/sys/kernel/sched_autogroup_enabled) a session is a
             scheduling group, so agents sharing one session would get less of a busy
             machine's CPU than the launched ones; for etcd this script starts the same private
-            etcd first (launch/rendezvous.py), inside the timed interval, because the launch
+            etcd first (backends/local/rendezvous.py), inside the timed interval, because the launch
             side does too
 
 Each run is timed from just before its first process starts to rank 0's write of step 1 in
@@ -40,8 +40,10 @@ from typing import Any
 
 from benchlib import agent_env, emit, first_step_at, load, machine, prepare_corpus, wait_final
 from trainmaster import jobfile
-from trainmaster.launch import local, rendezvous, state
+from trainmaster.backends.local import launcher as local
+from trainmaster.backends.local import rendezvous
 from trainmaster.launch.torchrun import Rendezvous
+from trainmaster.run import state
 from trainmaster.storage import Storage
 
 TIMEOUT_S = 900.0

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainmaster.api import log_metrics
 from trainmaster.data.corpus import pydoc_documents
-from trainmaster.runlog import drop_after
+from trainmaster.run.metrics import drop_after
 
 CHECKPOINT = "gpt.pt"
 

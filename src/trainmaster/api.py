@@ -20,15 +20,16 @@ from typing import Any
 
 from trainmaster import jobfile
 from trainmaster.backends.base import BACKEND_NAMES, Backend, Target
-from trainmaster.backends.kubernetes import KubernetesBackend
-from trainmaster.backends.local import LocalBackend
+from trainmaster.backends.kubernetes.backend import KubernetesBackend
+from trainmaster.backends.local import launcher as local
+from trainmaster.backends.local.backend import LocalBackend
 from trainmaster.compile import lock
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
-from trainmaster.launch import local, state
 from trainmaster.monitor import runinfo
 from trainmaster.presets import JOB_PRESETS
-from trainmaster.runlog import log_metrics as log_metrics  # for custom scripts (issue 13.1)
+from trainmaster.run import state
+from trainmaster.run.metrics import log_metrics as log_metrics  # for custom scripts (issue 13.1)
 from trainmaster.storage import Storage, dataset_path
 
 __all__ = ["BACKENDS", "JOB_PRESETS", "Backend", "Target", "backend", "backend_name", "cancel_job", "describe", "init_job", "job_status", "launch", "load_job", "load_job_for",
@@ -113,7 +114,7 @@ def plan_launch(cfg: JobConfig, storage: str | None, *, resume: bool = False
     """Check a local job and everything it needs (storage, name, rendezvous, shards); start nothing."""
     if cfg.job.backend != "local":
         raise UserError("this function plans local jobs; use --backend local, or "
-                        "trainmaster.launch.volcano / .kubernetes for a cluster", where="job.backend")
+                        "trainmaster.backends.kubernetes.volcano / .kubernetes for a cluster", where="job.backend")
     store = Storage.at(storage, cfg.job.storage)
     store.ensure_writable()
     return store, local.plan(cfg, store, resume=resume)

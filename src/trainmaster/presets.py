@@ -25,7 +25,7 @@ JOB_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # lr 4e-4, 2000 warm-up of 28,125 steps, the NVIDIA wikicorpus shards. The tutorial's etcd
     # rendezvous needs etcd's v2 API, which etcd 3.6 removed (pytorch/pytorch issues 158326,
     # 170707), so the preset uses c10d through the Volcano svc plugin's stable name of pod 0
-    # (launch/volcano.py); `--set rendezvous.backend=etcd` is the tutorial's way, against
+    # (backends/kubernetes/volcano.py); `--set rendezvous.backend=etcd` is the tutorial's way, against
     # etcd-server.trainmaster-etcd.svc:2379 (etcd 3.5 with --enable-v2).
     # The tutorial passed micro-batch 16 and accumulation 32 to 64 workers, a global batch of
     # 32,768 (twice the 1-node recipe's 16,384, unnoticed). Here the global batch is what is

@@ -206,8 +206,8 @@ def test_pods_cannot_reach_the_node_role_through_imds() -> None:
 
 def test_etcd_has_its_own_namespace_and_only_trainmasters_pods_reach_it() -> None:
     """12.9c: etcd without auth in `default`, open to every pod of the cluster."""
+    from trainmaster.backends.kubernetes.volcano import DEFAULT_ETCD, labels
     from trainmaster.cluster import steps
-    from trainmaster.launch.volcano import DEFAULT_ETCD, labels
 
     s = _resolve()
     objs = {(o["kind"], o["metadata"]["name"]): o for o in addons.etcd(s)}

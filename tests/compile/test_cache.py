@@ -8,14 +8,18 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
+from tests.backends.kubernetes.schemas import (
+    validate_k8s,
+    validate_pod_templates,
+    validate_volcano_job,
+)
 from tests.compile.helpers import tm
 from tests.conftest import ROOT
 from tests.golden import check
-from tests.k8s.schemas import validate_k8s, validate_pod_templates, validate_volcano_job
 from trainmaster import jobfile
+from trainmaster.backends.kubernetes import podspec, volcano
 from trainmaster.compile import cache
 from trainmaster.compile.precompile import precompile_config
-from trainmaster.launch import podspec, volcano
 from trainmaster.launch.torchrun import Rendezvous, command
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -101,7 +105,7 @@ def test_only_caches_live_on_the_shared_storage(kind: cache.Mechanism, tmp_path:
 
 @pytest.mark.parametrize("preset", ["trn1-bert-large", "p5-bert-large"])
 def test_pod_spec_agrees_with_the_cache_settings(preset: str) -> None:
-    """launch/podspec.py sets some cache variables itself: they must be compile/cache.py's."""
+    """backends/kubernetes/podspec.py sets some cache variables itself: they must be compile/cache.py's."""
     cfg = jobfile.preset(preset, ["train.compile=true"])
     pod = {e["name"]: e.get("value") for e in podspec.env(cfg, cfg.derived.instance)}
     ours = cache.env(cache.mechanism(cfg), PurePosixPath(cfg.kubernetes.mount) / "cache" / cfg.train.cacheset)

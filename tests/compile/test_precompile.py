@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
+from tests.backends.local.test_local import wait_final
 from tests.compile.helpers import RUN_ENV, job_file, one_error_line, summary, tm, tm_command
 from tests.compile.test_lock import Proc, holder
 from tests.conftest import sigint_default, wait_for
-from tests.launch.test_local import wait_final
 from trainmaster.compile import fingerprint, lock
 from trainmaster.storage import Storage
 

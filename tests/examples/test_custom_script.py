@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import etcd_available, run_cli, wait_for
-from trainmaster.launch import state
 from trainmaster.monitor import runinfo
+from trainmaster.run import state
 from trainmaster.storage import RunPaths, Storage
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The custom-entrypoint shim (launch/entry.py) and log_metrics (runlog.py), run for real: a
+"""The custom-entrypoint shim (launch/entry.py) and log_metrics (run/metrics.py), run for real: a
 worker process as torchrun would start it, without torch, and the metrics file it writes."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from trainmaster import api, runlog
+from trainmaster import api
 from trainmaster.launch import entry, torchrun
 from trainmaster.monitor import runinfo
+from trainmaster.run import metrics as runlog
 from trainmaster.storage import RunPaths
 
 SCRIPT = """\

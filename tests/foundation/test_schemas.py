@@ -13,9 +13,9 @@ import pytest
 
 from tests.conftest import ROOT
 from trainmaster import schemas
+from trainmaster.backends.kubernetes import volcano
 from trainmaster.cli.app import main
 from trainmaster.errors import UserError
-from trainmaster.launch import volcano
 
 SHIPPED = [schemas.VOLCANO_JOB[0], schemas.VOLCANO_QUEUE[0], schemas.EKSCTL]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.backends.kubernetes.conftest import fake  # noqa: F401 - the fake Kubernetes API, for kubernetes paths
 from tests.conftest import run_cli
-from tests.k8s.conftest import fake  # noqa: F401 - the fake Kubernetes API, for kubernetes paths
-from trainmaster.launch import state
 from trainmaster.monitor import runinfo
+from trainmaster.run import state
 from trainmaster.storage import Storage
 
 # Small and quick on 2 cores: bert-tiny, 2 nodes x 1 worker, 4 sequences per step.

@@ -13,8 +13,8 @@ from PIL import Image
 
 from tests.monitor.conftest import one_line_error, tm
 from trainmaster import api, jobfile
-from trainmaster.launch import state
 from trainmaster.monitor import report, runinfo
+from trainmaster.run import state
 from trainmaster.storage import RunPaths, Storage
 
 

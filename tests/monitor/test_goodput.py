@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from trainmaster import goodput
+from trainmaster.run import goodput
 
 
 def start(t: float, step: int = 0, compiles: bool = False) -> dict[str, Any]:

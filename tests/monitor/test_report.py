@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from tests.monitor.conftest import REPORT_STEPS, one_line_error, tm
-from trainmaster.launch import state
 from trainmaster.monitor import history, report, runinfo
+from trainmaster.run import state
 from trainmaster.storage import RunPaths, Storage
 
 pytestmark = pytest.mark.slow

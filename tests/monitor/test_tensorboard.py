@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
+from tests.backends.kubernetes import fake_routes
+from tests.backends.kubernetes.fake_api import FakeCluster, status_body
 from tests.conftest import sigint_default, wait_for
-from tests.k8s import fake_routes
-from tests.k8s.fake_api import FakeCluster, status_body
 from tests.monitor.conftest import REPORT_STEPS, one_line_error, tm, tm_cmd, tm_env
-from trainmaster.launch import rendezvous
+from trainmaster.backends.local import rendezvous
 from trainmaster.monitor import runinfo
 from trainmaster.monitor import tensorboard as tb
 from trainmaster.storage import Storage

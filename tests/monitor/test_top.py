@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.backends.kubernetes.fake_api import FakeCluster
 from tests.conftest import run_cli, wait_for
-from tests.k8s.fake_api import FakeCluster
 from tests.monitor.conftest import job_file, last_step, one_line_error, tm
-from trainmaster.launch import state
-from trainmaster.launch.volcano import LABEL_JOB
-from trainmaster.monitor import runinfo, top_k8s
+from trainmaster.backends.kubernetes import top as top_k8s
+from trainmaster.backends.kubernetes.volcano import LABEL_JOB
+from trainmaster.monitor import runinfo
+from trainmaster.run import state
 from trainmaster.storage import Storage
 
 DATA = Path(__file__).parent / "data"

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from trainmaster import jobfile
+from trainmaster.backends.local import rendezvous
 from trainmaster.data import shards as fmt
-from trainmaster.launch import rendezvous
 from trainmaster.launch.torchrun import Rendezvous, command
 
 # Every run: one thread per worker (2 cores), a short bounded collective timeout, and the

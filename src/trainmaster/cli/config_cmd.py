@@ -12,9 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainmaster import api
+from trainmaster.backends.kubernetes.volcano import ETCD_VERSIONS
 from trainmaster.cli.options import JobFileArg, SetOpt, target
 from trainmaster.errors import UserError
-from trainmaster.launch.volcano import ETCD_VERSIONS
 
 config_app = typer.Typer(help="Check a job file and show its resolved and derived values.",
                          no_args_is_help=True)

@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from trainmaster import api
-from trainmaster.backends import torchx
 from trainmaster.cli.options import ImageOpt, JobFileArg, SetOpt, target
+from trainmaster.export import torchx
 
 export_app = typer.Typer(help="Write a job for another launcher.", no_args_is_help=True)
 

@@ -20,7 +20,7 @@ from trainmaster.cli import show
 from trainmaster.cli.compile_cmd import lock_waiting
 from trainmaster.cli.options import ImageOpt, JobArg, JobFileArg, SetOpt, WaitLockOpt, target
 from trainmaster.errors import JobFailed
-from trainmaster.launch import state
+from trainmaster.run import state
 
 
 def launch(

@@ -26,7 +26,7 @@ SYSTEM_SELECTOR = {ROLE_LABEL: "system"}
 MANAGED = {"app.kubernetes.io/managed-by": "trainmaster"}
 NEURON_PLUGIN = "neuron-device-plugin"
 ETCD = "etcd-server"
-ETCD_NAMESPACE = "trainmaster-etcd"  # launch/volcano.py DEFAULT_ETCD names this namespace too
+ETCD_NAMESPACE = "trainmaster-etcd"  # backends/kubernetes/volcano.py DEFAULT_ETCD names this namespace too
 
 
 def _meta(name: str, namespace: str | None = None, **labels: str) -> dict[str, Any]:

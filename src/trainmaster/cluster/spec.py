@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from trainmaster import __version__, catalog
+from trainmaster.backends.kubernetes.names import is_dns1123_label, is_dns1123_subdomain
 from trainmaster.cluster import versions
 from trainmaster.config import JobConfig
 from trainmaster.errors import ConfigError
-from trainmaster.launch.k8s_names import is_dns1123_label, is_dns1123_subdomain
 
 # Derived IAM role names ("<cluster>-fsx-csi", 64 at most) and CloudFormation stack names
 # ("eksctl-<cluster>-nodegroup-<group>", 128) must fit: 40 characters leave room for both.

@@ -10,7 +10,7 @@ STORAGE/cache/CACHESET/
 Only caches live here. The compilers' scratch (TMPDIR: neuronx-cc work folders, inductor's
 temporary sources) is large, short-lived and written by every worker at once: on the shared
 Lustre file system it costs metadata operations of all nodes for nothing kept (issue 12.6). It
-stays on the node: an emptyDir on the instance storage in pods (launch/podspec.py), the system
+stays on the node: an emptyDir on the instance storage in pods (backends/kubernetes/podspec.py), the system
 default locally. This module therefore never sets TMPDIR.
 
 Mechanisms (performance-anchors 5, aws-tutorial 4):

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainmaster.errors import UserError
-from trainmaster.pids import pid_alive, start_time
+from trainmaster.run.pids import pid_alive, start_time
 
 FILE = ".lock"
 HEARTBEAT_S = 30.0
@@ -189,7 +189,7 @@ def acquire(cache_dir: Path, *, job: str, purpose: str, wait_s: float = 0.0,
     reclaim_own_job: a lock held under this job's name is taken over at once (a restarted
     Kubernetes job finds the lock its previous rank-0 pod left).
     token: the holder's token (default: a new one); the Kubernetes pods of one attempt know
-    theirs in advance (launch/cache_hold.py), so rank 0 on any pod finds the lock is its job's.
+    theirs in advance (backends/kubernetes/cache_hold.py), so rank 0 on any pod finds the lock is its job's.
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = path_of(cache_dir)

@@ -7,7 +7,7 @@ graphs it compiles are the graphs the job needs, and the fingerprint its rank 0 
 the cacheset is the one `launch` compares. On Neuron its torchrun command runs under
 `neuron_parallel_compile` (cache.precompile_command).
 
-Running it is the launchers' business (launch/precompile.py); this module is pure, so both
+Running it is the launchers' business (backends/local/precompile.py); this module is pure, so both
 backends and the trainer agree on what a precompile job is.
 """
 

@@ -32,7 +32,7 @@ from typing import Any
 from trainmaster.data import shards as fmt
 from trainmaster.data.vocab import Vocab
 from trainmaster.errors import DataError
-from trainmaster.pids import pid_alive
+from trainmaster.run.pids import pid_alive
 from trainmaster.storage import SHARD_GLOB
 
 HOST = socket.gethostname()

@@ -35,9 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-from trainmaster import ranklog, runlog
 from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig
 from trainmaster.errors import ConfigError
+from trainmaster.run import metrics as runlog
+from trainmaster.run import ranklog
 from trainmaster.storage import ENV_VAR as STORAGE_ENV
 from trainmaster.storage import RunPaths
 
@@ -136,7 +137,7 @@ def prepare(run: RunPaths, storage: str, environ: dict[str, str] | os._Environ[s
             "local_rank": int(environ.get("LOCAL_RANK", "0") or 0),
             "run_id": environ.get("TORCHELASTIC_RUN_ID", ""), "starts": starts,
             "restarts": starts - 1, "started_at": time.time()})
-        # The Kubernetes backend finds rank 0's pod by this exact line (launch/k8s_status.py).
+        # The Kubernetes backend finds rank 0's pod by this exact line (backends/kubernetes/status.py).
         print(f"trainmaster: rank 0 on pod {pod}", flush=True)
     return rank
 
@@ -155,7 +156,7 @@ def run_target(target: list[str], workdir: Path) -> None:
 
 
 def _summary(run: RunPaths, target: list[str]) -> None:
-    """Rank 0's end of a normal run: status and elastic jobs read it (launch/state.py)."""
+    """Rank 0's end of a normal run: status and elastic jobs read it (run/state.py)."""
     rank0: object = None
     with contextlib.suppress(OSError, ValueError):
         rank0 = json.loads(run.rank0.read_text(encoding="utf-8"))

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainmaster.launch import state
 from trainmaster.monitor import history, runinfo
+from trainmaster.run import state
 from trainmaster.storage import RunPaths, Storage
 
 BAR_WIDTH = 30

@@ -20,8 +20,8 @@ from typing import Any
 from trainmaster import catalog, jobfile
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
-from trainmaster.launch import state
 from trainmaster.monitor import runinfo
+from trainmaster.run import state
 from trainmaster.storage import RunPaths, Storage
 
 RECENT_STEPS = 20  # steps the per-step time (ETA) is averaged over

@@ -5,7 +5,7 @@ loss and the estimated cost (price per node-hour x nodes x wall hours, see histo
 The picture: loss, learning rate and throughput against step, one panel each, restarts marked
 as dashed lines; for a custom script's metrics, the values it logged (panels_for); below them,
 when the trainer recorded its timeline, goodput's: one bar from launch to end, coloured by
-where the time went (goodput.py). The table shows the same split. matplotlib is imported here
+where the time went (run/goodput.py). The table shows the same split. matplotlib is imported here
 only, inside `plot`, with the Agg canvas (no display needed, nothing global switched), so
 `trainmaster --help` stays fast.
 """
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainmaster import goodput
 from trainmaster.config import BUILTIN_ENTRYPOINT
-from trainmaster.goodput import Span
 from trainmaster.monitor import cost, history, runinfo
+from trainmaster.run import goodput
+from trainmaster.run.goodput import Span
 from trainmaster.storage import RunPaths, Storage
 
 PANELS = (("loss", "loss"), ("lr", "learning rate"), ("seq_per_s", "throughput (seq/s)"))

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainmaster import jobfile, runlog
+from trainmaster import jobfile
+from trainmaster.backends.local.processes import Worker, workers
 from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig
 from trainmaster.errors import UserError
-from trainmaster.launch import state
-from trainmaster.launch.procs import Worker, workers
+from trainmaster.run import metrics as runlog
+from trainmaster.run import state
 from trainmaster.storage import RunPaths, Storage
 from trainmaster.train import preempt, watchdog
 
@@ -44,7 +45,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl's rows: JSON objects with a numeric `step` (runlog.py has the format).
+    """metrics.jsonl's rows: JSON objects with a numeric `step` (run/metrics.py has the format).
 
     A last line being written right now, and lines a custom script wrote in another shape,
     are skipped; every other key is optional (a custom script need not log loss or seq_per_s).

@@ -35,7 +35,7 @@ from trainmaster.monitor import history
 from trainmaster.storage import Storage
 
 if TYPE_CHECKING:
-    from trainmaster.launch.k8s_client import Cluster
+    from trainmaster.backends.kubernetes.client import Cluster
 
 START_TIMEOUT_S = 90.0
 DEFAULT_PORT = TENSORBOARD_PORT
@@ -173,7 +173,7 @@ def forward_command(namespace: str, port: int, kubeconfig: str | None = None,
 
 
 def check_service(cluster: Cluster) -> Any:
-    from trainmaster.launch.k8s_client import NotFound, call
+    from trainmaster.backends.kubernetes.client import NotFound, call
 
     try:
         with call(cluster, "get", "services", TENSORBOARD):

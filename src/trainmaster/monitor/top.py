@@ -19,8 +19,8 @@ from typing import Any
 from rich.table import Table
 
 from trainmaster.errors import UserError
-from trainmaster.launch import state
 from trainmaster.monitor import runinfo
+from trainmaster.run import state
 from trainmaster.storage import Storage
 
 GIB = 1 << 30

@@ -17,9 +17,9 @@ import os  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 
-from trainmaster import ranklog  # noqa: E402
 from trainmaster.compile import cache, lock  # noqa: E402
 from trainmaster.errors import EXIT_BAD_INPUT, EXIT_FAILED, UserError  # noqa: E402
+from trainmaster.run import ranklog  # noqa: E402
 from trainmaster.train import preempt, preflight  # noqa: E402
 
 LOCK_WAIT_ENV = "TRAINMASTER_CACHE_LOCK_WAIT_S"

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainmaster import goodput
 from trainmaster.compile import counters as compile_counters
 from trainmaster.compile import fingerprint
+from trainmaster.run import goodput
 from trainmaster.train import checkpoint, ckptwriter, health, metrics, netplugin, preempt
 from trainmaster.train import model as model_mod
 from trainmaster.train.ckptwriter import BackgroundWriter, Written
@@ -89,13 +89,13 @@ class Trainer:
         self.watchdog = Watchdog(logs=plan.run.logs, hangs=plan.run.hangs, rank=rt.rank,
                                  node=plan.env.node_rank, configured=cfg.train.hang_timeout)
         if rt.rank == 0:
-            # Goodput's events (goodput.py): this process began at `started`, before its imports.
+            # Goodput's events (run/goodput.py): this process began at `started`, before its imports.
             goodput.record(plan.run.timeline, "start", t=started, step=self.start_step,
                            compiles=plan.compile or rt.kind == "xla")
             self.writer = BackgroundWriter(plan.run.checkpoints, cfg.train.keep_checkpoints,
                                            on_written=self._written)
             write_rank0(plan.run, node_rank=plan.env.node_rank, local_rank=plan.env.local_rank)
-            # The Kubernetes backend finds rank 0's pod by this exact line (launch/k8s_status.py).
+            # The Kubernetes backend finds rank 0's pod by this exact line (backends/kubernetes/status.py).
             pod = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
             log(f"trainmaster: rank 0 on pod {pod}")
             self.metrics = MetricsLog(

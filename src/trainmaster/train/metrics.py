@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainmaster import runlog
+from trainmaster.run import metrics as runlog
 from trainmaster.storage import RunPaths
 from trainmaster.train import ckptdir
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from trainmaster import runlog
+from trainmaster.run import metrics as runlog
 
 EXIT_PREEMPTED = 128 + signal.SIGTERM  # what a shell reports for a process ended by SIGTERM
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainmaster import runlog
+from trainmaster.run import metrics as runlog
 
 FLOOR_S = 300.0  # never below: checkpoints, logging and slow nodes must not look like hangs
 FACTOR = 20.0  # x the slowest recent step

@@ -1,0 +1,1 @@
+"""The Kubernetes backend: jobs as Volcano Jobs."""

@@ -1,0 +1,143 @@
+"""The Kubernetes backend: submit, status, logs, cancel and list Volcano jobs (one import).
+
+Submits what the pure builder (volcano.py) made: a ConfigMap with the resolved job file, then
+the Volcano Job. Status and logs live in k8s_status.py, the connection and error mapping in
+k8s_client.py; both are re-exported here for the CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from trainmaster.backends.kubernetes.client import (
+    JOBS,
+    Cluster,
+    Conflict,
+    NotFound,
+    as_body,
+    call,
+    connect,
+    list_all,
+    obj,
+)
+from trainmaster.backends.kubernetes.status import (
+    PHASES,
+    JobStatus,
+    PodInfo,
+    as_run_state,
+    logs,
+    pods,
+    rank0_pod,
+    status,
+)
+from trainmaster.backends.kubernetes.volcano import (
+    GROUP,
+    MANAGED_SELECTOR,
+    PLURAL,
+    VERSION,
+    config_map_name,
+    render_yaml,
+)
+from trainmaster.errors import JobFailed, UserError
+
+__all__ = ["Cluster", "JobStatus", "JobSummary", "PodInfo", "as_run_state", "cancel", "connect",
+           "list_jobs", "logs", "pods", "rank0_pod", "render_yaml", "status", "submit"]
+
+
+def _job_exists(cluster: Cluster, name: str, ns: str) -> bool:
+    try:
+        with call(cluster, "get", JOBS, name, ns):
+            cluster.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+    except NotFound:
+        return False
+    return True
+
+
+def submit(cluster: Cluster, objects: list[dict[str, Any]], *, dry_run: bool = False) -> dict[str, Any]:
+    """Create the ConfigMap, then the Job; `dry_run` has the API server check them, persisting nothing.
+
+    Fields are validated strictly (an unknown field is an error, not silently dropped). When the
+    Job cannot be created, the ConfigMap made for it is removed again; once the Job exists it
+    owns the ConfigMap, so deleting the Job by any means removes both.
+    """
+    cm, job = objects
+    ns, name, cm_name = job["metadata"]["namespace"], job["metadata"]["name"], cm["metadata"]["name"]
+    opts: dict[str, Any] = {"field_validation": "Strict"} | ({"dry_run": "All"} if dry_run else {})
+    exists = UserError(f"job {name} exists in namespace {ns}; cancel it (`trainmaster cancel {name}`) "
+                       "or choose another job.name", where="job.name")
+    try:
+        with call(cluster, "create", "configmaps", cm_name, ns):
+            cluster.core.create_namespaced_config_map(ns, as_body(cm), **opts)
+    except Conflict:
+        # The ConfigMap of a live job, or one left by an interrupted submit: replace only the latter.
+        if _job_exists(cluster, name, ns):
+            raise exists from None
+        with call(cluster, "update", "configmaps", cm_name, ns):
+            cluster.core.replace_namespaced_config_map(cm_name, ns, as_body(cm), **opts)
+    try:
+        with call(cluster, "create", JOBS, name, ns):
+            created = obj(cluster.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job, **opts))
+    except Conflict:
+        raise exists from None
+    except (UserError, JobFailed):
+        if not dry_run:
+            _delete_config_map(cluster, cm_name, ns)
+        raise
+    if not dry_run:
+        owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Job", "name": name,
+                 "uid": created["metadata"]["uid"], "blockOwnerDeletion": False}
+        with contextlib.suppress(ApiException, urllib3.exceptions.HTTPError):
+            cluster.core.patch_namespaced_config_map(cm_name, ns, {"metadata": {"ownerReferences": [owner]}})
+    return obj(created)
+
+
+def _delete_config_map(cluster: Cluster, name: str, ns: str) -> None:
+    with contextlib.suppress(ApiException, urllib3.exceptions.HTTPError):
+        cluster.core.delete_namespaced_config_map(name, ns)
+
+
+def cancel(cluster: Cluster, name: str) -> None:
+    """Delete the Job (Foreground: its pods go first) and its ConfigMap."""
+    with call(cluster, "delete", JOBS, name):
+        cluster.custom.delete_namespaced_custom_object(
+            GROUP, VERSION, cluster.namespace, PLURAL, name, propagation_policy="Foreground")
+    _delete_config_map(cluster, config_map_name(name), cluster.namespace)
+
+
+@dataclass
+class JobSummary:
+    name: str
+    namespace: str
+    phase: str
+    volcano_phase: str
+    nodes: int
+    running: int
+    created: str
+    kind: str
+
+
+def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[JobSummary]:
+    """Jobs trainmaster made (label app.kubernetes.io/managed-by=trainmaster), newest first."""
+    if all_namespaces:
+        fetch = functools.partial(cluster.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+                                  label_selector=MANAGED_SELECTOR)
+    else:
+        fetch = functools.partial(cluster.custom.list_namespaced_custom_object, GROUP, VERSION,
+                                  cluster.namespace, PLURAL, label_selector=MANAGED_SELECTOR)
+    out = []
+    for job in list_all(cluster, JOBS, fetch):  # in pages (k8s_client.list_all)
+        meta, st = job["metadata"], job.get("status", {})
+        vphase = st.get("state", {}).get("phase", "Pending")
+        out.append(JobSummary(
+            name=meta["name"], namespace=meta.get("namespace", cluster.namespace),
+            phase=PHASES.get(vphase, "pending"), volcano_phase=vphase,
+            nodes=sum(int(t.get("replicas", 0)) for t in job.get("spec", {}).get("tasks", [])),
+            running=int(st.get("running", 0)), created=meta.get("creationTimestamp", ""),
+            kind=meta.get("labels", {}).get("trainmaster.io/kind", "")))
+    return sorted(out, key=lambda j: j.created, reverse=True)

@@ -1,0 +1,185 @@
+"""Status and logs of a Volcano job: its phase, pods, restarts, and which pod holds rank 0.
+
+Rank 0 is not the pod with index 0: torchrun assigns ranks at the rendezvous. The trainer
+prints `trainmaster: rank 0 on pod <POD_NAME>` when it starts (and again after every restart);
+the rank-0 pod is the one whose own log holds the newest such line (log timestamps decide).
+Each pod's log is scanned up to RANK0_SCAN_BYTES, CONNECTIONS pods at a time: at 1,024 pods
+one after another, every round trip to the API server would add up.
+
+At scale: pods are listed in pages (k8s_client.list_all) as plain JSON and put in node order
+by one sort, O(n log n); nothing here looks a pod up in a list.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainmaster.backends.kubernetes import names as k8s_names
+from trainmaster.backends.kubernetes.client import (
+    CONNECTIONS,
+    JOBS,
+    Cluster,
+    call,
+    lines,
+    list_all,
+    obj,
+)
+from trainmaster.backends.kubernetes.volcano import (
+    ANN_CONFIG_HASH,
+    ANN_STORAGE,
+    GROUP,
+    LABEL_JOB,
+    PLURAL,
+    TASK,
+    VERSION,
+)
+from trainmaster.errors import UserError
+from trainmaster.run import state
+
+RANK0_LINE = re.compile(r"trainmaster: rank 0 on pod (\S+)")
+RANK0_SCAN_BYTES = 64 << 20  # per pod: the line is printed at start, long before this
+PHASES = {"Pending": "pending", "Running": "running", "Restarting": "running",
+          "Completing": "running", "Completed": "succeeded", "Aborting": "cancelled",
+          "Aborted": "cancelled", "Terminating": "failed", "Terminated": "failed", "Failed": "failed"}
+
+
+@dataclass
+class PodInfo:
+    name: str
+    index: int  # the node index: Volcano's pod name suffix
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown
+    node: str | None = None
+    restarts: int = 0
+    exit_code: int | None = None
+    reason: str = ""
+
+
+@dataclass
+class JobStatus:
+    name: str
+    namespace: str
+    phase: str  # ours (run/state.py): pending | running | succeeded | failed | cancelled
+    volcano_phase: str
+    retries: int  # Volcano job restarts (status.retryCount)
+    min_available: int
+    replicas: int
+    pods: list[PodInfo] = field(default_factory=list)
+    rank0_pod: str | None = None
+    message: str = ""
+    config_hash: str = ""
+    storage: str = ""
+    created: str = ""
+
+
+def _pod_info(pod: dict[str, Any]) -> PodInfo:
+    """A pod as the API serves it (JSON: v1 Pod field names)."""
+    name = pod["metadata"]["name"]
+    suffix = name.rpartition("-")[2]
+    spec, st = pod.get("spec") or {}, pod.get("status") or {}
+    info = PodInfo(name=name, index=int(suffix) if suffix.isdigit() else -1,
+                   phase=st.get("phase") or "Unknown", node=spec.get("nodeName"))
+    for cs in st.get("containerStatuses") or []:
+        info.restarts += cs.get("restartCount") or 0
+        term = (cs.get("state") or {}).get("terminated")
+        if term is not None:
+            info.exit_code, info.reason = term.get("exitCode"), term.get("reason") or ""
+    return info
+
+
+def pods(cluster: Cluster, name: str) -> list[PodInfo]:
+    """The job's pods in node order (the API lists by name: worker-10 before worker-2)."""
+    found = list_all(cluster, "pods", functools.partial(
+        cluster.core.list_namespaced_pod, cluster.namespace, label_selector=f"{LABEL_JOB}={name}"))
+    return sorted((_pod_info(p) for p in found), key=lambda p: (p.index, p.name))
+
+
+def status(cluster: Cluster, name: str, *, find_rank0: bool = True) -> JobStatus:
+    with call(cluster, "get", JOBS, name):
+        job = obj(cluster.custom.get_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, name))
+    meta, spec, st = job["metadata"], job.get("spec", {}), job.get("status", {})
+    vphase = st.get("state", {}).get("phase", "Pending")
+    ann = meta.get("annotations", {})
+    out = JobStatus(
+        name=name, namespace=cluster.namespace, phase=PHASES.get(vphase, "pending"), volcano_phase=vphase,
+        retries=int(st.get("retryCount", 0)), min_available=int(spec.get("minAvailable", 0)),
+        replicas=sum(int(t.get("replicas", 0)) for t in spec.get("tasks", [])),
+        message=st.get("state", {}).get("message", ""), config_hash=ann.get(ANN_CONFIG_HASH, ""),
+        storage=ann.get(ANN_STORAGE, ""), created=meta.get("creationTimestamp", ""),
+    )
+    out.pods = pods(cluster, name)
+    if find_rank0:
+        out.rank0_pod = rank0_pod(cluster, out.pods)
+    return out
+
+
+def _timestamp(stamp: str) -> tuple[str, int]:
+    """RFC3339Nano (trailing zeros trimmed) -> comparable (seconds, nanoseconds)."""
+    seconds, _, frac = stamp.rstrip("Z").partition(".")
+    return seconds, int((frac + "000000000")[:9])
+
+
+def _rank0_claim(cluster: Cluster, pod: str) -> tuple[str, int] | None:
+    """When the pod's own log last said `trainmaster: rank 0 on pod <pod>`, if it did."""
+    try:
+        with call(cluster, "read log of", "pods", pod):
+            resp = cluster.core.read_namespaced_pod_log(
+                pod, cluster.namespace, timestamps=True, limit_bytes=RANK0_SCAN_BYTES, _preload_content=False)
+    except UserError:
+        return None  # gone or not started since it was listed: not rank 0 now
+    newest: tuple[str, int] | None = None
+    for line in lines(resp):
+        stamp, _, text = line.partition(" ")
+        m = RANK0_LINE.search(text)
+        if m and m.group(1) == pod and (newest is None or _timestamp(stamp) >= newest):
+            newest = _timestamp(stamp)
+    return newest
+
+
+def rank0_pod(cluster: Cluster, infos: list[PodInfo]) -> str | None:
+    """The pod whose own log has the newest `trainmaster: rank 0 on pod <itself>` line (a tie:
+    the later pod in node order). The logs are read CONNECTIONS at a time."""
+    started = [p.name for p in infos if p.phase in ("Running", "Succeeded", "Failed")]
+    if not started:
+        return None
+    with ThreadPoolExecutor(max_workers=min(CONNECTIONS, len(started))) as pool:
+        claims = list(pool.map(functools.partial(_rank0_claim, cluster), started))
+    best: tuple[tuple[str, int], str] | None = None
+    for name, claim in zip(started, claims, strict=True):
+        if claim is not None and (best is None or claim >= best[0]):
+            best = (claim, name)
+    return best[1] if best else None
+
+
+def logs(cluster: Cluster, name: str, *, node: int | None = None, follow: bool = False,
+         tail_lines: int | None = None) -> tuple[str, Iterator[str]]:
+    """(pod, its lines): rank 0's pod by default (pod 0 until the trainer has said which), or a node's."""
+    infos = pods(cluster, name)
+    if not infos:
+        status(cluster, name, find_rank0=False)  # "no job NAME" when there is none
+        raise UserError(f"job {name} has no pods yet; see `trainmaster status {name}`", where="JOB")
+    if node is not None:
+        pod = k8s_names.pod_name(name, TASK, node)
+        if pod not in {p.name for p in infos}:
+            have = ", ".join(p.name for p in infos)
+            raise UserError(f"no pod {pod} (pods: {have})", where="--node")
+    else:
+        pod = rank0_pod(cluster, infos) or infos[0].name
+    opts: dict[str, Any] = {"follow": follow, "_preload_content": False}
+    if tail_lines is not None:
+        opts["tail_lines"] = tail_lines
+    with call(cluster, "read log of", "pods", pod):
+        resp = cluster.core.read_namespaced_pod_log(pod, cluster.namespace, **opts)
+    return pod, lines(resp)
+
+
+def as_run_state(st: JobStatus) -> state.RunState:
+    """The local backend's state shape, so `status` can print both backends alike."""
+    nodes = [state.NodeState(index=p.index, exit_code=p.exit_code, log=p.name) for p in st.pods]
+    return state.RunState(job=st.name, backend="kubernetes", phase=st.phase,
+                          config_hash=st.config_hash, nnodes=st.replicas, nodes=nodes,
+                          message=st.message or f"Volcano phase {st.volcano_phase}, {st.retries} restart(s)")

@@ -1,0 +1,286 @@
+"""Job config -> a gang-scheduled Volcano Job (batch.volcano.sh/v1alpha1) and its ConfigMap.
+
+A pure builder (DESIGN 2): no API calls, no files. Every pod runs the torchrun command line
+of the local backend (launch/torchrun.py); only where it runs differs.
+
+- Gang: minAvailable = nodes (min_nnodes for an elastic job), one task "worker" with one pod
+  per node. Volcano names the pods `<job>-worker-<index>`; the index is that suffix (and the
+  env plugin's VC_TASK_INDEX): a pod template is shared by all replicas, so no label can carry
+  it. Volcano adds its own pod labels volcano.sh/job-name and volcano.sh/task-spec=worker.
+- Rendezvous: c10d (the default) through the job's headless Service (svc plugin, not-ready
+  addresses published) at `<job>-worker-0.<job>:29400`, as TorchX does, or etcd
+  (rendezvous.endpoint, else etcd-server.trainmaster-etcd.svc:2379: etcd 3.4/3.5 with
+  --enable-v2, since torch's etcd rendezvous speaks the v2 API that etcd 3.6 removed).
+  Each pod first waits, bounded by rendezvous.timeout, until that name resolves; pod 0 waits
+  until it resolves to its own IP, because torchrun decides who hosts the c10d store by
+  matching the endpoint's address, and a stale record after a restart would leave nobody
+  hosting it.
+- Rendezvous id (issue 12.1): torch's etcd rendezvous closes its id for 2 h when the agents
+  exit, so the id must be new for every submission and every job-level retry (RestartJob),
+  yet the same on every pod of one attempt. The pod script builds it from two annotations
+  Volcano's job controller puts on every pod it creates (downward API env): the PodGroup name
+  `<job>-<job uid>` (new per submission) and the job version, bumped each time the job is
+  killed for a restart. An endpoint or id never enters the script unquoted (issue 17.9).
+- Compile cache lock (issue 17.3): when the pods compile into the shared cacheset (Neuron
+  always, torch.compile jobs), pod 0 runs its command under backends/kubernetes/cache_hold.py, which holds
+  the cacheset's lock until the command (neuron_parallel_compile included) has ended; the
+  token is the rendezvous id, exported to every pod, so the trainer's rank 0 sees its job's lock.
+- The resolved job file travels in the ConfigMap `<job>-config` (mounted read-only at
+  /etc/trainmaster) and is copied to STORAGE/runs/JOB/job.toml, the trainer's run folder, by
+  temporary file + rename: every pod writes the same bytes and no reader sees half a file. It
+  is overwritten, not kept: this submission's config is the one that runs, and the trainer
+  refuses a checkpoint whose config hash differs.
+- Restarts: PodEvicted and PodFailed -> RestartJob, maxRetry = job.max_restarts; the trainer
+  resumes from its last checkpoint, so a restart continues. Volcano's mutating webhook turns
+  maxRetry 0 into 3, so max_restarts = 0 uses TerminateJob instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainmaster import catalog, config, jobfile
+from trainmaster.backends.kubernetes import names as k8s_names
+from trainmaster.backends.kubernetes import podspec
+from trainmaster.backends.kubernetes.pod_script import (  # noqa: F401 - CACHE_HOLD, RDZV_ID_*: part of this API
+    ANN_JOB_VERSION,
+    ANN_PODGROUP,
+    CACHE_HOLD,
+    ENV_JOB_VERSION,
+    ENV_PODGROUP,
+    LOCK_WAIT_S,
+    RDZV_ID_BEGIN,
+    RDZV_ID_END,
+    TASK,
+    annotation_env,
+    lock_lines,
+    rdzv_id_lines,
+)
+from trainmaster.compile import cache
+from trainmaster.compile import precompile as pre_mod
+from trainmaster.config import JobConfig
+from trainmaster.errors import UserError
+from trainmaster.launch import entry
+from trainmaster.launch.torchrun import Rendezvous, command
+from trainmaster.storage import RunPaths, Storage
+
+GROUP, VERSION, PLURAL = "batch.volcano.sh", "v1alpha1", "jobs"
+API_VERSION = f"{GROUP}/{VERSION}"
+C10D_PORT = 29400
+# The in-cluster etcd lives in its own namespace (cluster/addons.py), reached by its Service name.
+DEFAULT_ETCD = "etcd-server.trainmaster-etcd.svc:2379"
+# Versions that serve the v2 API torch's etcd rendezvous needs: etcd 3.6 removed it
+# (pytorch/pytorch issues 158326 and 170707).
+ETCD_VERSIONS = "etcd 3.4 or 3.5 started with --enable-v2 (etcd 3.6 and later removed the v2 API)"
+LABEL_NAME, LABEL_MANAGED = "app.kubernetes.io/name", "app.kubernetes.io/managed-by"
+LABEL_JOB, LABEL_KIND = "trainmaster.io/job", "trainmaster.io/kind"
+MANAGED_SELECTOR = f"{LABEL_MANAGED}=trainmaster"
+ANN_CONFIG_HASH, ANN_STORAGE = "trainmaster.io/config-hash", "trainmaster.io/storage"
+_ID_MARK = "@TRAINMASTER_RDZV_ID@"  # stands for "$rdzv_id" in the torchrun line until rendered
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_ENDPOINT = re.compile(rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\]):([0-9]{{1,5}})")
+
+
+def labels(job: str, kind: str) -> dict[str, str]:
+    return {LABEL_NAME: "trainmaster", LABEL_MANAGED: "trainmaster", LABEL_JOB: job, LABEL_KIND: kind}
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-config"  # not `<job>-svc`: that one is the svc plugin's
+
+
+def rendezvous(cfg: JobConfig) -> Rendezvous:
+    r, name = cfg.rendezvous, cfg.job.name
+    if r.backend == "c10d":
+        host = f"{k8s_names.pod_name(name, TASK, 0)}.{name}"
+        return Rendezvous("c10d", r.endpoint or f"{host}:{C10D_PORT}")
+    return Rendezvous(r.backend, r.endpoint or DEFAULT_ETCD)
+
+
+def image_of(cfg: JobConfig, image: str | None) -> str:
+    image = image or cfg.kubernetes.image
+    if not image or not image.strip() or any(c.isspace() for c in image):
+        raise UserError("no training image: set kubernetes.image (e.g. --set kubernetes.image="
+                        "ACCOUNT.dkr.ecr.REGION.amazonaws.com/trainmaster:TAG)", where="kubernetes.image")
+    return image
+
+
+def check_endpoint(endpoint: str | None, where: str = "rendezvous.endpoint") -> None:
+    """host:port (a DNS name, an IPv4 or a [IPv6] address): the endpoint goes into the pod's
+    shell script and torchrun's arguments, so nothing else gets through."""
+    if endpoint is None:
+        return
+    m = _ENDPOINT.fullmatch(endpoint)
+    if m is None or not 0 < int(m.group(1)) < 65536:
+        raise UserError(f"{endpoint!r} is not host:port (e.g. etcd.example.internal:2379)", where=where)
+
+
+def check_settings(cfg: JobConfig) -> None:
+    k = cfg.kubernetes
+    k8s_names.check_settings(queue=k.queue, pvc=k.pvc, namespace=k.namespace, mount=k.mount,
+                             service_account=k.service_account, node_selector=k.node_selector,
+                             tolerations=k.tolerations)
+
+
+def check(cfg: JobConfig, image: str | None) -> tuple[catalog.InstanceType, str]:
+    """Every check that needs no cluster; UserError naming the field, before any API call."""
+    # The job file's own cross-section checks (node type, workers per node, batch), as for a
+    # kubernetes job: a config made for another backend, or copied past validation, gets them too.
+    as_k8s = cfg.model_copy(update={"job": cfg.job.model_copy(update={"backend": "kubernetes"})})
+    inst = config.derive(as_k8s).instance
+    image = image_of(cfg, image)
+    check_settings(cfg)
+    check_endpoint(cfg.rendezvous.endpoint)
+    k8s_names.check_job_name(cfg.job.name, TASK, cfg.job.nnodes)
+    host = rendezvous(cfg).endpoint.rpartition(":")[0]
+    if cfg.job.nnodes > 1 and (host == "localhost" or host.startswith("127.") or not host):
+        default = "the job's own service" if cfg.rendezvous.backend == "c10d" else DEFAULT_ETCD
+        raise UserError(f"{cfg.rendezvous.endpoint!r} is not reachable from other pods; leave it "
+                        f"unset on Kubernetes ({default} is used)", where="rendezvous.endpoint")
+    return inst, image
+
+
+def container_script(cfg: JobConfig, rdzv: Rendezvous, wrapper: list[str], purpose: str = "train") -> str:
+    """The pod's shell: run folder + job file, wait for the rendezvous name, exec torchrun.
+
+    Every value from the config enters the script through shlex.quote; the rendezvous id is
+    the one expansion, "$rdzv_id", in double quotes."""
+    name, mount = cfg.job.name, cfg.kubernetes.mount
+    run = RunPaths(Storage(Path(mount)).run_dir(name))
+    q = shlex.quote
+    job_toml, tmp = q(str(run.job_toml)), q(str(run.dir)) + '/.job.toml."$POD_NAME"'
+    host = rdzv.endpoint.rpartition(":")[0]
+    pod0 = k8s_names.pod_name(name, TASK, 0)
+    own = f' && {{ [ "$POD_NAME" != {q(pod0)} ] || [ "$ip" = "$POD_IP" ]; }}' if host == f"{pod0}.{name}" else ""
+    timeout = cfg.rendezvous.timeout
+    # A custom job.entrypoint comes with the image: relative paths and -m modules are found in
+    # its /workspace (kubernetes.workspace: cluster/image.py), never copied in at run time.
+    torchrun = command(cfg, dataclasses.replace(rdzv, run_id=_ID_MARK), job_file=str(run.job_toml),
+                       storage=mount, python="python3", workdir=entry.WORKSPACE_DIR)
+    line = shlex.join([*wrapper, *torchrun])
+    mark = shlex.quote(f"--rdzv-id={_ID_MARK}")
+    if line.count(mark) != 1:  # pragma: no cover - torchrun.py renders --rdzv-id once
+        raise AssertionError(f"--rdzv-id not found once in {line!r}")
+    line = line.replace(mark, '"--rdzv-id=$rdzv_id"')
+    late = q(f"trainmaster: {host} did not resolve to the rendezvous host within {timeout} s")
+    return "\n".join([
+        "set -eu",
+        f"mkdir -p {q(str(run.dir))}",
+        f"cp {podspec.CONFIG_DIR}/job.toml {tmp}",
+        f"mv -f {tmp} {job_toml}",
+        "n=0",
+        f"until ip=$(getent hosts {q(host)} | head -n 1 | cut -d' ' -f1) && [ -n \"$ip\" ]{own}; do",
+        "  n=$((n + 1))",
+        f"  if [ \"$n\" -ge {timeout} ]; then echo {late} >&2; exit 1; fi",
+        "  sleep 1",
+        "done",
+        *rdzv_id_lines(name),
+        *lock_lines(cfg, purpose),
+        'exec "$@" ' + line,
+    ]) + "\n"
+
+
+def build_config_map(cfg: JobConfig, kind: str = "train") -> dict[str, Any]:
+    name = cfg.job.name
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": config_map_name(name), "namespace": cfg.kubernetes.namespace,
+                     "labels": labels(name, kind)},
+        "data": {"job.toml": jobfile.render(cfg, f"resolved job {name} (launch --backend kubernetes)")},
+    }
+
+
+def _build(cfg: JobConfig, image: str | None, kind: str, wrapper: list[str],
+           priority_class: str | None) -> dict[str, Any]:
+    inst, image = check(cfg, image)
+    name, job, k = cfg.job.name, cfg.job, cfg.kubernetes
+    gang = job.min_nnodes or job.nnodes
+    action = "RestartJob" if job.max_restarts else "TerminateJob"
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [{
+            "name": "trainer", "image": image,
+            "command": ["/bin/sh", "-c", container_script(cfg, rendezvous(cfg), wrapper,
+                                                          "precompile" if kind == "precompile" else "train")],
+            "env": podspec.env(cfg, inst, precompile=kind == "precompile") + [
+                annotation_env(ENV_PODGROUP, ANN_PODGROUP), annotation_env(ENV_JOB_VERSION, ANN_JOB_VERSION)],
+            "resources": podspec.resources(inst),
+            "volumeMounts": podspec.volume_mounts(cfg, config_map=True),
+            "securityContext": podspec.security_context(inst),
+            "workingDir": podspec.WORKING_DIR,
+        }],
+        "volumes": podspec.volumes(cfg, config_map=config_map_name(name), shm_size_gib=podspec.shm_gib(inst)),
+    }
+    tolerations = podspec.tolerations(cfg, inst)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    selector = podspec.node_selector(cfg, inst)
+    if selector:
+        pod_spec["nodeSelector"] = selector
+    if k.service_account:
+        pod_spec["serviceAccountName"] = k.service_account
+    spec: dict[str, Any] = {
+        "schedulerName": "volcano", "queue": k.queue, "minAvailable": gang, "maxRetry": job.max_restarts,
+        "plugins": {"svc": ["--publish-not-ready-addresses"], "env": []},
+        "policies": [{"event": "PodEvicted", "action": action}, {"event": "PodFailed", "action": action}],
+        "tasks": [{"name": TASK, "replicas": job.nnodes, "minAvailable": gang,
+                   "template": {"metadata": {"labels": labels(name, kind)}, "spec": pod_spec}}],
+    }
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    out = {
+        "apiVersion": API_VERSION, "kind": "Job",
+        "metadata": {"name": name, "namespace": k.namespace, "labels": labels(name, kind),
+                     "annotations": {ANN_CONFIG_HASH: cfg.derived.config_hash, ANN_STORAGE: k.mount}},
+        "spec": spec,
+    }
+    k8s_names.check_job(out)
+    return out
+
+
+def build_job(cfg: JobConfig, *, image: str | None = None, priority_class: str | None = None) -> dict[str, Any]:
+    """The training job: image from the argument, else kubernetes.image."""
+    return _build(cfg, image, "train", [], priority_class)
+
+
+def build_precompile_job(cfg: JobConfig, *, image: str | None = None,
+                        steps: int = pre_mod.DEFAULT_STEPS) -> dict[str, Any]:
+    """`<job>-precompile` (compile/precompile.py): the job itself, a few steps, compile on, with
+    the precompile environment of compile/cache.py; on Neuron torchrun runs under
+    neuron_parallel_compile."""
+    pre = pre_mod.precompile_config(cfg, steps)
+    wrapper = cache.precompile_command(cache.mechanism(pre, environ={}), [])
+    return _build(pre, image, "precompile", wrapper, None)
+
+
+def objects(cfg: JobConfig, *, image: str | None = None, precompile: bool = False,
+            steps: int = pre_mod.DEFAULT_STEPS, priority_class: str | None = None) -> list[dict[str, Any]]:
+    """Everything a launch creates, in creation order: the ConfigMap, then the Job; with
+    precompile, those of `<job>-precompile` (`steps` steps)."""
+    if precompile:
+        pre = pre_mod.precompile_config(cfg, steps)
+        return [build_config_map(pre, "precompile"), build_precompile_job(cfg, image=image, steps=steps)]
+    return [build_config_map(cfg), build_job(cfg, image=image, priority_class=priority_class)]
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def render_yaml(objs: list[dict[str, Any]]) -> str:
+    """Every object as one YAML document (`launch --dry-run`; `kubectl apply -f -` takes it)."""
+    return yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)

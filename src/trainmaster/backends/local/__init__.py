@@ -1,0 +1,1 @@
+"""The local backend: jobs as processes on this machine."""

@@ -1,0 +1,1 @@
+"""Exports of a job to other tools' formats (not backends)."""

@@ -1,0 +1,1 @@
+"""The run folder (STORAGE/runs/JOB/): its files, their writers and readers."""

@@ -1,0 +1,212 @@
+"""Goodput (DESIGN 3.9): where a run's wall time went, from the events rank 0 records.
+
+metrics.jsonl cannot tell it: a resumed trainer drops the rows of the steps it is about to
+redo (so that no step appears twice) and elapsed_s starts again with every process. So rank 0
+also appends to runs/JOB/timeline.jsonl, which nothing truncates, one JSON object per line,
+all times from time.time():
+
+    {"event": "start", "t": T, "step": S, "compiles": B}     a trainer process began at T (before
+                                                             its imports), resuming after step S;
+                                                             B: it compiles graphs (compile, XLA)
+    {"event": "steps", "t": T0, "end": T1, "first": A, "last": B}
+                                                             steps A..B ran from T0 to T1 (one
+                                                             host-sync window; on CPU one step)
+    {"event": "checkpoint", "t": T0, "end": T1, "step": S}   training stood still for the save of
+                                                             step S (gather, wait for the previous
+                                                             write, copy to CPU memory)
+    {"event": "save", "t": T0, "end": T1, "step": S, "bytes": N}
+                                                             step S's background write finished
+                                                             (it overlapped training)
+    {"event": "end", "t": T, "step": S}                      the trainer finished at step S
+
+breakdown() lays the events out as one timeline from launch to end in which every second is in
+exactly one category, so the parts always add up to the wall time. No torch here: `report`
+(operator side) and the trainer (for summary.json) share this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainmaster.run import metrics as runlog
+
+KINDS = ("startup", "compile", "productive", "lost", "checkpoint", "restart", "other")
+LAUNCHED_AT_ENV = "TRAINMASTER_LAUNCHED_AT"  # set by the local supervisor for its agents
+
+
+def record(path: Path, event: str, **fields: Any) -> None:
+    """Append one event as one O_APPEND write (whole lines even with the writer thread)."""
+    line = (json.dumps({"event": event, **fields}) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    """The events of a timeline file; a torn last line (a killed writer) is skipped."""
+    return [ev for ev in runlog.read_jsonl(path)
+            if isinstance(ev.get("t"), (int, float)) and "event" in ev]
+
+
+def launched_at_from(environ: Mapping[str, str] = os.environ) -> float | None:
+    """When the launcher started the job's agents (None: not said, e.g. on Kubernetes)."""
+    raw = environ.get(LAUNCHED_AT_ENV, "")
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Span:
+    kind: str
+    start: float  # seconds since launch
+    end: float
+
+
+@dataclass(frozen=True)
+class Goodput:
+    wall: float
+    seconds: dict[str, float]
+    steps_lost: int
+    restarts: int
+    spans: tuple[Span, ...]
+
+    @property
+    def ratio(self) -> float:
+        return self.seconds["productive"] / self.wall if self.wall > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """summary.json's `goodput`: seconds per category, the ratio, the counts."""
+        return {"wall": round(self.wall, 3), **{k: round(v, 3) for k, v in self.seconds.items()},
+                "ratio": round(self.ratio, 4), "steps_lost": self.steps_lost,
+                "restarts": self.restarts}
+
+
+@dataclass
+class _Attempt:
+    """One trainer process (of rank 0): its start, and its steps and checkpoints in time order."""
+
+    start: float
+    resumed: int
+    compiles: bool
+    items: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _attempts(events: Iterable[dict[str, Any]], launched: float | None) -> list[_Attempt]:
+    out: list[_Attempt] = []
+    for ev in sorted(events, key=lambda e: float(e["t"])):
+        if ev["event"] == "start":
+            out.append(_Attempt(float(ev["t"]), int(ev.get("step", 0)), bool(ev.get("compiles"))))
+        elif out and ev["event"] in ("steps", "checkpoint") and isinstance(ev.get("end"), (int, float)):
+            out[-1].items.append(ev)
+    # An earlier launch of the same job (`launch --resume`) is not part of this one's wall time.
+    return [a for a in out if launched is None or a.start >= launched]
+
+
+def _per_step(windows: list[dict[str, Any]]) -> list[float]:
+    return [(w["end"] - w["t"]) / (w["last"] - w["first"] + 1) for w in windows]
+
+
+def _steady(attempts: list[_Attempt]) -> dict[int, float | None]:
+    """Each attempt's median seconds per step, its first window (warm-up/compile) left out;
+    an attempt with no other window borrows the median of all the others."""
+    own = {}
+    for i, a in enumerate(attempts):
+        later = [w for w in a.items if w["event"] == "steps"][1:]
+        own[i] = _per_step(later)
+    everything = [x for xs in own.values() for x in xs]
+    fallback = statistics.median(everything) if everything else None
+    return {i: statistics.median(xs) if xs else fallback for i, xs in own.items()}
+
+
+def breakdown(events: Iterable[dict[str, Any]], *, launched_at: float | None = None,
+              ended_at: float | None = None) -> Goodput | None:
+    """Wall time from launch (default: the first trainer's start) to end (default: the last
+    event) split into KINDS; None without a trainer start.
+
+    startup: launch to the run's first step. compile: the first step of a compiling process,
+    less a steady step. productive / lost: step time, lost where a later process resumed from
+    an earlier step (that work was redone). checkpoint: training stood still for a save.
+    restart: from the last event of a process that died to its successor's first step.
+    other: logging between steps, and the end (last checksum, summary, exit).
+    """
+    attempts = _attempts(events, launched_at)
+    if not attempts:
+        return None
+    launch = launched_at if launched_at is not None else attempts[0].start
+    last_event = max([a.start for a in attempts] + [float(i["end"]) for a in attempts for i in a.items])
+    end = ended_at if ended_at is not None else last_event
+    steady = _steady(attempts)
+    spans: list[Span] = []
+    lost_steps = 0
+    cursor, seen_step = launch, False
+
+    def put(kind: str, t0: float, t1: float) -> None:
+        nonlocal cursor
+        t0, t1 = max(t0, cursor), min(max(t1, cursor), end)
+        if t1 > t0:
+            spans.append(Span(kind, t0 - launch, t1 - launch))
+        cursor = max(cursor, t1)
+
+    for i, a in enumerate(attempts):
+        redo_from = min((b.resumed for b in attempts[i + 1:]), default=None)
+        stepping = False
+        for item in a.items:
+            put("other" if stepping else ("restart" if seen_step else "startup"), cursor, item["t"])
+            t0, t1 = float(item["t"]), float(item["end"])
+            if item["event"] == "checkpoint":
+                put("checkpoint", t0, t1)
+                continue
+            per = steady[i]
+            if not stepping and a.compiles and per is not None:
+                n = item["last"] - item["first"] + 1
+                put("compile", t0, t0 + max(0.0, (t1 - t0) - n * per))
+            lost = 0 if redo_from is None else max(0, min(item["last"] - item["first"] + 1,
+                                                          item["last"] - redo_from))
+            lost_steps += lost
+            split = t1 - (t1 - max(t0, cursor)) * lost / (item["last"] - item["first"] + 1)
+            put("productive", cursor, split)
+            put("lost", split, t1)
+            stepping = seen_step = True
+    put("other" if seen_step and stepping else ("restart" if seen_step else "startup"), cursor, end)
+    seconds = dict.fromkeys(KINDS, 0.0)
+    for s in spans:
+        seconds[s.kind] += s.end - s.start
+    return Goodput(max(0.0, end - launch), seconds, lost_steps, len(attempts) - 1, tuple(spans))
+
+
+def save_stats(events: Iterable[dict[str, Any]], *, launched_at: float | None = None) -> dict[str, Any]:
+    """summary.json's `checkpoint_saves`: the writes (background; MB/s over their time) and
+    how long training stood still for them."""
+    evs = [e for e in events if launched_at is None or e["t"] >= launched_at]
+    saves = [e for e in evs if e["event"] == "save" and isinstance(e.get("end"), (int, float))]
+    stalls = [e["end"] - e["t"] for e in evs if e["event"] == "checkpoint" and "end" in e]
+    secs = [e["end"] - e["t"] for e in saves]
+    total_bytes = sum(int(e.get("bytes", 0)) for e in saves)
+    return {"count": len(saves), "total_s": round(sum(secs), 3),
+            "max_s": round(max(secs), 3) if secs else None,
+            "mb": round(total_bytes / 1e6, 3),
+            "mb_per_s": round(total_bytes / 1e6 / sum(secs), 1) if secs and sum(secs) > 0 else None,
+            "blocked_s": round(sum(stalls), 3), "max_blocked_s": round(max(stalls), 3) if stalls else None}
+
+
+def summary_fields(path: Path, step: int) -> dict[str, Any]:
+    """summary.json's goodput and checkpoint_saves as the trainer ends (an "end" event now),
+    computed as `report` does; report runs on to the end that state.json records."""
+    now = time.time()
+    record(path, "end", t=now, step=step)
+    launched = launched_at_from()
+    events = read(path)
+    g = breakdown(events, launched_at=launched, ended_at=now)
+    return {"goodput": g.to_json() if g else None,
+            "checkpoint_saves": save_stats(events, launched_at=launched)}
