@@ -40,8 +40,11 @@ from benchlib import emit, load, machine  # noqa: E402
 from trainmaster import api  # noqa: E402
 from trainmaster.backends.kubernetes import client as k8s_client  # noqa: E402
 from trainmaster.backends.kubernetes import jobs as kubernetes  # noqa: E402
+from trainmaster.backends.kubernetes import (
+    names,  # noqa: E402
+    volcano,  # noqa: E402
+)
 from trainmaster.backends.kubernetes import status as k8s_status  # noqa: E402
-from trainmaster.backends.kubernetes import volcano  # noqa: E402
 
 ETCD_REQUEST_LIMIT = 3 << 19  # 1.5 MiB: etcd's default --max-request-bytes (etcd "System limits")
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainmaster:0.1.0-neuron"
@@ -91,7 +94,7 @@ def _before_pod_info(pod: Any) -> k8s_status.PodInfo:
 
 
 def before_status(cluster: kubernetes.Cluster, name: str, find_rank0: bool) -> tuple[int, str | None]:
-    cluster.custom.get_namespaced_custom_object(volcano.GROUP, volcano.VERSION, NS, volcano.PLURAL, name)
+    cluster.custom.get_namespaced_custom_object(names.GROUP, names.VERSION, NS, names.PLURAL, name)
     found = cluster.core.list_namespaced_pod(NS, label_selector=f"{volcano.LABEL_JOB}={name}")
     infos = sorted((_before_pod_info(p) for p in found.items), key=lambda p: (p.index, p.name))
     best: tuple[tuple[str, int], str] | None = None

@@ -7,7 +7,11 @@
     target = api.Target(backend="local", storage="./data")
     backend = api.backend(target, cfg)        # the one place a backend is chosen
     dry = backend.plan(cfg)                   # every check; dry.render() is what --dry-run prints
-    print(backend.submit(dry).job, backend.status(cfg.job.name).phase)
+    job = backend.submit(dry).job
+    print(backend.handle(job), backend.status(job).phase)   # local://NAME succeeded
+
+Helpers for your own training script (log_metrics and the like) are in trainmaster.worker,
+which imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -15,25 +19,23 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainmaster import jobfile
-from trainmaster.backends.base import BACKEND_NAMES, Backend, Target
-from trainmaster.backends.kubernetes.backend import KubernetesBackend
-from trainmaster.backends.local import launcher as local
-from trainmaster.backends.local.backend import LocalBackend
-from trainmaster.compile import lock
+from trainmaster.backends.base import BACKEND_NAMES, Backend, JobRef, Target, parse_job
+from trainmaster.backends.kubernetes.backend import KubernetesBackend, KubernetesOptions
+from trainmaster.backends.local.backend import LocalBackend, LocalOptions
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
-from trainmaster.monitor import runinfo
 from trainmaster.presets import JOB_PRESETS
-from trainmaster.run import state
-from trainmaster.run.metrics import log_metrics as log_metrics  # for custom scripts (issue 13.1)
 from trainmaster.storage import Storage, dataset_path
+from trainmaster.worker import log_metrics as log_metrics  # scripts written for 0.1 import it here
 
-__all__ = ["BACKENDS", "JOB_PRESETS", "Backend", "Target", "backend", "backend_name", "cancel_job", "describe", "init_job", "job_status", "launch", "load_job", "load_job_for",
-           "log_metrics", "plan_launch", "preset_job", "render_job", "start_launch"]
+__all__ = ["BACKENDS", "JOB_PRESETS", "Backend", "LaunchOptions", "Target", "backend", "backend_for_job",
+           "backend_name", "describe", "init_job", "load_job", "load_job_for", "log_metrics",
+           "preset_job", "render_job"]
 
 
 def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
@@ -41,8 +43,29 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
     return jobfile.load(path, overrides)
 
 
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What `launch` and `precompile` say that only one backend understands; each backend's
+    factory takes what is its own and refuses what it cannot honour."""
+
+    resume: bool = False  # local: continue a run that exists (Kubernetes jobs always resume)
+    image: str | None = None  # kubernetes: the training image, else kubernetes.image
+
+
+def _local(target: Target, launch: LaunchOptions) -> Backend:
+    if launch.image:
+        raise UserError("the local backend runs this machine's Python, not an image; --image is "
+                        "for --backend kubernetes", where="--image")
+    return LocalBackend(LocalOptions(storage=target.storage, resume=launch.resume))
+
+
+def _kubernetes(target: Target, launch: LaunchOptions) -> Backend:
+    return KubernetesBackend(KubernetesOptions(kubeconfig=target.kubeconfig, context=target.context,
+                                               namespace=target.namespace, image=launch.image))
+
+
 # The backends by name. Tests may register a fake one under a name: everything goes through it.
-BACKENDS: dict[str, Callable[[Target], Backend]] = {"local": LocalBackend, "kubernetes": KubernetesBackend}
+BACKENDS: dict[str, Callable[[Target, LaunchOptions], Backend]] = {"local": _local, "kubernetes": _kubernetes}
 BACKEND_ENV = "TRAINMASTER_BACKEND"
 
 
@@ -56,13 +79,30 @@ def backend_name(target: Target, cfg: JobConfig | None = None) -> str:
     return value
 
 
-def backend(target: Target, cfg: JobConfig | None = None) -> Backend:
+def backend(target: Target, cfg: JobConfig | None = None,
+            launch: LaunchOptions | None = None) -> Backend:
     """The backend a command talks to: chosen here, once; nothing else asks which it is.
     With a job file, its job.storage stands in for a missing --storage (so that `launch
     --follow` watches the folder the job runs in)."""
     if cfg is not None and target.storage is None and cfg.job.storage:
         target = dataclasses.replace(target, storage=cfg.job.storage)
-    return BACKENDS[backend_name(target, cfg)](target)
+    return BACKENDS[backend_name(target, cfg)](target, launch or LaunchOptions())
+
+
+def backend_for_job(target: Target, job: str) -> tuple[Backend, str]:
+    """(the backend, the job's name) for a command's JOB argument: a handle that `launch`
+    printed (local://JOB, kubernetes://NAMESPACE/JOB) names its backend and namespace, so a
+    cluster job needs no --backend after launch; a bare name goes by the options."""
+    ref: JobRef = parse_job(job)
+    if ref.backend and target.backend and ref.backend != target.backend:
+        raise UserError(f"{job!r} is a {ref.backend} job, but --backend says {target.backend}",
+                        where="--backend")
+    if ref.namespace and target.namespace and ref.namespace != target.namespace:
+        raise UserError(f"{job!r} is in namespace {ref.namespace}, but --namespace says "
+                        f"{target.namespace}", where="--namespace")
+    target = dataclasses.replace(target, backend=ref.backend or target.backend,
+                                 namespace=ref.namespace or target.namespace)
+    return backend(target), ref.job
 
 
 def load_job_for(path: str | Path, overrides: list[str] | None, target: Target) -> JobConfig:
@@ -107,38 +147,3 @@ def describe(cfg: JobConfig, storage: str | None = None) -> dict[str, Any]:
             "config_hash": d.config_hash,
         },
     }
-
-
-def plan_launch(cfg: JobConfig, storage: str | None, *, resume: bool = False
-                ) -> tuple[Storage, local.Plan]:
-    """Check a local job and everything it needs (storage, name, rendezvous, shards); start nothing."""
-    if cfg.job.backend != "local":
-        raise UserError("this function plans local jobs; use --backend local, or "
-                        "trainmaster.backends.kubernetes.volcano / .kubernetes for a cluster", where="job.backend")
-    store = Storage.at(storage, cfg.job.storage)
-    store.ensure_writable()
-    return store, local.plan(cfg, store, resume=resume)
-
-
-def start_launch(cfg: JobConfig, store: Storage, plan: local.Plan,
-                 on_wait: Callable[[lock.Holder], None] | None = None) -> state.RunState:
-    """Start what plan_launch checked; a compile job first takes its cacheset's lock, waiting
-    up to plan.lock_wait_s (on_wait is told who holds it)."""
-    return local.start(cfg, store, plan, on_wait=on_wait)
-
-
-def launch(path: str | Path, overrides: list[str] | None = None, storage: str | None = None,
-           *, resume: bool = False) -> state.RunState:
-    """Start a job locally and return at once; follow it with `status`."""
-    cfg = load_job(path, overrides)
-    store, plan = plan_launch(cfg, storage, resume=resume)
-    return start_launch(cfg, store, plan)
-
-
-def cancel_job(job: str, storage: str | None = None, grace_s: float = 10.0) -> state.RunState:
-    run = runinfo.run_paths(Storage.at(storage), job)
-    return local.cancel(run, grace_s)
-
-
-def job_status(job: str, storage: str | None = None) -> runinfo.Status:
-    return runinfo.status(Storage.at(storage), job)

@@ -173,6 +173,6 @@ DEFAULT_SCALING = "trn1.32xlarge"
 def get(name: str, *, where: str = "instance_type") -> InstanceType:
     try:
         return CATALOG[name]
-    except KeyError:
+    except KeyError as exc:
         known = ", ".join(CATALOG)
-        raise ConfigError(f"unknown instance type {name!r}; known: {known}", where=where) from None
+        raise ConfigError(f"unknown instance type {name!r}; known: {known}", where=where) from exc

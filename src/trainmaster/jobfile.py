@@ -71,25 +71,25 @@ def validate(data: dict[str, Any], where: str) -> JobConfig:
     except ValidationError as exc:
         first = exc.errors()[0]
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ConfigError(_describe(dict(first)) + more, where=where) from None
+        raise ConfigError(_describe(dict(first)) + more, where=where) from exc
     try:
         cfg.derived  # noqa: B018 - cross-section checks run here
     except ConfigError as exc:
-        raise ConfigError(str(exc), where=where) from None
+        raise ConfigError(str(exc), where=where) from exc
     return cfg
 
 
 def read_toml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("no such job file; create one with `trainmaster init`", where=str(path)) from None
+    except FileNotFoundError as exc:
+        raise ConfigError("no such job file; create one with `trainmaster init`", where=str(path)) from exc
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the job file ({type(exc).__name__})", where=str(path)) from None
+        raise ConfigError(f"cannot read the job file ({type(exc).__name__})", where=str(path)) from exc
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", where=str(path)) from None
+        raise ConfigError(f"not valid TOML: {exc}", where=str(path)) from exc
 
 
 def load(path: str | Path, overrides: list[str] | None = None) -> JobConfig:

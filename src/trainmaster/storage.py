@@ -57,7 +57,7 @@ class Storage:
             raise UserError(
                 f"storage is not writable ({exc.strerror}); pass --storage PATH or set ${ENV_VAR}",
                 where=str(self.root),
-            ) from None
+            ) from exc
         return self.root
 
 

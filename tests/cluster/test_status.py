@@ -13,6 +13,7 @@ import boto3
 import pytest
 
 from tests.cluster.conftest import tm_here, trn1_config
+from trainmaster.backends.kubernetes import clusterinfo
 from trainmaster.cluster import plan, status
 
 
@@ -88,7 +89,7 @@ def test_node_summary() -> None:
 def test_cluster_side(loaded: plan.LoadedPlan, kubeconfig: tuple[Path, str]) -> None:
     path, host = kubeconfig
     st = status.Status(cluster={"endpoint": host, "status": "ACTIVE"})
-    status._kube(loaded, st, str(path), None)
+    clusterinfo.fill(loaded, st, str(path), None)
     assert st.kube_error is None
     assert [n.name for n in st.nodes] == ["ip-10-0-1-1", "ip-10-0-1-2", "ip-10-0-2-1"]
     assert st.queue is True and st.claim_phase == "Bound"
@@ -97,7 +98,7 @@ def test_cluster_side(loaded: plan.LoadedPlan, kubeconfig: tuple[Path, str]) -> 
 def test_a_kubeconfig_for_another_cluster_is_not_used(loaded: plan.LoadedPlan,
                                                        kubeconfig: tuple[Path, str]) -> None:
     st = status.Status(cluster={"endpoint": "https://ABC.gr7.us-west-2.eks.amazonaws.com"})
-    status._kube(loaded, st, str(kubeconfig[0]), None)
+    clusterinfo.fill(loaded, st, str(kubeconfig[0]), None)
     assert st.nodes == [] and st.kube_error and "aws eks update-kubeconfig --name trainmaster-trn1" in st.kube_error
 
 
@@ -123,7 +124,7 @@ def test_status_prints_the_image_pinned_by_digest(aws_env: None, loaded: plan.Lo
     code, out, err = tm_here(capsys, "cluster", "status", "--plan", str(loaded.dir))
     assert code == 0, err
     assert f"--set kubernetes.image={uri}@{digest}" in out and digest.startswith("sha256:")
-    assert status.gather(loaded, kube=False).image == f"{uri}@{digest}"
+    assert status.gather(loaded).image == f"{uri}@{digest}"
 
 
 def test_status_of_a_cluster(aws_env: None, loaded: plan.LoadedPlan) -> None:
@@ -135,7 +136,7 @@ def test_status_of_a_cluster(aws_env: None, loaded: plan.LoadedPlan) -> None:
     eks.create_cluster(name="trainmaster-trn1", roleArn=role, resourcesVpcConfig={"subnetIds": [subnet]})
     eks.create_nodegroup(clusterName="trainmaster-trn1", nodegroupName="trn1-32xlarge", nodeRole=role,
                          subnets=[subnet], scalingConfig={"minSize": 2, "maxSize": 2, "desiredSize": 2})
-    st = status.gather(loaded, kube=False)
+    st = status.gather(loaded)
     assert st.cluster and st.cluster["name"] == "trainmaster-trn1"
     assert [ng["nodegroupName"] for ng in st.nodegroups] == ["trn1-32xlarge"]
     assert st.repository is None and st.stack_status is None

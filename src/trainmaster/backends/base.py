@@ -5,18 +5,22 @@
     print(dry.render())                     # --dry-run: the commands / every object as YAML
     backend.submit(dry)                     # start it; then status, logs, cancel, list
 
-A backend returns data, never prints: `status` is a View (lines and tables) and `list` a Grid,
-which the CLI prints the same way for every backend, so no command asks which backend it has.
+A backend returns data, never prints: `status` is a JobStatus and `list` a list of them, which
+the CLI prints (or dumps as JSON) the same way for every backend, so no command asks which
+backend it has.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
 
 from trainmaster.compile import lock
 from trainmaster.config import JobConfig
+from trainmaster.errors import UserError
 
 BACKEND_NAMES = ("local", "kubernetes")
 
@@ -32,31 +36,90 @@ class Target:
     namespace: str | None = None
 
 
-@dataclass(frozen=True)
-class Line:
-    text: str
-    markup: bool = False  # the text holds rich markup ([bold]); else it is printed verbatim
+class Phase(StrEnum):
+    """A job's phase, the same words on every backend (Volcano's phases map onto these)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    FINISHING = "finishing"  # the workers wrote their final summary; the launcher is wrapping up
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.CANCELLED)
 
 
 @dataclass(frozen=True)
-class Grid:
-    """A table: column titles and rows of cells, all text."""
+class NodeStatus:
+    """One node of a job: a local torchrun agent, or a pod of the Volcano job."""
 
-    columns: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...] = ()
+    index: int
+    name: str  # local: "node-0"; kubernetes: the pod's name
+    state: str  # local: running | exited; kubernetes: the pod's phase
+    host: str | None = None  # kubernetes: the Kubernetes node the pod is bound to
+    pid: int | None = None  # local: the agent's pid (its process group)
+    exit_code: int | None = None
+    restarts: int = 0  # kubernetes: container restarts of the pod
+    rank0: bool = False  # kubernetes: the pod that holds rank 0 (found from the pods' logs)
+    log: str = ""  # local: the agent's log file
+    reason: str = ""  # why it ended or waits (a container's terminated reason)
 
 
 @dataclass(frozen=True)
-class View:
-    """A job's status: the blocks `status` prints in order, and what `--follow` needs."""
+class WorkerStatus:
+    rank: int
+    node: int
+    local_rank: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """Where a job stands, as data: `status` renders it, `status --json` prints it.
+
+    Numbers a backend cannot know are None (a Kubernetes job's metrics live on the cluster's
+    storage); `notes` are lines for people (progress bar, cost, hangs, summary) that the CLI
+    prints under the header and tables."""
 
     job: str
-    phase: str
-    blocks: tuple[Line | Grid, ...]
-    message: str = ""
-    step: int | None = None  # the newest metrics row's step, when there is one
+    backend: str
+    handle: str  # local://JOB or kubernetes://NAMESPACE/JOB: what every job command accepts
+    phase: Phase
+    message: str = ""  # why it ended (the failed node's error line), or what it waits for
+    nnodes: int = 0
+    nproc_per_node: int = 0
+    created: str = ""  # ISO 8601
+    nodes: tuple[NodeStatus, ...] = ()
+    workers: tuple[WorkerStatus, ...] = ()
+    restarts: int = 0  # torchrun restarts of the worker group (kubernetes: Volcano job retries)
+    preemptions: int = 0  # SIGTERMs honoured with a checkpoint
+    job_retries: int = 0  # whole-gang restarts by the launcher (local) or Volcano (kubernetes)
+    step: int | None = None
     max_steps: int | None = None
-    info: str = ""  # one line of progress (loss, seq/s, restarts)
+    loss: float | None = None
+    seq_per_s: float | None = None
+    progress: float | None = None  # step / max_steps
+    eta_s: float | None = None
+    cost_so_far_usd: float | None = None
+    cost_to_finish_usd: float | None = None
+    hangs: tuple[str, ...] = ()  # the newest hangs the watchdogs reported, one line each
+    details: dict[str, str] = field(default_factory=dict)  # backend words: rendezvous, namespace, ...
+    metrics: dict[str, Any] = field(default_factory=dict)  # the newest metrics.jsonl row
+    summary: dict[str, Any] | None = None  # summary.json once the workers wrote it
+    notes: tuple[str, ...] = ()
+
+    @property
+    def info(self) -> str:
+        """One line of progress for `launch --follow`."""
+        parts = [f"{k} {v}" for k, v in self.details.items() if k != "rendezvous"]
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.4g}")
+        return ", ".join([*parts, f"restarts {self.restarts}"])
+
+    def to_json(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self), default=str))
 
 
 @dataclass(frozen=True)
@@ -90,10 +153,18 @@ Waiting = Callable[[lock.Holder], None]
 
 
 class Backend(Protocol):
+    """What every backend does. Its own options (where its jobs live, and what only it
+    understands: a local --resume, a Kubernetes --image) are given to its constructor, so plan()
+    takes only what every backend means the same way."""
+
     name: str
 
-    def plan(self, cfg: JobConfig, *, resume: bool = False, image: str | None = None,
-             wait_lock_s: float = 0.0, precompile_steps: int | None = None) -> DryRun:
+    def handle(self, job: str) -> str:
+        """The job's handle: `local://JOB`, `kubernetes://NAMESPACE/JOB`."""
+        ...
+
+    def plan(self, cfg: JobConfig, *, wait_lock_s: float = 0.0,
+             precompile_steps: int | None = None) -> DryRun:
         """Every check that needs no side effect (UserError naming the field); precompile_steps:
         the job's precompile job (compile/precompile.py) instead of the job."""
         ...
@@ -104,7 +175,7 @@ class Backend(Protocol):
         nothing. A precompile plan is awaited where the backend can (local), else submitted."""
         ...
 
-    def status(self, job: str) -> View: ...
+    def status(self, job: str) -> JobStatus: ...
 
     def logs(self, job: str, *, rank: int | None, node: int | None, follow: bool) -> LogStream: ...
 
@@ -112,11 +183,51 @@ class Backend(Protocol):
         """Stop the job; returns one line saying what happened."""
         ...
 
-    def list(self) -> Grid: ...
+    def list(self) -> list[JobStatus]:
+        """The jobs, newest first (status without the per-node details)."""
+        ...
+
+
+@runtime_checkable
+class SupportsTop(Protocol):
+    """A backend that can sample its workers' CPU, memory and accelerator use (`top`)."""
 
     def top(self, job: str, *, interval_s: float, say: Callable[[str], None]
             ) -> tuple[Callable[[], Any], float]:
         """(a sampler returning a rich table, or None once the job ended; the pause between samples)."""
         ...
 
+
+@runtime_checkable
+class SupportsTensorBoard(Protocol):
+    """A backend that can serve its runs' TensorBoard events (`tensorboard`)."""
+
     def tensorboard(self, job: str | None, *, host: str, port: int, announce: Callable[[str], None]) -> None: ...
+
+
+# --- job handles: BACKEND://[NAMESPACE/]JOB -----------------------------------------------------
+
+@dataclass(frozen=True)
+class JobRef:
+    """A job as the commands take it: a bare name (the backend from the options), or a handle
+    that `launch` printed, which names the backend (and the namespace) itself."""
+
+    job: str
+    backend: str | None = None
+    namespace: str | None = None
+
+
+def parse_job(text: str) -> JobRef:
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return JobRef(text)
+    if scheme not in BACKEND_NAMES:
+        raise UserError(f"{text!r}: unknown backend {scheme!r} in the handle; use local://JOB or "
+                        "kubernetes://NAMESPACE/JOB", where="JOB")
+    parts = rest.split("/")
+    if scheme == "local" and len(parts) == 1 and parts[0]:
+        return JobRef(parts[0], "local")
+    if scheme == "kubernetes" and len(parts) in (1, 2) and all(parts):
+        return JobRef(parts[-1], "kubernetes", parts[0] if len(parts) == 2 else None)
+    raise UserError(f"{text!r} is not a job handle; use local://JOB or kubernetes://NAMESPACE/JOB",
+                    where="JOB")

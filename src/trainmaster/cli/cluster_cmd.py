@@ -6,6 +6,7 @@ the commands that use them, so that `trainmaster --help` stays fast.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -41,7 +42,7 @@ def plan_cmd(
     try:
         written = write_plan(cfg, out_dir)
     except ConfigError as exc:  # name the job file, as jobfile.load does
-        raise ConfigError(str(exc), where=Path(file).name) from None
+        raise ConfigError(str(exc), where=Path(file).name) from exc
     s = written.spec
     out.print(f"wrote {written.dir}/ for cluster {s.name}: {s.nodes} x {s.instance.name} in "
               f"{s.region} ({s.accelerator_zone}; cluster zones {', '.join(s.zones)}), "
@@ -82,11 +83,12 @@ def status(
     context: Annotated[str | None, typer.Option(metavar="NAME", help="kubeconfig context (default: the current one)")] = None,
 ) -> None:
     """What of the plan exists in AWS and in the cluster; per node, allocatable Neuron/GPU/EFA."""
+    from trainmaster.backends.kubernetes import clusterinfo
     from trainmaster.cluster.plan import load_plan
     from trainmaster.cluster.status import gather
 
     plan = load_plan(plan_dir)
-    st = gather(plan, kubeconfig=kubeconfig, context=context)
+    st = gather(plan, functools.partial(clusterinfo.fill, kubeconfig=kubeconfig, context=context))
     c = plan.cluster
     rows: list[tuple[str, str]] = []
     cl = st.cluster

@@ -60,8 +60,8 @@ def precompile(
     if not cfg.train.compile:
         _say(f"note: train.compile is off in {file}: `launch` uses this cache only with "
              "--set train.compile=true (or compile = true in [train])")
-    backend = api.backend(where, cfg)
-    dry = backend.plan(cfg, image=image, wait_lock_s=wait_lock, precompile_steps=steps)
+    backend = api.backend(where, cfg, api.LaunchOptions(image=image))
+    dry = backend.plan(cfg, wait_lock_s=wait_lock, precompile_steps=steps)
     for note in dry.notes:
         _say(note)
     if dry_run:
@@ -184,9 +184,9 @@ def clear(ctx: typer.Context, name: CachesetArg,
         typer.confirm(f"delete {folder} ({_size(cache.size_bytes(folder))})?", abort=True)
     try:
         held = lock.acquire(folder, job="cache-clear", purpose="clear")
-    except UserError:
+    except UserError as exc:
         raise UserError(f"compile cache {name} is {_lock_text(folder)}; clear it after that job "
-                        "has ended", where="CACHESET") from None
+                        "has ended", where="CACHESET") from exc
     try:
         for entry in folder.iterdir():
             if entry.name == lock.FILE:

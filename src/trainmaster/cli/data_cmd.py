@@ -79,11 +79,11 @@ def prepare(
             masked_lm_prob=masked_lm_prob, short_seq_prob=short_seq_prob,
             dupe_factor=dupe_factor, whole_word_mask=whole_word_mask, shards=shards,
             workers=workers, seed=seed, overwrite=overwrite, quiet=quiet)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # typer turns Ctrl-C into a silent exit 130; say what became of the output.
         typer.echo(f"error: interrupted; nothing was written to {folder} (partial files "
                    "removed)", err=True)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(EXIT_INTERRUPTED) from exc
     t = result.timings
     table = Table(title=f"prepared {escape(str(result.output))}", title_justify="left",
                   show_header=False, box=None)

@@ -1,8 +1,8 @@
 """`trainmaster launch | list | status | logs | cancel`: one code path for every backend.
 
 Each command asks api.backend() for the backend of this invocation (the global options in
-ctx.obj, and for launch the job file) and talks to the Backend interface (backends/base.py);
-what comes back is printed by cli/show.py.
+ctx.obj, for launch the job file, and for the others the job's handle) and talks to the
+Backend interface (backends/base.py); what comes back is printed by cli/show.py.
 """
 
 from __future__ import annotations
@@ -18,9 +18,16 @@ from trainmaster import api
 from trainmaster.backends.base import Backend
 from trainmaster.cli import show
 from trainmaster.cli.compile_cmd import lock_waiting
-from trainmaster.cli.options import ImageOpt, JobArg, JobFileArg, SetOpt, WaitLockOpt, target
+from trainmaster.cli.options import (
+    ImageOpt,
+    JobArg,
+    JobFileArg,
+    JsonOpt,
+    SetOpt,
+    WaitLockOpt,
+    target,
+)
 from trainmaster.errors import JobFailed
-from trainmaster.run import state
 
 
 def launch(
@@ -37,8 +44,8 @@ def launch(
     """Start a job: one torchrun agent per node, each worker running the job's entrypoint."""
     where = target(ctx)
     cfg = api.load_job_for(file, overrides, where)
-    backend = api.backend(where, cfg)
-    dry = backend.plan(cfg, resume=resume, image=image, wait_lock_s=wait_lock)
+    backend = api.backend(where, cfg, api.LaunchOptions(resume=resume, image=image))
+    dry = backend.plan(cfg, wait_lock_s=wait_lock)
     if dry_run and not dry_run_server:
         typer.echo(dry.render(), nl=False)
         return
@@ -62,21 +69,22 @@ def follow_job(backend: Backend, job: str) -> None:
             v = backend.status(job)
             steps = "" if v.step is None else f"{v.step}/{v.max_steps} steps" if v.max_steps else f"step {v.step}"
             bar.update(task, total=v.max_steps, completed=v.step or 0, steps=steps, info=v.info)
-            if v.phase in state.FINAL:
+            if v.phase.final:
                 break
             time.sleep(1.0)  # refreshing a display of another process's progress
     if v.phase != "succeeded":
         raise JobFailed(f"job {job} {v.phase}: {v.message or 'see trainmaster logs ' + job}")
 
 
-def list_jobs(ctx: typer.Context) -> None:
+def list_jobs(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """List the jobs (local: under the storage root; kubernetes: trainmaster's Volcano jobs), newest first."""
-    show.grid(api.backend(target(ctx)).list())
+    show.jobs(api.backend(target(ctx)).list(), as_json)
 
 
-def status(ctx: typer.Context, job: JobArg) -> None:
-    """Phase, nodes, ranks, restarts, last step, loss, seq/s and ETA of a job."""
-    show.view(api.backend(target(ctx)).status(job))
+def status(ctx: typer.Context, job: JobArg, as_json: JsonOpt = False) -> None:
+    """Phase, nodes, ranks, restarts, last step, loss, seq/s and ETA of a job (--json: as data)."""
+    backend, name = api.backend_for_job(target(ctx), job)
+    show.status(backend.status(name), as_json)
 
 
 def logs(
@@ -87,7 +95,8 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends")] = False,
 ) -> None:
     """Print a rank's log (rank 0 by default), or a node agent's (kubernetes: a pod's)."""
-    stream = api.backend(target(ctx)).logs(job, rank=rank, node=node, follow=follow)
+    backend, name = api.backend_for_job(target(ctx), job)
+    stream = backend.logs(name, rank=rank, node=node, follow=follow)
     if stream.source:
         typer.echo(stream.source, err=True)
     for chunk in stream.chunks:
@@ -100,4 +109,5 @@ def cancel(
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL")] = 10.0,
 ) -> None:
     """Stop a job: SIGTERM to each node's process group, SIGKILL after the grace period (kubernetes: delete the Volcano job)."""
-    typer.echo(api.backend(target(ctx)).cancel(job, grace_s=grace))
+    backend, name = api.backend_for_job(target(ctx), job)
+    typer.echo(backend.cancel(name, grace_s=grace))

@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 from trainmaster import api
+from trainmaster.backends.base import SupportsTensorBoard, SupportsTop
 from trainmaster.cli.options import JobArg, target
 from trainmaster.errors import UserError
 from trainmaster.monitor import report as report_mod
@@ -33,7 +34,10 @@ def top(
     """A live table per node and rank: CPU, memory and accelerator use (GPU via NVML / nvidia-smi, NeuronCores via neuron-monitor)."""
     if not 0.1 <= interval <= 3600:
         raise UserError(f"{interval} is not between 0.1 and 3600 seconds", where="--interval")
-    sample, pause = api.backend(target(ctx)).top(job, interval_s=interval, say=out.print)
+    backend, name = api.backend_for_job(target(ctx), job)
+    if not isinstance(backend, SupportsTop):
+        raise UserError(f"the {backend.name} backend cannot sample its workers", where="top")
+    sample, pause = backend.top(name, interval_s=interval, say=out.print)
     top_mod.watch(sample, once, pause, out.print, Live)
 
 
@@ -47,7 +51,10 @@ def tensorboard(
     def announce(url: str) -> None:
         typer.echo(f"TensorBoard: {url}")
 
-    api.backend(target(ctx)).tensorboard(job, host=host, port=port, announce=announce)
+    backend, name = api.backend_for_job(target(ctx), job) if job else (api.backend(target(ctx)), None)
+    if not isinstance(backend, SupportsTensorBoard):
+        raise UserError(f"the {backend.name} backend has no TensorBoard", where="tensorboard")
+    backend.tensorboard(name, host=host, port=port, announce=announce)
 
 
 def report(ctx: typer.Context, job: JobArg) -> None:

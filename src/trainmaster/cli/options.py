@@ -22,7 +22,8 @@ StorageOpt = Annotated[
     typer.Option("--storage", metavar="PATH",
                  help="Storage root; else job.storage, else $TRAINMASTER_STORAGE, else ./trainmaster-data"),
 ]
-JobArg = Annotated[str, typer.Argument(metavar="JOB", help="Job name (job.name of its job file)")]
+JobArg = Annotated[str, typer.Argument(metavar="JOB", help="Job name (job.name of its job file), or the handle `launch` printed: local://JOB, kubernetes://NAMESPACE/JOB")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print it as JSON (the fields of backends/base.py JobStatus)")]
 JobFileArg = Annotated[str, typer.Argument(metavar="FILE", help="A job file (TOML); make one with `trainmaster init`")]
 BackendOpt = Annotated[
     str | None,

@@ -51,25 +51,25 @@ def call(action: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
     """Call one API operation; `action` is its IAM name (e.g. ec2:DescribeInstanceTypeOfferings)."""
     try:
         return fn(**kwargs)
-    except (NoCredentialsError, PartialCredentialsError):
-        raise UserError(f"no AWS credentials for {action}; {FIX_CREDENTIALS}", where="aws") from None
-    except NoRegionError:
-        raise UserError("no AWS region; set cluster.region in the job file", where="aws") from None
+    except (NoCredentialsError, PartialCredentialsError) as exc:
+        raise UserError(f"no AWS credentials for {action}; {FIX_CREDENTIALS}", where="aws") from exc
+    except NoRegionError as exc:
+        raise UserError("no AWS region; set cluster.region in the job file", where="aws") from exc
     except EndpointConnectionError as exc:
         raise UserError(f"cannot reach AWS ({exc}); check the network and cluster.region",
-                        where="aws") from None
+                        where="aws") from exc
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         message = exc.response.get("Error", {}).get("Message", "")
         if code in DENIED:
             raise UserError(f"permission denied: the IAM principal may not call {action}; "
-                            f"allow {action} in its policy ({code})", where="aws") from None
+                            f"allow {action} in its policy ({code})", where="aws") from exc
         if code in BAD_CREDENTIALS:
             raise UserError(f"AWS refused the credentials ({code}: {message}); {FIX_CREDENTIALS}",
-                            where="aws") from None
+                            where="aws") from exc
         raise
     except BotoCoreError as exc:
-        raise UserError(f"{action} failed: {exc}", where="aws") from None
+        raise UserError(f"{action} failed: {exc}", where="aws") from exc
 
 
 def _missing(exc: ClientError) -> bool:

@@ -136,7 +136,7 @@ def write_plan(cfg: JobConfig, out_dir: str | Path, zone_lookup: ZoneLookup | No
             (out / rel).unlink(missing_ok=True)
         shutil.rmtree(out / RENDERED_DIR, ignore_errors=True)
     except OSError as exc:
-        raise UserError(f"cannot write the plan ({exc.strerror})", where=str(out)) from None
+        raise UserError(f"cannot write the plan ({exc.strerror})", where=str(out)) from exc
     return WrittenPlan(out, spec, list(files))
 
 
@@ -170,12 +170,12 @@ def load_plan(plan_dir: str | Path) -> LoadedPlan:
         data = json.loads((d / PLAN_JSON).read_text(encoding="utf-8"))
         plan = LoadedPlan(d, dict(data["cluster"]), [steps.Step.from_json(s) for s in data["steps"]],
                           [steps.Step.from_json(s) for s in data["down"]])
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
         raise UserError(f"no {PLAN_JSON} here; write a plan first: trainmaster cluster plan "
-                        f"JOB.toml --out {d}", where=str(d)) from None
+                        f"JOB.toml --out {d}", where=str(d)) from exc
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{PLAN_JSON} is unreadable ({exc}); write the plan again with "
-                        "`trainmaster cluster plan`", where=str(d)) from None
+                        "`trainmaster cluster plan`", where=str(d)) from exc
     if not plan.runbook.is_file():
         raise UserError("runbook.sh is missing; write the plan again", where=str(d))
     return plan

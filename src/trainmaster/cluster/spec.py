@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from trainmaster import __version__, catalog
-from trainmaster.backends.kubernetes.names import is_dns1123_label, is_dns1123_subdomain
 from trainmaster.cluster import versions
 from trainmaster.config import JobConfig
 from trainmaster.errors import ConfigError
+from trainmaster.naming import is_dns1123_label, is_dns1123_subdomain
 
 # Derived IAM role names ("<cluster>-fsx-csi", 64 at most) and CloudFormation stack names
 # ("eksctl-<cluster>-nodegroup-<group>", 128) must fit: 40 characters leave room for both.
@@ -143,7 +143,7 @@ def _check_cidrs(cidrs: list[str]) -> tuple[str, ...]:
             net = ipaddress.IPv4Network(cidr, strict=True)
         except ValueError as exc:
             raise ConfigError(f"{cidr!r} is not an IPv4 CIDR block ({exc}), e.g. 203.0.113.7/32",
-                              where="cluster.public_access_cidrs") from None
+                              where="cluster.public_access_cidrs") from exc
         if net.prefixlen == 0:
             raise ConfigError("0.0.0.0/0 opens the API endpoint to the whole internet; list the "
                               "networks you work from", where="cluster.public_access_cidrs")
@@ -206,7 +206,7 @@ def lookup_zones(region: str, instance_type: str) -> list[str]:
         usable = aws.usable_zones(region)
         system = set(aws.offered_zones(region, SYSTEM_INSTANCE_TYPE))
     except UserError as exc:
-        raise UserError(f"{exc} (or list the zones in cluster.zones to plan without AWS)") from None
+        raise UserError(f"{exc} (or list the zones in cluster.zones to plan without AWS)") from exc
     candidates = [z for z in offered if z in usable]
     if not candidates:
         raise ConfigError(f"{instance_type} is not offered in {region}; pick a region that offers "

@@ -4,15 +4,14 @@ The answer users of the tutorial needed most is per node: does it offer its acce
 EFA interfaces (allocatable aws.amazon.com/neuron, vpc.amazonaws.com/efa, nvidia.com/gpu)? A
 job that asks for them on a node whose device plugin is missing waits forever in Pending
 ("Insufficient aws.amazon.com/neuron", reference 6.5). AWS answers come first; the cluster's
-only when it is ACTIVE, and a failure to reach it is reported, not raised.
+only when it is ACTIVE (backends/kubernetes/clusterinfo.py), and a failure to reach it is
+reported, not raised.
 """
 
 from __future__ import annotations
 
-import json
-import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from trainmaster import catalog
@@ -62,53 +61,9 @@ def node_of(item: dict[str, Any]) -> Node:
                 allocatable={r: str(alloc[r]) for r in RESOURCES if r in alloc})
 
 
-def _kube(plan: LoadedPlan, st: Status, kubeconfig: str | None, context: str | None) -> None:
-    from kubernetes import client as k8s
-    from kubernetes import config as k8s_config
-    from kubernetes.client.exceptions import ApiException
-
-    path = Path(kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
-                or "~/.kube/config").expanduser()
-    configuration = k8s.Configuration()
-    try:
-        k8s_config.load_kube_config(config_file=str(path), context=context,
-                                    client_configuration=configuration, persist_config=False)
-    except (k8s_config.ConfigException, OSError) as exc:
-        st.kube_error = (f"cannot use {path} ({exc}); run `aws eks update-kubeconfig --name "
-                         f"{plan.cluster['name']} --region {plan.cluster['region']}`")
-        return
-    c = plan.cluster
-    endpoint = (st.cluster or {}).get("endpoint")
-    if endpoint and configuration.host.rstrip("/") != str(endpoint).rstrip("/"):
-        st.kube_error = (f"the kubeconfig context points at {configuration.host}, not cluster "
-                         f"{c['name']}; run `aws eks update-kubeconfig --name {c['name']} "
-                         f"--region {c['region']}` or pass --context")
-        return
-    with k8s.ApiClient(configuration) as api:
-        core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
-        try:
-            nodes: Any = core.list_node(_preload_content=False, _request_timeout=20)
-            st.nodes = sorted((node_of(i) for i in json.loads(nodes.data).get("items", [])),
-                              key=lambda n: (n.role, n.name))
-        except (ApiException, OSError, ValueError) as exc:
-            st.kube_error = f"cannot list nodes: {getattr(exc, 'reason', None) or exc}"
-            return
-        try:
-            custom.get_cluster_custom_object("scheduling.volcano.sh", "v1beta1", "queues",
-                                             c["queue"], _request_timeout=20)
-            st.queue = True
-        except ApiException as exc:
-            st.queue = False if exc.status == 404 else None
-        try:
-            pvc: Any = core.read_namespaced_persistent_volume_claim(
-                c["pvc"], c["namespace"], _preload_content=False, _request_timeout=20)
-            st.claim_phase = json.loads(pvc.data).get("status", {}).get("phase")
-        except ApiException as exc:
-            st.claim_phase = "missing" if exc.status == 404 else None
-
-
-def gather(plan: LoadedPlan, *, kubeconfig: str | None = None, context: str | None = None,
-           kube: bool = True) -> Status:
+def gather(plan: LoadedPlan, kube: Callable[[LoadedPlan, Status], None] | None = None) -> Status:
+    """AWS first; then, once the cluster is ACTIVE, `kube` fills in what the cluster itself says
+    (the Kubernetes backend's clusterinfo.fill: this layer does not talk to Kubernetes)."""
     c, region = plan.cluster, plan.cluster["region"]
     st = Status(cluster=aws.eks_cluster(region, c["name"]))
     stack = aws.stack(region, c["stack"])
@@ -123,6 +78,6 @@ def gather(plan: LoadedPlan, *, kubeconfig: str | None = None, context: str | No
         return st
     st.nodegroups = aws.eks_nodegroups(region, c["name"])
     st.file_systems = aws.file_systems(region, c["name"], st.cluster.get("resourcesVpcConfig", {}).get("vpcId"))
-    if kube and st.cluster.get("status") == "ACTIVE":
-        _kube(plan, st, kubeconfig, context)
+    if kube is not None and st.cluster.get("status") == "ACTIVE":
+        kube(plan, st)
     return st

@@ -165,7 +165,7 @@ def read(cache_dir: Path) -> Saved | None:
         return None
     except (OSError, ValueError) as exc:
         raise UserError(f"unreadable ({type(exc).__name__}); run `trainmaster precompile` again "
-                        "to rewrite it, or `trainmaster cache clear`", where=str(path)) from None
+                        "to rewrite it, or `trainmaster cache clear`", where=str(path)) from exc
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("fields"), dict):
         raise UserError(f"not a fingerprint of schema {SCHEMA}; run `trainmaster precompile` "
                         "again to rewrite it", where=str(path))

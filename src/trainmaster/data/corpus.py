@@ -113,7 +113,7 @@ def read_text(path: Path) -> str:
     except (OSError, EOFError, zlib.error) as exc:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise DataError(f"cannot read ({reason}); inputs must be text or gzip'd text",
-                        where=str(path)) from None
+                        where=str(path)) from exc
     nul = raw.find(b"\0")
     if nul >= 0:
         raise DataError(f"binary file (NUL byte at offset {nul}); inputs must be UTF-8 text",
@@ -122,7 +122,7 @@ def read_text(path: Path) -> str:
         return raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         raise DataError(f"not UTF-8 text (bad byte at offset {exc.start}); convert it with "
-                        "iconv or drop it", where=str(path)) from None
+                        "iconv or drop it", where=str(path)) from exc
 
 
 def read_corpus(inputs: list[Path], builtin: str | None = None) -> Corpus:

@@ -70,7 +70,7 @@ def inspect(folder: str | Path, examples: int = 3) -> Stats:
             f = h5py.File(path, "r")
         except OSError as exc:
             raise DataError(f"cannot open as HDF5 ({exc}); run `trainmaster data verify`",
-                            where=str(path)) from None
+                            where=str(path)) from exc
         with f:
             missing = [k for k in fmt.KEYS if k not in f]
             if missing:

@@ -108,14 +108,14 @@ def load_vocab(path: str | os.PathLike[str]) -> Vocab:
         raw = p.read_bytes()
     except OSError as exc:
         raise DataError(f"cannot read the vocabulary ({exc.strerror}); pass an existing "
-                        "vocab.txt to --vocab", where=str(p)) from None
+                        "vocab.txt to --vocab", where=str(p)) from exc
     try:
         if b"\0" in raw:
             raise UnicodeDecodeError("utf-8", raw, raw.index(b"\0"), raw.index(b"\0") + 1, "NUL")
         text = raw.decode("utf-8")
-    except UnicodeDecodeError:
+    except UnicodeDecodeError as exc:
         raise DataError("not a text vocabulary (binary or not UTF-8); pass a BERT vocab.txt",
-                        where=str(p)) from None
+                        where=str(p)) from exc
     return parse_vocab(text, str(p))
 
 

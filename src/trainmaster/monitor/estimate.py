@@ -162,7 +162,7 @@ def rate_of_run(store: Storage, job: str, cfg: JobConfig, basis: str = "measured
     try:
         run = history.find_run(store, job)
     except UserError as exc:  # named after the option the job came from
-        raise UserError(str(exc).removeprefix(f"{exc.where}: "), where="--from-run") from None
+        raise UserError(str(exc).removeprefix(f"{exc.where}: "), where="--from-run") from exc
     summary = runinfo.read_json(run.summary) or {}
     avg, world = summary.get("avg_seq_per_s"), summary.get("world_size")
     if not isinstance(avg, (int, float)) or avg <= 0 or not isinstance(world, int):

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from trainmaster import jobfile
-from trainmaster.backends.local.processes import Worker, workers
 from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig
 from trainmaster.errors import UserError
 from trainmaster.run import metrics as runlog
 from trainmaster.run import state
+from trainmaster.run.processes import Worker, workers
 from trainmaster.storage import RunPaths, Storage
 from trainmaster.train import preempt, watchdog
 

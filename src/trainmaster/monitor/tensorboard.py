@@ -6,18 +6,14 @@ JOB/tensorboard), bound to 127.0.0.1 unless --host says otherwise. The port is c
 anything starts; the URL is printed once TensorBoard answers; it runs in the foreground until
 Ctrl-C (or SIGTERM), and is stopped with the command: nothing is left running.
 
-Kubernetes: the add-ons' TensorBoard (cluster/addons.py: Deployment and ClusterIP Service
-`tensorboard`, port 6006, in the job namespace, reading /data/runs) reached through
-`kubectl port-forward` on 127.0.0.1 only: the Service is checked through the API first (a
-clear error when the add-ons are missing), then kubectl does the forwarding. Without kubectl
-the error gives the exact command to run.
+The Kubernetes backend serves the cluster's TensorBoard through the same serve() with a
+`kubectl port-forward` (backends/kubernetes/tensorboard.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,15 +23,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
-from trainmaster.cluster.addons import TENSORBOARD, TENSORBOARD_PORT
+from trainmaster.cluster.addons import TENSORBOARD_PORT
 from trainmaster.errors import JobFailed, UserError
 from trainmaster.monitor import history
 from trainmaster.storage import Storage
-
-if TYPE_CHECKING:
-    from trainmaster.backends.kubernetes.client import Cluster
 
 START_TIMEOUT_S = 90.0
 DEFAULT_PORT = TENSORBOARD_PORT
@@ -135,7 +128,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _serve(cmd: list[str], url: str, probe: str, what: str, announce: Callable[[str], None]) -> None:
+def serve(cmd: list[str], url: str, probe: str, what: str, announce: Callable[[str], None]) -> None:
     with _child(cmd) as (proc, log):
         wait_until_answers(proc, probe, log, what)
         try:
@@ -156,46 +149,8 @@ def serve_local(store: Storage, job: str | None, host: str, port: int,
     check_port(host, port)
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     url = f"http://{shown}:{port}/"
-    _serve(command(logdir, host, port), f"{url}  ({what}; Ctrl-C stops it)", url,
+    serve(command(logdir, host, port), f"{url}  ({what}; Ctrl-C stops it)", url,
            "TensorBoard", announce)
-
-
-# --- kubernetes ---------------------------------------------------------------------------------
-
-def forward_command(namespace: str, port: int, kubeconfig: str | None = None,
-                    context: str | None = None) -> list[str]:
-    """kubectl port-forward to the add-ons' TensorBoard Service, listening on 127.0.0.1 only."""
-    cmd = ["kubectl", "port-forward", "--namespace", namespace, "--address", "127.0.0.1",
-           f"service/{TENSORBOARD}", f"{port}:{TENSORBOARD_PORT}"]
-    cmd += ["--kubeconfig", kubeconfig] if kubeconfig else []
-    cmd += ["--context", context] if context else []
-    return cmd
-
-
-def check_service(cluster: Cluster) -> Any:
-    from trainmaster.backends.kubernetes.client import NotFound, call
-
-    try:
-        with call(cluster, "get", "services", TENSORBOARD):
-            return cluster.core.read_namespaced_service(TENSORBOARD, cluster.namespace)
-    except NotFound:
-        raise UserError(f"no TensorBoard Service {TENSORBOARD!r} in namespace {cluster.namespace}: "
-                        "the cluster add-ons install it (`trainmaster cluster up`); pass "
-                        "--namespace if they live elsewhere", where="kubernetes") from None
-
-
-def serve_k8s(cluster: Cluster, port: int, kubeconfig: str | None, context: str | None,
-              announce: Callable[[str], None], job: str | None = None) -> None:
-    check_port("127.0.0.1", port)
-    check_service(cluster)
-    cmd = forward_command(cluster.namespace, port, kubeconfig, cluster.context or context)
-    if shutil.which("kubectl") is None:
-        raise UserError(f"kubectl is not installed; install it, or forward the port yourself: "
-                        f"{' '.join(cmd)}", where="kubectl")
-    url = f"http://127.0.0.1:{port}/"
-    runs = f"runs of job {job} are named {job}/tensorboard" if job else "every run under /data/runs"
-    _serve(cmd, f"{url}  (cluster TensorBoard via kubectl port-forward; {runs}; Ctrl-C stops it)",
-           url, "kubectl port-forward", announce)
 
 
 def known_tags(url: str, timeout_s: float = 5.0) -> dict[str, Any]:

@@ -79,7 +79,7 @@ def check_header(path: Path, seq_len: int, max_pred: int) -> int:
     except DataError:
         raise
     except DAMAGE as exc:
-        raise _damaged(path, exc) from None
+        raise _damaged(path, exc) from exc
     bad = [k for k, kind in kinds.items() if kind not in "iu"]
     if bad:
         raise DataError(f"{', '.join(bad)} must hold integers (found {kinds[bad[0]]!r} data)",
@@ -149,7 +149,7 @@ def load_shard(path: Path, vocab_size: int) -> dict[str, np.ndarray]:
     try:
         raw = fmt.read_arrays(path)
     except DAMAGE as exc:
-        raise _damaged(path, exc) from None
+        raise _damaged(path, exc) from exc
     missing = [k for k in KEYS if k not in raw]
     if missing:
         raise DataError(f"not a BERT pretraining shard: lacks {', '.join(missing)}", where=str(path))

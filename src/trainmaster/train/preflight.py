@@ -48,8 +48,8 @@ class Env:
             raw = environ.get(key, "")
             try:
                 return int(raw) if raw != "" else default
-            except ValueError:
-                raise UserError(f"not an integer: {raw!r}", where=key) from None
+            except ValueError as exc:
+                raise UserError(f"not an integer: {raw!r}", where=key) from exc
 
         world = num("WORLD_SIZE", 1)
         return cls(rank=num("RANK", 0), local_rank=num("LOCAL_RANK", 0), world_size=world,
@@ -121,7 +121,7 @@ def check_run_dir(run: RunPaths) -> None:
         except OSError as exc:
             raise UserError(f"the run folder is not writable ({exc.strerror or exc}); check the "
                             "storage's permissions and free space, or pass --storage",
-                            where=str(folder)) from None
+                            where=str(folder)) from exc
 
 
 def vocab_size_for(cfg: JobConfig, folder: Path) -> int:

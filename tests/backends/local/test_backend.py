@@ -4,6 +4,7 @@ and every command talks to that interface; no command asks which backend it has.
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -15,11 +16,21 @@ import yaml
 
 from tests.conftest import ROOT, run_cli
 from trainmaster import api
-from trainmaster.backends.base import DryRun, Grid, Line, LogStream, Submitted, View
+from trainmaster.backends.base import (
+    DryRun,
+    JobRef,
+    JobStatus,
+    LogStream,
+    NodeStatus,
+    Phase,
+    Submitted,
+    parse_job,
+)
 from trainmaster.backends.kubernetes.backend import KubernetesBackend
 from trainmaster.backends.local.backend import LocalBackend
 from trainmaster.cli.app import hoist_global_options, main
 from trainmaster.config import JobConfig
+from trainmaster.errors import UserError
 
 LOCAL_JOB = str(ROOT / "examples" / "local-cpu.toml")
 IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/trainmaster:1"
@@ -38,12 +49,17 @@ class FakeBackend:
     calls: list[tuple[str, Any]] = []
     targets: list[api.Target] = []
 
-    def __init__(self, target: api.Target) -> None:
+    def __init__(self, target: api.Target, launch: api.LaunchOptions) -> None:
         self.targets.append(target)
         self.name = target.backend or "local"
+        self.launch = launch
 
-    def plan(self, cfg: JobConfig, *, resume: bool = False, image: str | None = None,
-             wait_lock_s: float = 0.0, precompile_steps: int | None = None) -> DryRun:
+    def handle(self, job: str) -> str:
+        return f"{self.name}://{job}"
+
+    def plan(self, cfg: JobConfig, *, wait_lock_s: float = 0.0,
+             precompile_steps: int | None = None) -> DryRun:
+        resume, image = self.launch.resume, self.launch.image
         self.calls.append(("plan", (cfg.job.name, cfg.job.backend, resume, image, precompile_steps)))
         purpose = "train" if precompile_steps is None else "precompile"
         return FakeDryRun(cfg.job.name, cfg.job.backend, purpose, ())
@@ -53,10 +69,10 @@ class FakeBackend:
         self.calls.append(("submit", (dry_run.job, server_dry_run)))
         return Submitted(dry_run.job, (f"submitted {dry_run.job}",), ("a note",))
 
-    def status(self, job: str) -> View:
+    def status(self, job: str) -> JobStatus:
         self.calls.append(("status", job))
-        return View(job, "succeeded", (Line(f"{job} is fine"), Grid(("node", "pod"), (("0", "p0"),))),
-                    step=3, max_steps=3)
+        return JobStatus(job, self.name, self.handle(job), Phase.SUCCEEDED, message=f"{job} is fine",
+                         nodes=(NodeStatus(0, "p0", "Succeeded"),), step=3, max_steps=3)
 
     def logs(self, job: str, *, rank: int | None, node: int | None, follow: bool) -> LogStream:
         self.calls.append(("logs", (job, rank, node, follow)))
@@ -66,9 +82,9 @@ class FakeBackend:
         self.calls.append(("cancel", (job, grace_s)))
         return f"{job}: cancelled by the fake"
 
-    def list(self) -> Grid:
+    def list(self) -> list[JobStatus]:
         self.calls.append(("list", None))
-        return Grid(("job", "phase"), (("j1", "running"),))
+        return [JobStatus("j1", self.name, self.handle("j1"), Phase.RUNNING)]
 
     def top(self, job: str, *, interval_s: float, say: Callable[[str], None]) -> tuple[Callable[[], Any], float]:
         self.calls.append(("top", job))
@@ -92,7 +108,7 @@ def fake_backend(monkeypatch: pytest.MonkeyPatch) -> type[FakeBackend]:
 def test_dry_run_and_launch_go_through_plan_render_submit(
         backend: str, fake_backend: type[FakeBackend], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["launch", LOCAL_JOB, "--backend", backend, "--dry-run", "--image", "img"]) == 0
-    assert fake_backend.calls == [("plan", ("demo", backend, False, "img", None)), ("render", "demo")]
+    assert fake_backend.calls == [("plan", ("demo", backend, False, "img", None)), ("render", "demo")]  # each backend's factory takes its own options
     assert capsys.readouterr().out == f"fake plan of demo on {backend}\n"
 
     fake_backend.calls.clear()
@@ -169,7 +185,7 @@ def test_the_job_files_storage_is_the_backends_without_storage_option(tmp_path: 
 def test_kubernetes_plan_renders_checked_yaml_without_a_cluster() -> None:
     cfg = api.load_job(ROOT / "examples" / "trn1-bert-large.toml")
     backend = api.backend(api.Target(kubeconfig="/nonexistent"), cfg)
-    dry = backend.plan(cfg, image=IMAGE)
+    dry = api.backend(api.Target(kubeconfig="/nonexistent"), cfg, api.LaunchOptions(image=IMAGE)).plan(cfg)
     cm, job = yaml.safe_load_all(dry.render())
     assert (cm["kind"], job["kind"], job["metadata"]["name"]) == ("ConfigMap", "Job", "bert-large-trn1")
     assert dataclasses.is_dataclass(dry) and dataclasses.fields(dry)  # frozen, printable data
@@ -184,3 +200,43 @@ def test_api_and_backends_never_import_the_cli() -> None:
             "print(sorted(m for m in sys.modules if m.startswith(('trainmaster.cli', 'kubernetes'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"  # nor the kubernetes client: imported when a cluster is used
+
+
+@pytest.mark.parametrize(("text", "ref"), [
+    ("demo", JobRef("demo")),
+    ("local://demo", JobRef("demo", "local")),
+    ("kubernetes://team-a/bert", JobRef("bert", "kubernetes", "team-a")),
+    ("kubernetes://bert", JobRef("bert", "kubernetes")),
+])
+def test_job_handles_parse(text: str, ref: JobRef) -> None:
+    assert parse_job(text) == ref
+
+
+@pytest.mark.parametrize("text", ["slurm://x", "local://", "local://a/b", "kubernetes://a/b/c", "kubernetes:///x"])
+def test_bad_handles_are_refused_naming_the_argument(text: str) -> None:
+    with pytest.raises(UserError, match="JOB"):
+        parse_job(text)
+
+
+def test_a_handle_chooses_the_backend_and_namespace(fake_backend: type[FakeBackend],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "kubernetes://team-a/bert", "--json"]) == 0
+    assert fake_backend.targets[-1] == api.Target(backend="kubernetes", namespace="team-a")
+    assert ("status", "bert") in fake_backend.calls
+    data = json.loads(capsys.readouterr().out)
+    assert (data["job"], data["phase"], data["handle"]) == ("bert", "succeeded", "kubernetes://bert")
+    assert data["nodes"] == [{"index": 0, "name": "p0", "state": "Succeeded", "host": None, "pid": None,
+                              "exit_code": None, "restarts": 0, "rank0": False, "log": "", "reason": ""}]
+    assert main(["cancel", "local://demo"]) == 0 and fake_backend.targets[-1].backend == "local"
+    assert main(["status", "local://demo", "--backend", "kubernetes"]) == 2
+    assert "is a local job, but --backend says kubernetes" in capsys.readouterr().err
+
+
+def test_list_json_is_a_list_of_statuses(fake_backend: type[FakeBackend], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "--json"]) == 0
+    assert [(j["job"], j["phase"]) for j in json.loads(capsys.readouterr().out)] == [("j1", "running")]
+
+
+def test_image_is_refused_on_the_local_backend() -> None:
+    result = run_cli("launch", LOCAL_JOB, "--backend", "local", "--image", "x:1", "--dry-run")
+    assert result.returncode == 2 and result.stderr.startswith("error: --image: the local backend")

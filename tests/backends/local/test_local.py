@@ -147,12 +147,19 @@ def test_status_logs_cancel_from_other_processes(pydoc_storage: Path, tmp_path: 
     path = job_file(tmp_path, "long", "train.max_steps=100000", "train.warmup_steps=5")
     result = run_cli("launch", str(path), "--storage", str(pydoc_storage))
     assert result.returncode == 0, result.stderr  # returns at once with the job id
-    assert result.stdout.startswith("long")
+    assert result.stdout.startswith("local://long  ")  # the job's handle
     wait_step(pydoc_storage, "long", 11, 300)  # a checkpoint exists
     status = run_cli("status", "long", "--storage", str(pydoc_storage))
     assert status.returncode == 0, status.stderr
     assert "phase running" in status.stdout and "ETA" in status.stdout
     assert all(f"\n {r} " in status.stdout or f"│ {r} " in status.stdout for r in ("0", "1"))
+    as_json = run_cli("status", "local://long", "--json", "--storage", str(pydoc_storage))
+    data = json.loads(as_json.stdout)
+    assert (data["job"], data["backend"], data["handle"], data["phase"]) == ("long", "local", "local://long", "running")
+    assert [n["index"] for n in data["nodes"]] == [0, 1] and all(n["pid"] for n in data["nodes"])
+    assert sorted(w["rank"] for w in data["workers"]) == [0, 1]
+    assert data["step"] >= 11 and data["max_steps"] > data["step"] and data["metrics"]["step"] == data["step"]
+    assert data["loss"] is not None and data["eta_s"] is not None
     workers_before = [w.pid for w in runinfo.workers(state.read(Storage(pydoc_storage).run_dir("long") / "state.json"))]
     assert len(workers_before) == 2
     logs = run_cli("logs", "long", "--storage", str(pydoc_storage))

@@ -36,29 +36,42 @@ class KubernetesDryRun(base.DryRun):
         return volcano.render_yaml(list(self.objects))
 
 
+@dataclass(frozen=True)
+class KubernetesOptions:
+    kubeconfig: str | None = None  # else $KUBECONFIG, ~/.kube/config, or the pod's service account
+    context: str | None = None  # else the kubeconfig's current context
+    namespace: str | None = None  # else kubernetes.namespace (launch) or the context's namespace
+    image: str | None = None  # launch --image: else kubernetes.image
+
+
 class KubernetesBackend:
     name = "kubernetes"
 
-    def __init__(self, target: base.Target) -> None:
-        self.target = target
+    def __init__(self, options: KubernetesOptions) -> None:
+        self.options = options
         self._clusters: dict[str | None, Cluster] = {}
 
     def _cluster(self, namespace: str | None = None) -> Cluster:
-        ns = namespace or self.target.namespace
+        ns = namespace or self.options.namespace
         if ns not in self._clusters:
-            from trainmaster.backends.kubernetes import jobs as kubernetes
+            from trainmaster.backends.kubernetes.client import connect
 
-            self._clusters[ns] = kubernetes.connect(self.target.kubeconfig, self.target.context, ns)
+            self._clusters[ns] = connect(self.options.kubeconfig, self.options.context, ns)
         return self._clusters[ns]
 
-    def plan(self, cfg: JobConfig, *, resume: bool = False, image: str | None = None,
-             wait_lock_s: float = 0.0, precompile_steps: int | None = None) -> KubernetesDryRun:
-        """Build (and so check) every object. resume: a Kubernetes job always resumes from its
-        last checkpoint (the trainer's own rule); wait_lock_s: pod 0 waits for the lock itself."""
+    def handle(self, job: str, namespace: str | None = None) -> str:
+        ns = namespace or self.options.namespace or self._cluster().namespace
+        return f"kubernetes://{ns}/{job}"
+
+    def plan(self, cfg: JobConfig, *, wait_lock_s: float = 0.0,
+             precompile_steps: int | None = None) -> KubernetesDryRun:
+        """Build (and so check) every object. A Kubernetes job always resumes from its last
+        checkpoint (the trainer's own rule); wait_lock_s: pod 0 waits for the lock itself."""
         from trainmaster.backends.kubernetes import volcano
         from trainmaster.compile import precompile as pre_mod
 
         precompile = precompile_steps is not None
+        image = self.options.image
         objects = volcano.objects(cfg, image=image, precompile=precompile,
                                   steps=precompile_steps or pre_mod.DEFAULT_STEPS)
         job = objects[-1]["metadata"]
@@ -67,7 +80,7 @@ class KubernetesBackend:
 
     def submit(self, dry_run: base.DryRun, *, server_dry_run: bool = False, on_wait: base.Waiting | None = None,
                on_start: Callable[[str], None] | None = None) -> base.Submitted:
-        from trainmaster.backends.kubernetes import jobs as kubernetes
+        from trainmaster.backends.kubernetes import jobs
 
         if not isinstance(dry_run, KubernetesDryRun):
             raise UserError(f"a {dry_run.backend} plan cannot run on Kubernetes", where="--backend")
@@ -76,52 +89,52 @@ class KubernetesBackend:
                             "image to your ECR (see `trainmaster cluster plan`) and set it",
                             where="kubernetes.image")
         cluster = self._cluster(dry_run.namespace)
-        name = kubernetes.submit(cluster, list(dry_run.objects), dry_run=server_dry_run)["metadata"]["name"]
+        name = jobs.submit(cluster, list(dry_run.objects), dry_run=server_dry_run)["metadata"]["name"]
         if server_dry_run:
             return base.Submitted(name, (f"{name}: the API server accepts the Job and its ConfigMap "
                                     "(server dry run; nothing created)",))
         more = ("; its rank 0 writes the cacheset's fingerprint after the first step"
                 if dry_run.purpose == "precompile" else "")
-        return base.Submitted(name, (f"{name}  (Volcano job in namespace {cluster.namespace}; "
-                                f"`trainmaster status {name} --backend kubernetes`{more})",))
+        handle = self.handle(name, cluster.namespace)
+        return base.Submitted(name, (f"{handle}  (Volcano job in namespace {cluster.namespace}; "
+                                     f"`trainmaster status {handle}`{more})",))
 
-    def status(self, job: str) -> base.View:
-        from trainmaster.backends.kubernetes import jobs as kubernetes
+    def status(self, job: str) -> base.JobStatus:
+        from trainmaster.backends.kubernetes import jobs
 
-        st = kubernetes.status(self._cluster(), job)
-        blocks: list[base.Line | base.Grid] = [base.Line(
-            f"[bold]{st.name}[/bold]  phase [bold]{st.phase}[/bold]  backend kubernetes  "
-            f"namespace {st.namespace}  Volcano {st.volcano_phase}  restarts {st.retries}", markup=True)]
-        if st.message:
-            blocks.append(base.Line(f"  {st.message}"))
-        blocks.append(base.Grid(("node", "pod", "phase", "k8s node", "restarts", "exit code", "rank 0"), tuple(
-            (str(p.index), p.name, p.phase, p.node or "-", str(p.restarts),
-             "-" if p.exit_code is None else str(p.exit_code), "yes" if p.name == st.rank0_pod else "")
-            for p in st.pods)))
-        return base.View(st.name, st.phase, tuple(blocks), message=st.message,
-                    info=f"Volcano {st.volcano_phase}, restarts {st.retries}")
+        st = jobs.status(self._cluster(), job)
+        nodes = tuple(base.NodeStatus(
+            index=p.index, name=p.name, state=p.phase, host=p.node, exit_code=p.exit_code,
+            restarts=p.restarts, rank0=p.name == st.rank0_pod, reason=p.reason) for p in st.pods)
+        return base.JobStatus(
+            job=st.name, backend=self.name, handle=self.handle(st.name, st.namespace),
+            phase=base.Phase(st.phase), message=st.message, nnodes=st.replicas, created=st.created,
+            nodes=nodes, restarts=st.retries, job_retries=st.retries,
+            details={"namespace": st.namespace, "Volcano": st.volcano_phase, "restarts": str(st.retries)})
 
     def logs(self, job: str, *, rank: int | None, node: int | None, follow: bool) -> base.LogStream:
-        from trainmaster.backends.kubernetes import jobs as kubernetes
+        from trainmaster.backends.kubernetes import jobs
 
         if rank not in (None, 0):
             raise UserError("kubernetes jobs: logs shows rank 0's pod or --node N's pod", where="--rank")
-        pod, lines = kubernetes.logs(self._cluster(), job, node=node, follow=follow)
+        pod, lines = jobs.logs(self._cluster(), job, node=node, follow=follow)
         return base.LogStream(f"# {pod}", lines)
 
     def cancel(self, job: str, *, grace_s: float) -> str:
         """Delete the Volcano job (Kubernetes gives its pods their terminationGracePeriodSeconds)."""
-        from trainmaster.backends.kubernetes import jobs as kubernetes
+        from trainmaster.backends.kubernetes import jobs
 
-        kubernetes.cancel(self._cluster(), job)
+        jobs.cancel(self._cluster(), job)
         return f"{job}: cancelled (Volcano job and its pods deleted)"
 
-    def list(self) -> base.Grid:
-        from trainmaster.backends.kubernetes import jobs as kubernetes
+    def list(self) -> list[base.JobStatus]:
+        from trainmaster.backends.kubernetes import jobs
 
-        return base.Grid(("job", "phase", "namespace", "nodes", "running", "created"), tuple(
-            (j.name, j.phase, j.namespace, str(j.nodes), str(j.running), j.created)
-            for j in kubernetes.list_jobs(self._cluster())))
+        return [base.JobStatus(
+            job=j.name, backend=self.name, handle=self.handle(j.name, j.namespace),
+            phase=base.Phase(j.phase), nnodes=j.nodes, created=j.created,
+            details={"namespace": j.namespace, "Volcano": j.volcano_phase, "running": str(j.running)})
+            for j in jobs.list_jobs(self._cluster())]
 
     def top(self, job: str, *, interval_s: float, say: Callable[[str], None]
             ) -> tuple[Callable[[], Any], float]:
@@ -141,6 +154,6 @@ class KubernetesBackend:
 
     def tensorboard(self, job: str | None, *, host: str, port: int, announce: Callable[[str], None]) -> None:
         """kubectl port-forward to the cluster's TensorBoard (`host` is the local backend's)."""
-        from trainmaster.monitor import tensorboard as tb
+        from trainmaster.backends.kubernetes import tensorboard
 
-        tb.serve_k8s(self._cluster(), port, self.target.kubeconfig, self.target.context, announce, job)
+        tensorboard.serve_k8s(self._cluster(), port, self.options.kubeconfig, self.options.context, announce, job)

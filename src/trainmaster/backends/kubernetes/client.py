@@ -26,8 +26,9 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import stream as _stream
 
-from trainmaster.backends.kubernetes.volcano import GROUP
+from trainmaster.backends.kubernetes.names import GROUP
 from trainmaster.errors import JobFailed, UserError
 
 JOBS = f"jobs.{GROUP}"
@@ -81,7 +82,7 @@ def connect(kubeconfig: str | None = None, context: str | None = None,
         k8s_config.load_kube_config(config_file=str(path), context=chosen["name"],
                                     client_configuration=configuration, persist_config=False)
     except k8s_config.ConfigException as exc:
-        raise UserError(f"cannot use {path}: {exc}", where="--kubeconfig") from None
+        raise UserError(f"cannot use {path}: {exc}", where="--kubeconfig") from exc
     ns = namespace or chosen.get("context", {}).get("namespace") or "default"
     return Cluster(k8s.ApiClient(configuration), ns, chosen["name"])
 
@@ -121,29 +122,29 @@ def call(cluster: Cluster, verb: str, resource: str, name: str | None = None,
         msg, code = _message(exc), exc.status
         if code == 401:
             raise UserError(f"the API server did not accept the credentials (401 Unauthorized); "
-                            f"{FIX_CREDENTIALS}", where="kubernetes") from None
+                            f"{FIX_CREDENTIALS}", where="kubernetes") from exc
         if "admission webhook" in msg:
             raise UserError(f"Volcano refused the job: {msg} (is kubernetes.queue created and "
-                            "open? `trainmaster cluster up` creates it)", where="kubernetes") from None
+                            "open? `trainmaster cluster up` creates it)", where="kubernetes") from exc
         if code == 403:
             raise UserError(f"not allowed to {verb} {resource} in namespace {ns} (403 Forbidden: "
                             f"{msg}); ask for an RBAC Role that grants {verb} on {resource}",
-                            where="kubernetes") from None
+                            where="kubernetes") from exc
         if code == 404 and _missing_object(exc, name):
             what = "job" if resource == JOBS else resource.rstrip("s")
-            raise NotFound(f"no {what} {name} in namespace {ns}", where="JOB") from None
+            raise NotFound(f"no {what} {name} in namespace {ns}", where="JOB") from exc
         if code == 404:
             raise UserError(f"the API server has no {resource} ({msg}); is Volcano installed? "
-                            "(`trainmaster cluster up` installs it)", where="kubernetes") from None
+                            "(`trainmaster cluster up` installs it)", where="kubernetes") from exc
         if code == 409:
-            raise Conflict(msg, where="kubernetes") from None
+            raise Conflict(msg, where="kubernetes") from exc
         if code in (400, 422):
-            raise UserError(f"the API server refused to {verb} {resource}: {msg}", where="kubernetes") from None
-        raise JobFailed(f"{verb} {resource} failed: {code} {exc.reason}: {msg}") from None
+            raise UserError(f"the API server refused to {verb} {resource}: {msg}", where="kubernetes") from exc
+        raise JobFailed(f"{verb} {resource} failed: {code} {exc.reason}: {msg}") from exc
     except urllib3.exceptions.HTTPError as exc:
         host = cluster.api.configuration.host
         raise UserError(f"cannot reach the API server at {host} ({type(exc).__name__}); check the "
-                        "network and --kubeconfig / --context", where="kubernetes") from None
+                        "network and --kubeconfig / --context", where="kubernetes") from exc
 
 
 def list_all(cluster: Cluster, resource: str, fetch: Callable[..., Any], *,
@@ -207,3 +208,22 @@ def lines(resp: Any) -> Iterator[str]:
             yield pending
     finally:
         resp.release_conn()
+
+
+# The one module that imports the kubernetes client (and urllib3, its transport): others catch
+# these names and open exec streams through exec_stream().
+ApiError = ApiException
+TransportError = urllib3.exceptions.HTTPError
+
+
+@contextlib.contextmanager
+def best_effort() -> Iterator[None]:
+    """Clean-up calls whose failure changes nothing for the user (the object is gone or will be)."""
+    with contextlib.suppress(ApiException, urllib3.exceptions.HTTPError):
+        yield
+
+
+def exec_stream(cluster: Cluster, pod: str, namespace: str, command: list[str], **kwargs: Any) -> Any:
+    """An exec websocket into `pod` (kubernetes.stream); the caller reads and closes it."""
+    return _stream(cluster.core.connect_get_namespaced_pod_exec, pod, namespace, command=command,
+                   stdout=True, stderr=True, tty=False, _preload_content=False, **kwargs)

@@ -7,13 +7,9 @@ k8s_client.py; both are re-exported here for the CLI.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Any
-
-import urllib3
-from kubernetes.client.exceptions import ApiException
 
 from trainmaster.backends.kubernetes.client import (
     JOBS,
@@ -21,11 +17,13 @@ from trainmaster.backends.kubernetes.client import (
     Conflict,
     NotFound,
     as_body,
+    best_effort,
     call,
     connect,
     list_all,
     obj,
 )
+from trainmaster.backends.kubernetes.names import GROUP, PLURAL, VERSION
 from trainmaster.backends.kubernetes.status import (
     PHASES,
     JobStatus,
@@ -37,10 +35,7 @@ from trainmaster.backends.kubernetes.status import (
     status,
 )
 from trainmaster.backends.kubernetes.volcano import (
-    GROUP,
     MANAGED_SELECTOR,
-    PLURAL,
-    VERSION,
     config_map_name,
     render_yaml,
 )
@@ -74,17 +69,17 @@ def submit(cluster: Cluster, objects: list[dict[str, Any]], *, dry_run: bool = F
     try:
         with call(cluster, "create", "configmaps", cm_name, ns):
             cluster.core.create_namespaced_config_map(ns, as_body(cm), **opts)
-    except Conflict:
+    except Conflict as exc:
         # The ConfigMap of a live job, or one left by an interrupted submit: replace only the latter.
         if _job_exists(cluster, name, ns):
-            raise exists from None
+            raise exists from exc
         with call(cluster, "update", "configmaps", cm_name, ns):
             cluster.core.replace_namespaced_config_map(cm_name, ns, as_body(cm), **opts)
     try:
         with call(cluster, "create", JOBS, name, ns):
             created = obj(cluster.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job, **opts))
-    except Conflict:
-        raise exists from None
+    except Conflict as exc:
+        raise exists from exc
     except (UserError, JobFailed):
         if not dry_run:
             _delete_config_map(cluster, cm_name, ns)
@@ -92,13 +87,13 @@ def submit(cluster: Cluster, objects: list[dict[str, Any]], *, dry_run: bool = F
     if not dry_run:
         owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Job", "name": name,
                  "uid": created["metadata"]["uid"], "blockOwnerDeletion": False}
-        with contextlib.suppress(ApiException, urllib3.exceptions.HTTPError):
+        with best_effort():
             cluster.core.patch_namespaced_config_map(cm_name, ns, {"metadata": {"ownerReferences": [owner]}})
     return obj(created)
 
 
 def _delete_config_map(cluster: Cluster, name: str, ns: str) -> None:
-    with contextlib.suppress(ApiException, urllib3.exceptions.HTTPError):
+    with best_effort():
         cluster.core.delete_namespaced_config_map(name, ns)
 
 

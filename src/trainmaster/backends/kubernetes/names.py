@@ -9,20 +9,22 @@ is one the cluster accepts; each failure is a UserError naming the field to chan
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
 
 from trainmaster.errors import UserError
+from trainmaster.naming import (
+    LABEL_MAX,
+    is_dns1035_label,
+    is_dns1123_label,
+    is_dns1123_subdomain,
+    is_label_value,
+    is_qualified_name,
+)
 
-LABEL_MAX = 63  # DNS-1123 label, label values, pod host names
-SUBDOMAIN_MAX = 253
-
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_QUALIFIED = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# The Volcano Job API (batch.volcano.sh/v1alpha1, Volcano v1.15 CRDs shipped in schemas/).
+GROUP, VERSION, PLURAL = "batch.volcano.sh", "v1alpha1", "jobs"
+API_VERSION = f"{GROUP}/{VERSION}"
 
 # Volcano's policy events and actions that a user may set (policyEventMap / policyActionMap).
 POLICY_EVENTS = frozenset({"*", "PodFailed", "PodEvicted", "Unknown", "TaskCompleted",
@@ -30,32 +32,6 @@ POLICY_EVENTS = frozenset({"*", "PodFailed", "PodEvicted", "Unknown", "TaskCompl
 POLICY_ACTIONS = frozenset({"AbortJob", "RestartJob", "RestartTask", "TerminateJob",
                             "CompleteJob", "ResumeJob"})
 TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect"})
-
-
-def is_dns1123_label(name: str) -> bool:
-    return len(name) <= LABEL_MAX and _DNS1123_LABEL.match(name) is not None
-
-
-def is_dns1123_subdomain(name: str) -> bool:
-    return len(name) <= SUBDOMAIN_MAX and _DNS1123_SUBDOMAIN.match(name) is not None
-
-
-def is_dns1035_label(name: str) -> bool:
-    """Service names: a DNS-1123 label that starts with a letter."""
-    return len(name) <= LABEL_MAX and _DNS1035_LABEL.match(name) is not None
-
-
-def is_qualified_name(name: str) -> bool:
-    """Label keys: an optional DNS subdomain prefix and '/', then a name of <= 63 characters."""
-    parts = name.split("/")
-    if len(parts) > 2 or (len(parts) == 2 and not is_dns1123_subdomain(parts[0])):
-        return False
-    rest = parts[-1]
-    return len(rest) <= LABEL_MAX and _QUALIFIED.match(rest) is not None
-
-
-def is_label_value(value: str) -> bool:
-    return len(value) <= LABEL_MAX and _LABEL_VALUE.match(value) is not None
 
 
 def pod_name(job: str, task: str, index: int) -> str:

@@ -27,7 +27,14 @@ from typing import IO, Any, Literal, cast
 
 from trainmaster.backends.kubernetes import names as k8s_names
 from trainmaster.backends.kubernetes import podspec
-from trainmaster.backends.kubernetes.client import Cluster, Conflict, as_body, call, lines
+from trainmaster.backends.kubernetes.client import (
+    Cluster,
+    Conflict,
+    as_body,
+    call,
+    exec_stream,
+    lines,
+)
 from trainmaster.backends.kubernetes.volcano import check_settings, image_of, labels
 from trainmaster.config import JobConfig
 from trainmaster.errors import JobFailed, UserError
@@ -184,12 +191,8 @@ def _wait(cluster: Cluster, name: str, ns: str, until: tuple[str, ...], timeout_
 
 def _exec(cluster: Cluster, name: str, ns: str, command: list[str], folder: Path | None = None) -> None:
     """Run a command in the pod; with `folder`, stream it as a tar to the command's stdin."""
-    from kubernetes.stream import stream
-
     with call(cluster, "exec in", "pods", name, ns):
-        ws = stream(cluster.core.connect_get_namespaced_pod_exec, name, ns, command=command,
-                    stdin=folder is not None, stdout=True, stderr=True, tty=False,
-                    _preload_content=False, binary=True)
+        ws = exec_stream(cluster, name, ns, command, stdin=folder is not None, binary=True)
     try:
         if folder is not None:
             class _Writer:
@@ -227,9 +230,9 @@ def run_stage(cluster: Cluster, pod: dict[str, Any], *,
     try:
         with call(cluster, "create", "pods", name, ns):
             cluster.core.create_namespaced_pod(ns, as_body(pod))
-    except Conflict:
+    except Conflict as exc:
         raise UserError(f"a stage pod {name} exists in namespace {ns} (another stage of this dataset?); "
-                        f"wait for it or delete it: kubectl delete pod -n {ns} {name}", where="--name") from None
+                        f"wait for it or delete it: kubectl delete pod -n {ns} {name}", where="--name") from exc
     try:
         phase, obj = _wait(cluster, name, ns, ("Running", "Succeeded", "Failed"), start_timeout_s, poll_s)
         if phase == "Pending":

@@ -29,14 +29,12 @@ from trainmaster.backends.kubernetes.client import (
     list_all,
     obj,
 )
+from trainmaster.backends.kubernetes.names import GROUP, PLURAL, VERSION
 from trainmaster.backends.kubernetes.volcano import (
     ANN_CONFIG_HASH,
     ANN_STORAGE,
-    GROUP,
     LABEL_JOB,
-    PLURAL,
     TASK,
-    VERSION,
 )
 from trainmaster.errors import UserError
 from trainmaster.run import state

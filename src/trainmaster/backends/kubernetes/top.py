@@ -230,14 +230,11 @@ def parse_probe(pod: str, text: str) -> list[Row]:
 
 def exec_probe(cluster: Cluster, pod: str, container: str | None, kind: str) -> str:
     """Run PROBE in the pod; its stdout (JobFailed when the exec itself fails)."""
-    from kubernetes.stream import stream
-
-    from trainmaster.backends.kubernetes.client import call
+    from trainmaster.backends.kubernetes.client import call, exec_stream
 
     with call(cluster, "exec in", "pods", pod):
-        ws = stream(cluster.core.connect_get_namespaced_pod_exec, pod, cluster.namespace,
-                    command=probe_command(kind), container=container, stdin=False, stdout=True,
-                    stderr=True, tty=False, _preload_content=False)
+        ws = exec_stream(cluster, pod, cluster.namespace, probe_command(kind), container=container,
+                         stdin=False)
     try:
         ws.run_forever(timeout=EXEC_TIMEOUT_S)
         stdout, stderr = ws.read_stdout(), ws.read_stderr()

@@ -48,6 +48,7 @@ import yaml
 from trainmaster import catalog, config, jobfile
 from trainmaster.backends.kubernetes import names as k8s_names
 from trainmaster.backends.kubernetes import podspec
+from trainmaster.backends.kubernetes.names import API_VERSION
 from trainmaster.backends.kubernetes.pod_script import (  # noqa: F401 - CACHE_HOLD, RDZV_ID_*: part of this API
     ANN_JOB_VERSION,
     ANN_PODGROUP,
@@ -70,8 +71,6 @@ from trainmaster.launch import entry
 from trainmaster.launch.torchrun import Rendezvous, command
 from trainmaster.storage import RunPaths, Storage
 
-GROUP, VERSION, PLURAL = "batch.volcano.sh", "v1alpha1", "jobs"
-API_VERSION = f"{GROUP}/{VERSION}"
 C10D_PORT = 29400
 # The in-cluster etcd lives in its own namespace (cluster/addons.py), reached by its Service name.
 DEFAULT_ETCD = "etcd-server.trainmaster-etcd.svc:2379"

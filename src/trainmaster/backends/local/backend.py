@@ -12,13 +12,13 @@ from typing import Any
 
 from trainmaster.backends.base import (
     DryRun,
-    Grid,
-    Line,
+    JobStatus,
     LogStream,
+    NodeStatus,
+    Phase,
     Submitted,
-    Target,
-    View,
     Waiting,
+    WorkerStatus,
 )
 from trainmaster.backends.local import launcher as local
 from trainmaster.backends.local import logs as logs_mod
@@ -47,19 +47,29 @@ class LocalDryRun(DryRun):
         return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class LocalOptions:
+    storage: str | None = None  # --storage; else job.storage, $TRAINMASTER_STORAGE, ./trainmaster-data
+    resume: bool = False  # launch --resume: continue an existing run from its last checkpoint
+
+
 class LocalBackend:
     """Jobs on this machine; their files under the storage root (--storage, else job.storage)."""
 
     name = "local"
 
-    def __init__(self, target: Target) -> None:
-        self.storage = target.storage
+    def __init__(self, options: LocalOptions) -> None:
+        self.storage = options.storage
+        self.resume = options.resume
 
     def _store(self) -> Storage:
         return Storage.at(self.storage)
 
-    def plan(self, cfg: JobConfig, *, resume: bool = False, image: str | None = None,
-             wait_lock_s: float = 0.0, precompile_steps: int | None = None) -> LocalDryRun:
+    def handle(self, job: str) -> str:
+        return f"local://{job}"
+
+    def plan(self, cfg: JobConfig, *, wait_lock_s: float = 0.0,
+             precompile_steps: int | None = None) -> LocalDryRun:
         store = Storage.at(self.storage, cfg.job.storage)
         if precompile_steps is not None:
             # Planned as a dry run: the folder of a finished earlier precompile is removed by
@@ -71,7 +81,7 @@ class LocalBackend:
                     f"{store.cache_dir(cfg.train.cacheset)}")
             return LocalDryRun(pre.job.name, self.name, "precompile", (note,), pre, store, plan)
         store.ensure_writable()
-        plan = dataclasses.replace(local.plan(cfg, store, resume=resume), lock_wait_s=wait_lock_s)
+        plan = dataclasses.replace(local.plan(cfg, store, resume=self.resume), lock_wait_s=wait_lock_s)
         return LocalDryRun(cfg.job.name, self.name, "train", (), cfg, store, plan)
 
     def submit(self, dry_run: DryRun, *, server_dry_run: bool = False, on_wait: Waiting | None = None,
@@ -91,35 +101,12 @@ class LocalBackend:
             return Submitted(dry.job, (), result=result)
         st = local.start(dry.cfg, dry.store, dry.plan, on_wait=on_wait)
         notes = (dry.plan.compile_note,) if dry.plan.compile_note else ()
-        return Submitted(st.job, (f"{st.job}  (runs in {run.dir}; `trainmaster status {st.job}`, "
-                                  f"`trainmaster logs {st.job} -f`)",), notes)
+        return Submitted(st.job, (f"{self.handle(st.job)}  (runs in {run.dir}; `trainmaster status "
+                                  f"{st.job}`, `trainmaster logs {st.job} -f`)",), notes)
 
-    def status(self, job: str) -> View:
+    def status(self, job: str) -> JobStatus:
         store = self._store()
-        s = runinfo.status(store, job)
-        st = s.state
-        blocks: list[Line | Grid] = [Line(
-            f"[bold]{st.job}[/bold]  phase [bold]{st.phase}[/bold]  backend {st.backend}  "
-            f"rendezvous {st.rendezvous.get('backend')} {st.rendezvous.get('endpoint')}", markup=True)]
-        if st.message:
-            blocks.append(Line(f"  {st.message}"))
-        progress = runinfo.progress_text(s)
-        blocks.append(Line(f"  {progress}"))
-        line = cost.progress_line(s, store)
-        if line:
-            blocks.append(Line(line))
-        blocks.append(Grid(("node", "agent pid", "alive", "exit code", "log"), tuple(
-            (str(n.index), str(n.pid or "-"), "yes" if state.pid_alive(n.pid) else "no",
-             "-" if n.exit_code is None else str(n.exit_code), n.log) for n in st.nodes)))
-        if s.workers:
-            blocks.append(Grid(("rank", "node", "local rank", "pid"), tuple(
-                (str(w.rank), str(w.node), str(w.local_rank), str(w.pid)) for w in s.workers)))
-        blocks += [Line(f"  {line}") for line in runinfo.hang_lines(s)]
-        summary = runinfo.summary_text(s)
-        if summary:
-            blocks.append(Line(f"  {summary}"))
-        return View(st.job, st.phase, tuple(blocks), message=st.message,
-                    step=int(s.last["step"]) if s.last else None, max_steps=s.max_steps, info=progress)
+        return _job_status(self.handle(job), runinfo.status(store, job), store, detail=True)
 
     def logs(self, job: str, *, rank: int | None, node: int | None, follow: bool) -> LogStream:
         run = runinfo.run_paths(self._store(), job)
@@ -136,18 +123,12 @@ class LocalBackend:
             return f"{job}: already {st.phase}; nothing to cancel, nothing signalled"
         return f"{job}: {st.phase}"
 
-    def list(self) -> Grid:
+    def list(self) -> list[JobStatus]:
         """The jobs under the storage root, newest first."""
         store = self._store()
         found = [runinfo.status(store, job) for job in runinfo.list_jobs(store)]
-        rows = []
-        for s in sorted(found, key=lambda s: s.state.created_at, reverse=True):
-            loss = s.last.get("loss") if s.last else None
-            rows.append((s.state.job, s.state.phase, f"{s.state.nnodes}x{s.state.nproc_per_node}",
-                         datetime.fromtimestamp(s.state.created_at).strftime("%Y-%m-%d %H:%M"),
-                         str(s.last["step"]) if s.last else "-",
-                         f"{loss:.3f}" if isinstance(loss, (int, float)) else "-"))
-        return Grid(("job", "phase", "nodes", "created", "step", "loss"), tuple(rows))
+        return [_job_status(self.handle(s.state.job), s, store, detail=False)
+                for s in sorted(found, key=lambda s: s.state.created_at, reverse=True)]
 
     def top(self, job: str, *, interval_s: float, say: Callable[[str], None]
             ) -> tuple[Callable[[], Any], float]:
@@ -179,3 +160,46 @@ def _own(dry_run: DryRun) -> LocalDryRun:
     if not isinstance(dry_run, LocalDryRun):
         raise UserError(f"a {dry_run.backend} plan cannot run on the local backend", where="--backend")
     return dry_run
+
+
+def _number(row: dict[str, Any] | None, key: str) -> float | None:
+    value = (row or {}).get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _job_status(handle: str, s: runinfo.Status, store: Storage, *, detail: bool) -> JobStatus:
+    """The run folder's story as a JobStatus; with `detail`, also progress, cost and the lines
+    `status` prints (list leaves them out: one cheap row per job)."""
+    st = s.state
+    run = runinfo.run_paths(store, st.job)
+    notes: list[str] = []
+    progress = line = None
+    if detail:
+        notes.append(runinfo.progress_text(s))
+        progress = cost.progress_of_run(run, st, s.max_steps)
+        line = cost.render(progress) if progress else None
+        notes += [line] if line else []
+        notes += runinfo.hang_lines(s)
+        summary = runinfo.summary_text(s)
+        notes += [summary] if summary else []
+    phase = Phase(st.phase)
+    if phase == Phase.RUNNING and state.summary_of_attempt(run.state, st):
+        phase = Phase.FINISHING  # the workers are done; the supervisor has yet to record it
+    return JobStatus(
+        job=st.job, backend="local", handle=handle, phase=phase, message=st.message,
+        nnodes=st.nnodes, nproc_per_node=st.nproc_per_node,
+        created=datetime.fromtimestamp(st.created_at).isoformat(timespec="seconds"),
+        nodes=tuple(NodeStatus(index=n.index, name=f"node-{n.index}",
+                               state="running" if state.pid_alive(n.pid, n.start_time) else "exited",
+                               pid=n.pid, exit_code=n.exit_code, log=n.log) for n in st.nodes),
+        workers=tuple(WorkerStatus(w.rank, w.node, w.local_rank, w.pid) for w in s.workers),
+        restarts=s.restarts, preemptions=s.preemptions,
+        step=int(s.last["step"]) if s.last else None, max_steps=s.max_steps,
+        loss=_number(s.last, "loss"), seq_per_s=_number(s.last, "seq_per_s"),
+        progress=progress.fraction if progress else None,
+        eta_s=progress.eta_s if progress else s.eta_s,
+        cost_so_far_usd=progress.spent if progress else None,
+        cost_to_finish_usd=progress.to_finish if progress else None,
+        hangs=tuple(f"{h.describe()} (stacks in logs/{h.dump})" for h in s.hangs[-runinfo.HANGS_SHOWN:]),
+        details={"rendezvous": f"{st.rendezvous.get('backend')} {st.rendezvous.get('endpoint')}"},
+        metrics=dict(s.last or {}), summary=s.summary, notes=tuple(notes))

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmaster import jobfile
-from trainmaster.backends.local import processes as procs
 from trainmaster.backends.local import rendezvous
 from trainmaster.compile import cache, lock
 from trainmaster.compile import precompile as compile_precompile
@@ -29,6 +28,7 @@ from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
 from trainmaster.launch import entry
 from trainmaster.launch.torchrun import Rendezvous, command
+from trainmaster.run import processes as procs
 from trainmaster.run import state
 from trainmaster.storage import SHARD_GLOB, RunPaths, Storage, dataset_path
 
