@@ -31,6 +31,7 @@ system-deps:
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

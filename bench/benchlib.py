@@ -20,15 +20,34 @@ NOISE = "shared machine: other work may be running; figures are indicative"
 
 def prepare_corpus(root: Path, *, shards: int, extra: tuple[str, ...] = ()) -> None:
     """The built-in corpus as shards under root/datasets/pydoc (a storage root)."""
-    cmd = [sys.executable, "-m", "trainmaster", "data", "prepare", "--builtin", "pydoc", "--output",
-           str(root / "datasets" / "pydoc"), "--shards", str(shards), "--dupe-factor", "1", "--quiet",
-           *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainmaster",
+        "data",
+        "prepare",
+        "--builtin",
+        "pydoc",
+        "--output",
+        str(root / "datasets" / "pydoc"),
+        "--shards",
+        str(shards),
+        "--dupe-factor",
+        "1",
+        "--quiet",
+        *extra,
+    ]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
 def machine() -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "torch": metadata.version("torch"), "note": NOISE}
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": metadata.version("torch"),
+        "note": NOISE,
+    }
 
 
 def emit(report: dict[str, Any], out: Path | None, indent: int = 2) -> None:

@@ -44,17 +44,31 @@ def say(text: str) -> None:
 
 def run(root: Path, variant: str, model: str, steps: int, every: int) -> dict[str, Any]:
     name = f"ckpt-{variant}"
-    cfg = jobfile.preset("local-cpu", [
-        f'job.name="{name}"', "job.nnodes=1", f'model.preset="{model}"', "train.batch_size=2",
-        f"train.global_batch_size={GLOBAL_BATCH}", f"train.max_steps={steps}", "train.warmup_steps=1",
-        f"train.checkpoint_every={steps + 1 if variant == 'none' else every}",
-        "train.keep_checkpoints=2", "job.max_restarts=0"])
+    cfg = jobfile.preset(
+        "local-cpu",
+        [
+            f'job.name="{name}"',
+            "job.nnodes=1",
+            f'model.preset="{model}"',
+            "train.batch_size=2",
+            f"train.global_batch_size={GLOBAL_BATCH}",
+            f"train.max_steps={steps}",
+            "train.warmup_steps=1",
+            f"train.checkpoint_every={steps + 1 if variant == 'none' else every}",
+            "train.keep_checkpoints=2",
+            "job.max_restarts=0",
+        ],
+    )
     path = root / "jobs" / f"{name}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(jobfile.render(cfg, f"checkpoint bench {variant}"), encoding="utf-8")
     env = agent_env(1) | ({SYNC_ENV: "1"} if variant == "sync" else {})
-    launched = subprocess.run([sys.executable, "-m", "trainmaster", "launch", str(path),
-                               "--storage", str(root)], env=env, capture_output=True, text=True)
+    launched = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "launch", str(path), "--storage", str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if launched.returncode != 0:
         raise SystemExit(f"launch {name}: {launched.stderr.strip()}")
     paths = RunPaths(Storage(root).run_dir(name))
@@ -67,13 +81,20 @@ def run(root: Path, variant: str, model: str, steps: int, every: int) -> dict[st
     summary = json.loads(paths.summary.read_text())
     saves = summary["checkpoint_saves"]
     # Stand-still before the final save is not a training cost of the cadence: leave it out.
-    stalls = [e["end"] - e["t"] for e in map(json.loads, paths.timeline.read_text().splitlines())
-              if e["event"] == "checkpoint" and e["step"] < steps]
-    return {"median_step_s": round(statistics.median(step_s), 4),
-            "mean_step_s": round(statistics.mean(step_s), 4),
-            "stood_still_s": round(sum(stalls), 3), "saves_during_training": len(stalls),
-            "effective_s_per_step": round((sum(step_s) + sum(stalls)) / len(step_s), 4),
-            "checkpoint_saves": saves, "goodput": summary["goodput"]["ratio"]}
+    stalls = [
+        e["end"] - e["t"]
+        for e in map(json.loads, paths.timeline.read_text().splitlines())
+        if e["event"] == "checkpoint" and e["step"] < steps
+    ]
+    return {
+        "median_step_s": round(statistics.median(step_s), 4),
+        "mean_step_s": round(statistics.mean(step_s), 4),
+        "stood_still_s": round(sum(stalls), 3),
+        "saves_during_training": len(stalls),
+        "effective_s_per_step": round((sum(step_s) + sum(stalls)) / len(step_s), 4),
+        "checkpoint_saves": saves,
+        "goodput": summary["goodput"]["ratio"],
+    }
 
 
 def main() -> None:
@@ -96,14 +117,25 @@ def main() -> None:
             results[variant] = run(root, variant, args.model, args.steps, args.every)
             say(f"  {json.dumps(results[variant])}")
     base = results["none"]["effective_s_per_step"]
-    emit({"bench": "checkpoint_cost",
-          "what": (f"measured here: {args.model}, 1 local worker, fp32, micro-batch 2, "
-                   f"{args.steps} steps, a checkpoint every {args.every} (none: only the final)"),
-          "command": "python bench/checkpoint_cost.py " + " ".join(sys.argv[1:]),
-          "machine": machine(), "load_before": load_before, "load_after": load(),
-          "seconds": round(time.time() - started, 1), "results": results,
-          "effective_step_vs_none": {v: round(r["effective_s_per_step"] / base, 3)
-                                     for v, r in results.items()}}, args.out)
+    emit(
+        {
+            "bench": "checkpoint_cost",
+            "what": (
+                f"measured here: {args.model}, 1 local worker, fp32, micro-batch 2, "
+                f"{args.steps} steps, a checkpoint every {args.every} (none: only the final)"
+            ),
+            "command": "python bench/checkpoint_cost.py " + " ".join(sys.argv[1:]),
+            "machine": machine(),
+            "load_before": load_before,
+            "load_after": load(),
+            "seconds": round(time.time() - started, 1),
+            "results": results,
+            "effective_step_vs_none": {
+                v: round(r["effective_s_per_step"] / base, 3) for v, r in results.items()
+            },
+        },
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -40,10 +40,20 @@ def say(text: str) -> None:
 
 def job(root: Path, name: str, model: str, steps: int, compile_: bool) -> Path:
     batch = BATCH[model]
-    sets = [f'job.name="{name}"', "job.nnodes=1", "job.nproc_per_node=1", "job.max_restarts=0",
-            f'model.preset="{model}"', f"train.batch_size={batch}", f"train.global_batch_size={batch}",
-            f"train.max_steps={steps + 1}", "train.warmup_steps=1", f"train.steps_this_run={steps}",
-            f"train.compile={'true' if compile_ else 'false'}", f'train.cacheset="{model}"']
+    sets = [
+        f'job.name="{name}"',
+        "job.nnodes=1",
+        "job.nproc_per_node=1",
+        "job.max_restarts=0",
+        f'model.preset="{model}"',
+        f"train.batch_size={batch}",
+        f"train.global_batch_size={batch}",
+        f"train.max_steps={steps + 1}",
+        "train.warmup_steps=1",
+        f"train.steps_this_run={steps}",
+        f"train.compile={'true' if compile_ else 'false'}",
+        f'train.cacheset="{model}"',
+    ]
     cfg = jobfile.preset("local-cpu", sets)
     path = root / "runs" / name / "job.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,28 +62,45 @@ def job(root: Path, name: str, model: str, steps: int, compile_: bool) -> Path:
 
 
 def run(root: Path, path: Path) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TRAINMASTER_COMPILE_CACHE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TRAINMASTER_COMPILE_CACHE")
+    }
     env |= {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
     t0 = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "trainmaster.train", "--job", str(path), "--storage",
-                             str(root)], env=env, capture_output=True, text=True, timeout=3600)
+    result = subprocess.run(
+        [sys.executable, "-m", "trainmaster.train", "--job", str(path), "--storage", str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     wall = time.perf_counter() - t0
     if result.returncode != 0:
-        raise SystemExit(f"{path.parent.name} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+        raise SystemExit(
+            f"{path.parent.name} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        )
     summary = json.loads((path.parent / "summary.json").read_text())
-    return {"time_to_first_step_s": round(summary["time_to_first_step_s"], 2),
-            "wall_s": round(wall, 2), "compile_cache": summary["compile_cache"],
-            "compile_counters": summary.get("compile_counters") or {},
-            "avg_seq_per_s": summary.get("avg_seq_per_s")}
+    return {
+        "time_to_first_step_s": round(summary["time_to_first_step_s"], 2),
+        "wall_s": round(wall, 2),
+        "compile_cache": summary["compile_cache"],
+        "compile_counters": summary.get("compile_counters") or {},
+        "avg_seq_per_s": summary.get("avg_seq_per_s"),
+    }
 
 
 def bench_model(root: Path, model: str, steps: int, repeats: int) -> dict[str, Any]:
     """eager and warm `repeats` times (fresh processes, the best counts: a shared machine only
     ever makes a run slower), cold once (it needs an empty cacheset)."""
     out: dict[str, Any] = {"model": model, "micro_batch": BATCH[model], "steps": steps}
-    plan = [("eager", False, i) for i in range(repeats)] + [("cold", True, 0)] + \
-        [("warm", True, i) for i in range(repeats)]
+    plan = (
+        [("eager", False, i) for i in range(repeats)]
+        + [("cold", True, 0)]
+        + [("warm", True, i) for i in range(repeats)]
+    )
     runs: dict[str, list[dict[str, Any]]] = {"eager": [], "cold": [], "warm": []}
     for kind, compiled, i in plan:
         say(f"{model}: {kind} {i + 1} ...")
@@ -85,8 +112,11 @@ def bench_model(root: Path, model: str, steps: int, repeats: int) -> dict[str, A
     cold, warm, eager = (out[k]["time_to_first_step_s"] for k in ("cold", "warm", "eager"))
     out["warm_over_cold"] = round(warm / cold, 3)
     out["compile_overhead_s"] = {"cold": round(cold - eager, 2), "warm": round(warm - eager, 2)}
-    out["cache_bytes"] = sum(f.stat().st_size for f in (root / "cache" / model).rglob("*")
-                             if f.is_file() and "tmp" not in f.relative_to(root / "cache" / model).parts)
+    out["cache_bytes"] = sum(
+        f.stat().st_size
+        for f in (root / "cache" / model).rglob("*")
+        if f.is_file() and "tmp" not in f.relative_to(root / "cache" / model).parts
+    )
     return out
 
 
@@ -94,17 +124,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="bert-tiny,bert-base")
     p.add_argument("--steps", type=int, default=2, help="steps per run (the first is timed)")
-    p.add_argument("--repeats", type=int, default=2, help="eager and warm runs per model (best counts)")
+    p.add_argument(
+        "--repeats", type=int, default=2, help="eager and warm runs per model (best counts)"
+    )
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-compile-") as tmp:
         root = Path(tmp)
         prepare_corpus(root, shards=1, extra=("--vocab-size", "4096"))
-        results = [bench_model(root, m, args.steps, max(1, args.repeats)) for m in args.models.split(",")]
+        results = [
+            bench_model(root, m, args.steps, max(1, args.repeats)) for m in args.models.split(",")
+        ]
     report = {
         "bench": "compile_cache",
         "what": "time to first step (process start -> end of step 1), one CPU worker, cold vs warm "
-                "torch.compile cache (FX graph + AOTAutograd caches in STORAGE/cache/CACHESET)",
+        "torch.compile cache (FX graph + AOTAutograd caches in STORAGE/cache/CACHESET)",
         "machine": machine(),
         "aim": "warm <= 0.15 x cold",
         "results": results,

@@ -41,23 +41,38 @@ SETTINGS: dict[str, Any] = {"seq_len": 128, "max_pred": 20, "dupe_factor": 5, "s
 def _cpu() -> float:
     """CPU seconds of this process (all threads) and of its reaped children (pool workers):
     on a busy shared machine, tokens per CPU-second is the steadier per-core figure."""
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _ours(tmp: Path, source: dict[str, Any], workers: int, vocab: Path | None) -> dict[str, Any]:
     c0 = _cpu()
-    r = prepare(output=tmp / f"ours{workers}", workers=workers, vocab=vocab, overwrite=True,
-                **source, **SETTINGS)
-    return {"seconds": r.seconds, "cpu_seconds": _cpu() - c0, "tokens": r.input_tokens,
-            "examples": r.examples, "stages": r.timings}
+    r = prepare(
+        output=tmp / f"ours{workers}",
+        workers=workers,
+        vocab=vocab,
+        overwrite=True,
+        **source,
+        **SETTINGS,
+    )
+    return {
+        "seconds": r.seconds,
+        "cpu_seconds": _cpu() - c0,
+        "tokens": r.input_tokens,
+        "examples": r.examples,
+        "stages": r.timings,
+    }
 
 
 def _reference(tmp: Path, source: dict[str, Any], vocab: Path) -> dict[str, Any]:
     t0, c0 = time.monotonic(), _cpu()
     docs = read_corpus([Path(p) for p in source.get("inputs", [])], source.get("builtin")).documents
-    tokens = reference_prepare(docs, load_vocab(vocab), tmp / "ref", seq_len=128, max_pred=20,
-                               dupe_factor=5, shards=8)
+    tokens = reference_prepare(
+        docs, load_vocab(vocab), tmp / "ref", seq_len=128, max_pred=20, dupe_factor=5, shards=8
+    )
     return {"seconds": time.monotonic() - t0, "cpu_seconds": _cpu() - c0, "tokens": tokens}
 
 
@@ -77,16 +92,25 @@ def _tokenise_only(source: dict[str, Any], vocab: Path, repeat: int) -> dict[str
         hf_s.append(time.monotonic() - t0)
     assert n == len(flat), "the two tokenisers disagree on the token count"
     ours, ref = statistics.median(ours_s), statistics.median(hf_s)
-    return {"tokens": n, "ours_tokens_per_s": round(n / ours), "hf_encode_batch_tokens_per_s":
-            round(n / ref), "ratio": round(ref / ours, 2)}
+    return {
+        "tokens": n,
+        "ours_tokens_per_s": round(n / ours),
+        "hf_encode_batch_tokens_per_s": round(n / ref),
+        "ratio": round(ref / ours, 2),
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeat", type=int, default=5, help="rounds (each runs all three; medians)")
     ap.add_argument("--scale", type=int, default=1, help="feed the corpus this many times")
-    ap.add_argument("--train-vocab", action="store_true",
-                    help="ours also trains the vocabulary (the reference is always given it)")
+    ap.add_argument(
+        "--train-vocab",
+        action="store_true",
+        help="ours also trains the vocabulary (the reference is always given it)",
+    )
     args = ap.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process, on every side
     rounds: dict[str, list[dict[str, Any]]] = {"reference": [], "ours_1": [], "ours_2": []}
@@ -99,8 +123,9 @@ def main() -> None:
             docs = pydoc_documents() * args.scale
             text.write_text("\n\n".join("\n".join(doc) for doc in docs) + "\n", encoding="utf-8")
             source = {"inputs": [text]}
-        prepare(output=tmp / "warmup", workers=1, shards=1, dupe_factor=1, seq_len=128,
-                builtin="pydoc")
+        prepare(
+            output=tmp / "warmup", workers=1, shards=1, dupe_factor=1, seq_len=128, builtin="pydoc"
+        )
         vocab = tmp / "vocab.txt"
         vocab.write_bytes((tmp / "warmup" / "vocab.txt").read_bytes())
         given = None if args.train_vocab else vocab
@@ -115,27 +140,37 @@ def main() -> None:
     sec = {k: statistics.median(r["seconds"] for r in rs) for k, rs in rounds.items()}
     cpu = {k: statistics.median(r["cpu_seconds"] for r in rs) for k, rs in rounds.items()}
     rate = {k: round(tokens / s) for k, s in sec.items()}
-    stages = {k: round(statistics.median(r["stages"][k] for r in rounds["ours_1"]), 4)
-              for k in rounds["ours_1"][0]["stages"]}
-    emit({
-        "bench": "data_prepare", "corpus": "builtin:pydoc", "scale": args.scale, **SETTINGS,
-        "vocab": "trained by ours, given to the reference" if args.train_vocab else "given",
-        "rounds": args.repeat, "input_tokens": tokens,
-        "examples": rounds["ours_1"][0]["examples"],
-        "seconds": {k: round(s, 4) for k, s in sec.items()},
-        "input_tokens_per_s": rate,
-        "cpu_seconds": {k: round(s, 4) for k, s in cpu.items()},
-        "input_tokens_per_cpu_s": {k: round(tokens / s) for k, s in cpu.items()},
-        "ratio_vs_reference_per_core": round(sec["reference"] / sec["ours_1"], 2),
-        "ratio_vs_reference_per_cpu_s": round(cpu["reference"] / cpu["ours_1"], 2),
-        "ratio_vs_reference_2_workers": round(sec["reference"] / sec["ours_2"], 2),
-        "speedup_2_workers": round(sec["ours_1"] / sec["ours_2"], 2),
-        "ours_1_stages_s": stages,
-        "tokenise_only": tokenise,
-        "cores": len(os.sched_getaffinity(0)),
-        "load_avg_before": load_before, "load_avg_after": load_after,
-        "machine": machine(),
-    }, None)
+    stages = {
+        k: round(statistics.median(r["stages"][k] for r in rounds["ours_1"]), 4)
+        for k in rounds["ours_1"][0]["stages"]
+    }
+    emit(
+        {
+            "bench": "data_prepare",
+            "corpus": "builtin:pydoc",
+            "scale": args.scale,
+            **SETTINGS,
+            "vocab": "trained by ours, given to the reference" if args.train_vocab else "given",
+            "rounds": args.repeat,
+            "input_tokens": tokens,
+            "examples": rounds["ours_1"][0]["examples"],
+            "seconds": {k: round(s, 4) for k, s in sec.items()},
+            "input_tokens_per_s": rate,
+            "cpu_seconds": {k: round(s, 4) for k, s in cpu.items()},
+            "input_tokens_per_cpu_s": {k: round(tokens / s) for k, s in cpu.items()},
+            "ratio_vs_reference_per_core": round(sec["reference"] / sec["ours_1"], 2),
+            "ratio_vs_reference_per_cpu_s": round(cpu["reference"] / cpu["ours_1"], 2),
+            "ratio_vs_reference_2_workers": round(sec["reference"] / sec["ours_2"], 2),
+            "speedup_2_workers": round(sec["ours_1"] / sec["ours_2"], 2),
+            "ours_1_stages_s": stages,
+            "tokenise_only": tokenise,
+            "cores": len(os.sched_getaffinity(0)),
+            "load_avg_before": load_before,
+            "load_avg_after": load_after,
+            "machine": machine(),
+        },
+        None,
+    )
 
 
 if __name__ == "__main__":

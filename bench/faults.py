@@ -52,10 +52,19 @@ def say(text: str) -> None:
 
 
 def job_file(root: Path, name: str, steps: int, hang_timeout: float) -> Path:
-    cfg = jobfile.preset("local-cpu", [
-        f'job.name="{name}"', f"train.max_steps={steps}", "train.warmup_steps=2",
-        f"train.checkpoint_every={CHECKPOINT_EVERY}", "train.keep_checkpoints=3",
-        "job.max_restarts=3", "rendezvous.timeout=180", f"train.hang_timeout={hang_timeout}"])
+    cfg = jobfile.preset(
+        "local-cpu",
+        [
+            f'job.name="{name}"',
+            f"train.max_steps={steps}",
+            "train.warmup_steps=2",
+            f"train.checkpoint_every={CHECKPOINT_EVERY}",
+            "train.keep_checkpoints=3",
+            "job.max_restarts=3",
+            "rendezvous.timeout=180",
+            f"train.hang_timeout={hang_timeout}",
+        ],
+    )
     path = root / "jobs" / f"{name}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(jobfile.render(cfg, f"fault trial {name}"), encoding="utf-8")
@@ -73,24 +82,36 @@ def fault_env(kind: str, rng: random.Random, steps: int) -> tuple[dict[str, str]
     return {env: f"{rank}:{step}"}, f"rank {rank} after step {step}"
 
 
-def run_job(root: Path, name: str, steps: int, hang_timeout: float,
-            extra_env: dict[str, str]) -> dict[str, Any]:
+def run_job(
+    root: Path, name: str, steps: int, hang_timeout: float, extra_env: dict[str, str]
+) -> dict[str, Any]:
     path = job_file(root, name, steps, hang_timeout)
     env = agent_env(2) | {DROPOUT_ENV: "0", "TRAINMASTER_DIST_TIMEOUT_S": "180", **extra_env}
     t0 = time.time()
-    launched = subprocess.run([sys.executable, "-m", "trainmaster", "launch", str(path),
-                               "--storage", str(root)], env=env, capture_output=True, text=True)
+    launched = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "launch", str(path), "--storage", str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if launched.returncode != 0:
         return {"phase": "not launched", "error": launched.stderr.strip()[-300:]}
     run = RunPaths(Storage(root).run_dir(name))
     phase = wait_final(run.state, TIMEOUT_S)
     summary = json.loads(run.summary.read_text()) if run.summary.exists() else {}
     g = summary.get("goodput") or {}
-    return {"phase": phase, "wall_s": round(time.time() - t0, 2),
-            "steps": summary.get("steps"), "restarts": summary.get("restarts"),
-            "resumed_from": summary.get("resumed_from"), "checksum": summary.get("param_checksum"),
-            "goodput": g.get("ratio"), "resume_s": g.get("restart"), "steps_lost": g.get("steps_lost"),
-            "hangs": len(run.hangs.read_text().splitlines()) if run.hangs.exists() else 0}
+    return {
+        "phase": phase,
+        "wall_s": round(time.time() - t0, 2),
+        "steps": summary.get("steps"),
+        "restarts": summary.get("restarts"),
+        "resumed_from": summary.get("resumed_from"),
+        "checksum": summary.get("param_checksum"),
+        "goodput": g.get("ratio"),
+        "resume_s": g.get("restart"),
+        "steps_lost": g.get("steps_lost"),
+        "hangs": len(run.hangs.read_text().splitlines()) if run.hangs.exists() else 0,
+    }
 
 
 def _median(values: list[float]) -> float | None:
@@ -99,11 +120,16 @@ def _median(values: list[float]) -> float | None:
 
 def tally(trials: list[dict[str, Any]], steps: int, reference: str | None) -> dict[str, Any]:
     done = [t for t in trials if t["phase"] == "succeeded" and t["steps"] == steps]
-    return {"trials": len(trials), "completed": len(done),
-            "exact": sum(1 for t in done if reference and t["checksum"] == reference),
-            "median_time_to_resume_s": _median([t["resume_s"] for t in done if t["resume_s"] is not None]),
-            "median_goodput": _median([t["goodput"] for t in done if t["goodput"] is not None]),
-            "restarts": [t["restarts"] for t in trials]}
+    return {
+        "trials": len(trials),
+        "completed": len(done),
+        "exact": sum(1 for t in done if reference and t["checksum"] == reference),
+        "median_time_to_resume_s": _median(
+            [t["resume_s"] for t in done if t["resume_s"] is not None]
+        ),
+        "median_goodput": _median([t["goodput"] for t in done if t["goodput"] is not None]),
+        "restarts": [t["restarts"] for t in trials],
+    }
 
 
 def main() -> None:
@@ -133,25 +159,39 @@ def main() -> None:
             trials = []
             for i in range(args.trials):
                 env, what = fault_env(kind, rng, args.steps)
-                t = run_job(root, f"{kind.replace('_', '-')}-{i}", args.steps, args.hang_timeout, env)
+                t = run_job(
+                    root, f"{kind.replace('_', '-')}-{i}", args.steps, args.hang_timeout, env
+                )
                 t["fault"] = what
                 t["exact"] = t["checksum"] == ref["checksum"] and ref["checksum"] is not None
-                say(f"  {kind} {i + 1}/{args.trials} ({what}): {t['phase']}, restarts "
+                say(
+                    f"  {kind} {i + 1}/{args.trials} ({what}): {t['phase']}, restarts "
                     f"{t['restarts']}, resumed from {t['resumed_from']}, exact {t['exact']}, "
-                    f"resume {t['resume_s']} s, goodput {t['goodput']}")
+                    f"resume {t['resume_s']} s, goodput {t['goodput']}"
+                )
                 trials.append(t)
             results[kind] = {**tally(trials, args.steps, ref["checksum"]), "runs": trials}
-    emit({"bench": "faults",
-          "what": ("measured here: a 2-node x 1-worker bert-tiny job on loopback (c10d), "
-                   f"{args.steps} steps, a checkpoint every {CHECKPOINT_EVERY}, dropout off; "
-                   "faults injected by the trainer's test hooks"),
-          "command": "python bench/faults.py " + " ".join(sys.argv[1:]),
-          "machine": machine(), "load_before": load_before, "load_after": load(),
-          "seconds": round(time.time() - started, 1), "seed": args.seed,
-          "hang_timeout_s": args.hang_timeout,
-          "reference": ref, "summary": {k: {x: v for x, v in r.items() if x != "runs"}
-                                        for k, r in results.items()},
-          "results": results}, args.out)
+    emit(
+        {
+            "bench": "faults",
+            "what": (
+                "measured here: a 2-node x 1-worker bert-tiny job on loopback (c10d), "
+                f"{args.steps} steps, a checkpoint every {CHECKPOINT_EVERY}, dropout off; "
+                "faults injected by the trainer's test hooks"
+            ),
+            "command": "python bench/faults.py " + " ".join(sys.argv[1:]),
+            "machine": machine(),
+            "load_before": load_before,
+            "load_after": load(),
+            "seconds": round(time.time() - started, 1),
+            "seed": args.seed,
+            "hang_timeout_s": args.hang_timeout,
+            "reference": ref,
+            "summary": {k: {x: v for x, v in r.items() if x != "runs"} for k, r in results.items()},
+            "results": results,
+        },
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -39,23 +39,34 @@ MODES = ("eager", "compile")
 # 256 accumulated to 8,192 sequences per GPU, NGC 21.11; NVIDIA/DeepLearningExamples
 # PyTorch/LanguageModeling/BERT/README.md (commit 729963d), table "Pre-training NVIDIA DGX A100
 # (8x A100 80GB)", 1 GPU row. Printed beside ours; not measured here.
-PUBLISHED = {"gpu": "A100-80GB", "seq_per_s": 580, "precision": "AMP fp16, micro-batch 256",
-             "source": "NVIDIA/DeepLearningExamples PyTorch/LanguageModeling/BERT/README.md "
-                       "(729963d), Pre-training NVIDIA DGX A100 (8x A100 80GB), 1 GPU"}
+PUBLISHED = {
+    "gpu": "A100-80GB",
+    "seq_per_s": 580,
+    "precision": "AMP fp16, micro-batch 256",
+    "source": "NVIDIA/DeepLearningExamples PyTorch/LanguageModeling/BERT/README.md "
+    "(729963d), Pre-training NVIDIA DGX A100 (8x A100 80GB), 1 GPU",
+}
 # The GPU's name -> the catalog instance whose per-GPU peak applies.
 GPU_INSTANCES = (("H200", "p5e.48xlarge"), ("H100", "p5.48xlarge"), ("A100", "p4d.24xlarge"))
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="bench/gpu.sh", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="bench/gpu.sh",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--dry", action="store_true", help="CPU, bert-tiny, 2 steps: shape only")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per mode (50; dry 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (5; dry 1)")
     ap.add_argument("--batch", type=int, default=None, help="micro-batch; 0 = fit (dry 4)")
     ap.add_argument("--modes", default="eager,compile", help="comma-separated: eager,compile")
-    ap.add_argument("--peak-tflops", type=float, default=None,
-                    help="the GPU's dense bf16 peak, when the catalog does not know it")
+    ap.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="the GPU's dense bf16 peak, when the catalog does not know it",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: one mode
     ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--check-args", action="store_true", help=argparse.SUPPRESS)
@@ -63,7 +74,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     modes = [m for m in a.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
-        ap.error(f"--modes: unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(MODES)}")
+        ap.error(
+            f"--modes: unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(MODES)}"
+        )
     a.modes = modes
     a.steps = a.steps if a.steps is not None else (2 if a.dry else 50)
     a.warmup = a.warmup if a.warmup is not None else (1 if a.dry else 5)
@@ -89,16 +102,31 @@ def _setup(a: argparse.Namespace, mode: str, batch: int) -> tuple[Any, Any, Any,
 
     kind = "cpu" if a.dry else "cuda"
     precision = _precision(a)
-    cfg = jobfile.preset("local-cpu", [f'model.preset="{"bert-tiny" if a.dry else "bert-large"}"',
-                                       f'train.precision="{precision}"', f'train.device="{kind}"',
-                                       "train.lr=1e-4", "train.max_steps=100000",
-                                       f"data.seq_len={SEQ}", f"data.max_pred={PRED}"])
+    cfg = jobfile.preset(
+        "local-cpu",
+        [
+            f'model.preset="{"bert-tiny" if a.dry else "bert-large"}"',
+            f'train.precision="{precision}"',
+            f'train.device="{kind}"',
+            "train.lr=1e-4",
+            "train.max_steps=100000",
+            f"data.seq_len={SEQ}",
+            f"data.max_pred={PRED}",
+        ],
+    )
     rt = Runtime(Env(), kind, bf16=precision == "bf16")
     bert = model.build(cfg, VOCAB, rt.options.attn_implementation).to(rt.device)
     opt = optim.make_optimizer(cfg, bert, kind)
     stepper = Stepper(bert, opt, optim.make_scheduler(cfg, opt), rt, compile=mode == "compile")
-    loader = ShardLoader(fmt.list_shards(Path(a.data)), rank=0, world=1, batch_size=batch,
-                         seed=1, vocab_size=VOCAB, start=Position())
+    loader = ShardLoader(
+        fmt.list_shards(Path(a.data)),
+        rank=0,
+        world=1,
+        batch_size=batch,
+        seed=1,
+        vocab_size=VOCAB,
+        start=Position(),
+    )
     return rt, stepper, rt.batches(loader), model.flops_for(cfg, VOCAB)
 
 
@@ -145,11 +173,16 @@ def child(a: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     seq_s = a.steps * batch / seconds
     peak = _peak_tflops(a, rt)
-    return {"mode": mode, "seq_per_s": round(seq_s, 2),
-            "mfu": round(seq_s * flops / (peak * 1e12), 4) if peak else None,
-            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-            "time_to_first_step_s": round(first, 2), "timed_steps": a.steps,
-            "step_s": round(seconds / a.steps, 4), "final_loss": round(loss, 4)}
+    return {
+        "mode": mode,
+        "seq_per_s": round(seq_s, 2),
+        "mfu": round(seq_s * flops / (peak * 1e12), 4) if peak else None,
+        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+        "time_to_first_step_s": round(first, 2),
+        "timed_steps": a.steps,
+        "step_s": round(seconds / a.steps, 4),
+        "final_loss": round(loss, 4),
+    }
 
 
 def _peak_tflops(a: argparse.Namespace, rt: Any) -> float | None:
@@ -169,8 +202,22 @@ def _peak_tflops(a: argparse.Namespace, rt: Any) -> float | None:
 
 
 def _run_child(a: argparse.Namespace, mode: str, batch: int, data: Path) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", mode, "--batch", str(batch), "--data", str(data),
-           "--steps", str(a.steps), "--warmup", str(a.warmup), "--modes", mode]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        mode,
+        "--batch",
+        str(batch),
+        "--data",
+        str(data),
+        "--steps",
+        str(a.steps),
+        "--warmup",
+        str(a.warmup),
+        "--modes",
+        mode,
+    ]
     cmd += ["--dry"] if a.dry else []
     cmd += ["--peak-tflops", str(a.peak_tflops)] if a.peak_tflops else []
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -191,8 +238,16 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as d:
         data = Path(d) / "pydoc"
-        prepare(builtin="pydoc", output=data, seq_len=SEQ, max_pred=PRED, vocab_size=4096,
-                dupe_factor=1 if a.dry else 5, shards=1, workers=1)
+        prepare(
+            builtin="pydoc",
+            output=data,
+            seq_len=SEQ,
+            max_pred=PRED,
+            vocab_size=4096,
+            dupe_factor=1 if a.dry else 5,
+            shards=1,
+            workers=1,
+        )
         batch = a.batch
         if batch == 0:
             a.data = str(data)
@@ -204,14 +259,25 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     cuda = torch.cuda.is_available() and not a.dry
-    print(json.dumps({
-        "bench": "gpu", "dry": a.dry, "model": "bert-tiny" if a.dry else "bert-large",
-        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
-        "gpus": 1, "seq_len": SEQ, "max_pred": PRED, "precision": _precision(a), "micro_batch": batch,
-        "torch": torch.__version__, "cuda": torch.version.cuda,
-        "results": results,
-        "published": PUBLISHED,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "gpu",
+                "dry": a.dry,
+                "model": "bert-tiny" if a.dry else "bert-large",
+                "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+                "gpus": 1,
+                "seq_len": SEQ,
+                "max_pred": PRED,
+                "precision": _precision(a),
+                "micro_batch": batch,
+                "torch": torch.__version__,
+                "cuda": torch.version.cuda,
+                "results": results,
+                "published": PUBLISHED,
+            }
+        )
+    )
     return 0 if all("error" not in r for r in results) else 1
 
 

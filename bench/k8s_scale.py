@@ -32,7 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests.backends.kubernetes
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent.parent)
+)  # the repository: tests.backends.kubernetes
 
 from tests.backends.kubernetes.fake_api import FakeCluster  # noqa: E402
 
@@ -67,24 +69,38 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 
 
 def manifests(nodes: int, repeats: int) -> dict[str, Any]:
-    overrides = [f"kubernetes.image={IMAGE}", f"job.nnodes={nodes}", f"train.global_batch_size={16 * WORKERS * nodes}"]
+    overrides = [
+        f"kubernetes.image={IMAGE}",
+        f"job.nnodes={nodes}",
+        f"train.global_batch_size={16 * WORKERS * nodes}",
+    ]
     config_s, cfg = timed(lambda: api.preset_job("trn1-bert-large", overrides), repeats)
     objects_s, objs = timed(lambda: volcano.objects(cfg), repeats)
     yaml_s, text = timed(lambda: volcano.render_yaml(objs), repeats)
     sizes = {o["kind"]: len(json.dumps(o).encode()) for o in objs}
-    return {"nodes": nodes, "workers": nodes * WORKERS, "config_s": round(config_s, 5),
-            "objects_s": round(objects_s, 5), "yaml_s": round(yaml_s, 5),
-            "total_s": round(config_s + objects_s + yaml_s, 5), "json_bytes": sizes,
-            "yaml_bytes": len(text.encode()),
-            "largest_vs_etcd_limit": round(max(sizes.values()) / ETCD_REQUEST_LIMIT, 5)}
+    return {
+        "nodes": nodes,
+        "workers": nodes * WORKERS,
+        "config_s": round(config_s, 5),
+        "objects_s": round(objects_s, 5),
+        "yaml_s": round(yaml_s, 5),
+        "total_s": round(config_s + objects_s + yaml_s, 5),
+        "json_bytes": sizes,
+        "yaml_bytes": len(text.encode()),
+        "largest_vs_etcd_limit": round(max(sizes.values()) / ETCD_REQUEST_LIMIT, 5),
+    }
 
 
 # --- "before": k8s_status as it was before issue 15, for the comparison ----------------------
 def _before_pod_info(pod: Any) -> k8s_status.PodInfo:
     name = pod.metadata.name
     suffix = name.rpartition("-")[2]
-    info = k8s_status.PodInfo(name=name, index=int(suffix) if suffix.isdigit() else -1,
-                              phase=pod.status.phase or "Unknown", node=pod.spec.node_name if pod.spec else None)
+    info = k8s_status.PodInfo(
+        name=name,
+        index=int(suffix) if suffix.isdigit() else -1,
+        phase=pod.status.phase or "Unknown",
+        node=pod.spec.node_name if pod.spec else None,
+    )
     for cs in pod.status.container_statuses or []:
         info.restarts += cs.restart_count or 0
         term = cs.state.terminated if cs.state else None
@@ -93,18 +109,29 @@ def _before_pod_info(pod: Any) -> k8s_status.PodInfo:
     return info
 
 
-def before_status(cluster: kubernetes.Cluster, name: str, find_rank0: bool) -> tuple[int, str | None]:
+def before_status(
+    cluster: kubernetes.Cluster, name: str, find_rank0: bool
+) -> tuple[int, str | None]:
     cluster.custom.get_namespaced_custom_object(names.GROUP, names.VERSION, NS, names.PLURAL, name)
     found = cluster.core.list_namespaced_pod(NS, label_selector=f"{volcano.LABEL_JOB}={name}")
     infos = sorted((_before_pod_info(p) for p in found.items), key=lambda p: (p.index, p.name))
     best: tuple[tuple[str, int], str] | None = None
     for pod in infos if find_rank0 else []:
-        resp = cluster.core.read_namespaced_pod_log(pod.name, NS, timestamps=True,
-                                                    limit_bytes=k8s_status.RANK0_SCAN_BYTES, _preload_content=False)
+        resp = cluster.core.read_namespaced_pod_log(
+            pod.name,
+            NS,
+            timestamps=True,
+            limit_bytes=k8s_status.RANK0_SCAN_BYTES,
+            _preload_content=False,
+        )
         for line in k8s_client.lines(resp):
             stamp, _, text = line.partition(" ")
             m = k8s_status.RANK0_LINE.search(text)
-            if m and m.group(1) == pod.name and (best is None or k8s_status._timestamp(stamp) >= best[0]):
+            if (
+                m
+                and m.group(1) == pod.name
+                and (best is None or k8s_status._timestamp(stamp) >= best[0])
+            ):
                 best = (k8s_status._timestamp(stamp), pod.name)
     return len(infos), best[1] if best else None
 
@@ -115,8 +142,14 @@ def status_at(pods: int, latency_s: float, repeats: int) -> dict[str, Any]:
         fake.thread.start()
         try:
             cluster = kubernetes.connect(str(fake.kubeconfig()), namespace=NS)
-            cfg = api.preset_job("trn1-bert-large", [f"kubernetes.image={IMAGE}", f"job.nnodes={pods}",
-                                                     f"train.global_batch_size={16 * WORKERS * pods}"])
+            cfg = api.preset_job(
+                "trn1-bert-large",
+                [
+                    f"kubernetes.image={IMAGE}",
+                    f"job.nnodes={pods}",
+                    f"train.global_batch_size={16 * WORKERS * pods}",
+                ],
+            )
             kubernetes.submit(cluster, volcano.objects(cfg))
             name = cfg.job.name
             labels = volcano.labels(name, "train") | {"volcano.sh/job-name": name}
@@ -124,18 +157,31 @@ def status_at(pods: int, latency_s: float, repeats: int) -> dict[str, Any]:
             for i in range(pods):
                 pod = f"{name}-worker-{i}"
                 log = [f"[default{k}]:compiling" for k in range(4)]
-                fake.add_pod(NS, pod, labels, log=log + ([f"trainmaster: rank 0 on pod {pod}"] if i == rank0 else []))
+                fake.add_pod(
+                    NS,
+                    pod,
+                    labels,
+                    log=log + ([f"trainmaster: rank 0 on pod {pod}"] if i == rank0 else []),
+                )
             fake.latency_s = latency_s
             row: dict[str, Any] = {"pods": pods, "latency_ms": latency_s * 1000}
             for find in (False, True):
                 key = "with_rank0" if find else "pods_only"
                 fake.requests.clear()
-                now_s, st = timed(lambda f=find: kubernetes.status(cluster, name, find_rank0=f), repeats)  # type: ignore[misc]
+                now_s, st = timed(
+                    lambda f=find: kubernetes.status(cluster, name, find_rank0=f), repeats
+                )  # type: ignore[misc]
                 n_requests = len(fake.requests) // repeats
-                before_s, (seen, r0) = timed(lambda f=find: before_status(cluster, name, f), repeats)  # type: ignore[misc]
+                before_s, (seen, r0) = timed(
+                    lambda f=find: before_status(cluster, name, f), repeats
+                )  # type: ignore[misc]
                 assert len(st.pods) == seen == pods and st.rank0_pod == r0  # both see the same job
-                row[key] = {"now_s": round(now_s, 4), "before_s": round(before_s, 4),
-                            "before_over_now": round(before_s / now_s, 2), "requests_now": n_requests}
+                row[key] = {
+                    "now_s": round(now_s, 4),
+                    "before_s": round(before_s, 4),
+                    "before_over_now": round(before_s / now_s, 2),
+                    "requests_now": n_requests,
+                }
             row["list_requests_now"] = -(-pods // k8s_client.PAGE)
             return row
         finally:
@@ -144,37 +190,52 @@ def status_at(pods: int, latency_s: float, repeats: int) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--repeats", type=int, default=5, help="timed calls of each kind (the median is kept)")
-    p.add_argument("--latency-ms", default="0,5", help="simulated round trips per request, comma-separated")
+    p.add_argument(
+        "--repeats", type=int, default=5, help="timed calls of each kind (the median is kept)"
+    )
+    p.add_argument(
+        "--latency-ms", default="0,5", help="simulated round trips per request, comma-separated"
+    )
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = p.parse_args()
     load_before = load()
     made = []
     for nodes in (64, 512, 1024):
         made.append(manifests(nodes, args.repeats))
-        say(f"manifests {nodes:5d} nodes: {made[-1]['total_s'] * 1000:.1f} ms, {made[-1]['json_bytes']} bytes")
+        say(
+            f"manifests {nodes:5d} nodes: {made[-1]['total_s'] * 1000:.1f} ms, {made[-1]['json_bytes']} bytes"
+        )
     rows = []
     for latency in (float(x) / 1000 for x in args.latency_ms.split(",")):
         for pods in (128, 512, 1024):
-            rows.append(status_at(pods, latency, args.repeats if latency == 0 else max(1, args.repeats // 2)))
-            say(f"status {pods:5d} pods, {latency * 1000:g} ms: {rows[-1]['pods_only']['now_s']:.3f} s, "
-                f"with rank 0 {rows[-1]['with_rank0']['now_s']:.3f} s (before {rows[-1]['with_rank0']['before_s']:.3f} s)")
-    emit({
-        "bench": "k8s_scale",
-        "what": "simulated: Volcano manifests of preset trn1-bert-large at 64/512/1,024 nodes (build time, "
-                "size vs etcd's 1.5 MiB request limit), and `status` of N pods through tests/k8s's fake API "
-                "server in this process over loopback (real kubernetes client); latency_ms is a simulated "
-                "round trip per request, an assumption",
-        "machine": machine(),
-        "load_before": load_before,
-        "load_after": load(),
-        "repeats": args.repeats,
-        "page_size": k8s_client.PAGE,
-        "concurrent_log_reads": k8s_client.CONNECTIONS,
-        "etcd_request_limit_bytes": ETCD_REQUEST_LIMIT,
-        "manifests": made,
-        "status": rows,
-    }, args.out)
+            rows.append(
+                status_at(
+                    pods, latency, args.repeats if latency == 0 else max(1, args.repeats // 2)
+                )
+            )
+            say(
+                f"status {pods:5d} pods, {latency * 1000:g} ms: {rows[-1]['pods_only']['now_s']:.3f} s, "
+                f"with rank 0 {rows[-1]['with_rank0']['now_s']:.3f} s (before {rows[-1]['with_rank0']['before_s']:.3f} s)"
+            )
+    emit(
+        {
+            "bench": "k8s_scale",
+            "what": "simulated: Volcano manifests of preset trn1-bert-large at 64/512/1,024 nodes (build time, "
+            "size vs etcd's 1.5 MiB request limit), and `status` of N pods through tests/k8s's fake API "
+            "server in this process over loopback (real kubernetes client); latency_ms is a simulated "
+            "round trip per request, an assumption",
+            "machine": machine(),
+            "load_before": load_before,
+            "load_after": load(),
+            "repeats": args.repeats,
+            "page_size": k8s_client.PAGE,
+            "concurrent_log_reads": k8s_client.CONNECTIONS,
+            "etcd_request_limit_bytes": ETCD_REQUEST_LIMIT,
+            "manifests": made,
+            "status": rows,
+        },
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -42,8 +42,15 @@ def say(text: str) -> None:
 
 
 def job_file(root: Path, name: str, steps: int) -> Path:
-    cfg = jobfile.preset("local-cpu", [f'job.name="{name}"', f"train.max_steps={steps}",
-                                       "train.warmup_steps=1", "job.max_restarts=0"])
+    cfg = jobfile.preset(
+        "local-cpu",
+        [
+            f'job.name="{name}"',
+            f"train.max_steps={steps}",
+            "train.warmup_steps=1",
+            "job.max_restarts=0",
+        ],
+    )
     path = root / "jobs" / f"{name}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(jobfile.render(cfg, f"bench job {name}"), encoding="utf-8")
@@ -55,8 +62,12 @@ def via_launch(root: Path, name: str, steps: int) -> dict[str, Any]:
     run = Storage(root).run_dir(name)
     env = agent_env(2)
     t0 = time.time()
-    result = subprocess.run([sys.executable, "-m", "trainmaster", "launch", str(path), "--storage", str(root)],
-                            env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "launch", str(path), "--storage", str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     returned = time.time() - t0
     if result.returncode != 0:
         raise SystemExit(f"launch {name} failed: {result.stderr.strip()}")
@@ -76,8 +87,12 @@ def via_torchrun(root: Path, name: str, steps: int) -> dict[str, Any]:
     env = agent_env(cfg.derived.world_size)
     logs = [(plan.run.logs / f"node{i}.log").open("wb") for i in range(len(plan.commands))]
     t0 = time.time()
-    procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-             for cmd, log in zip(plan.commands, logs, strict=True)]
+    procs = [
+        subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
+        for cmd, log in zip(plan.commands, logs, strict=True)
+    ]
     try:
         first = first_step_at(plan.run.dir / "metrics.jsonl", t0, TIMEOUT_S)
         codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
@@ -112,7 +127,7 @@ def main() -> None:
     report = {
         "bench": "launch_overhead",
         "what": "seconds from starting the job to rank 0's step 1 in metrics.jsonl; bert-tiny, "
-                "2 nodes x 1 worker, c10d on loopback, built-in corpus",
+        "2 nodes x 1 worker, c10d on loopback, built-in corpus",
         "machine": machine(),
         "aim": "launch within 1.15 x torchrun",
         "repeats": len(runs["launch"]),

@@ -23,8 +23,14 @@ from trainmaster.data.corpus import Document, split_sentences
 from trainmaster.data.vocab import Vocab, hf_tokenizer
 
 
-def _instances(doc: list[list[int]], all_docs: list[list[list[int]]], d: int, seq_len: int,
-               short_p: float, rng: random.Random) -> list[tuple[list[int], list[int], int]]:
+def _instances(
+    doc: list[list[int]],
+    all_docs: list[list[list[int]]],
+    d: int,
+    seq_len: int,
+    short_p: float,
+    rng: random.Random,
+) -> list[tuple[list[int], list[int], int]]:
     """(tokens A, tokens B, is_random_next) pairs of one document, as the reference makes them."""
     max_tokens = seq_len - 3
     target = rng.randint(2, max_tokens) if rng.random() < short_p else max_tokens
@@ -46,7 +52,7 @@ def _instances(doc: list[list[int]], all_docs: list[list[list[int]]], d: int, se
                         break
                 other = all_docs[r]
                 b: list[int] = []
-                for s in other[rng.randint(0, len(other) - 1):]:
+                for s in other[rng.randint(0, len(other) - 1) :]:
                     b.extend(s)
                     if len(b) >= target - len(a):
                         break
@@ -65,8 +71,15 @@ def _instances(doc: list[list[int]], all_docs: list[list[list[int]]], d: int, se
     return out
 
 
-def _mask(tokens: list[int], special: set[int], n_vocab: int, mask_id: int, max_pred: int,
-          prob: float, rng: random.Random) -> tuple[list[int], list[int], list[int]]:
+def _mask(
+    tokens: list[int],
+    special: set[int],
+    n_vocab: int,
+    mask_id: int,
+    max_pred: int,
+    prob: float,
+    rng: random.Random,
+) -> tuple[list[int], list[int], list[int]]:
     """create_masked_lm_predictions: 80% [MASK], 10% kept, 10% a random token."""
     cand = [i for i, t in enumerate(tokens) if t not in special]
     rng.shuffle(cand)
@@ -79,9 +92,19 @@ def _mask(tokens: list[int], special: set[int], n_vocab: int, mask_id: int, max_
     return out, picked, [tokens[p] for p in picked]
 
 
-def reference_prepare(docs: list[Document], vocab: Vocab, out: Path, *, seq_len: int = 128,
-                      max_pred: int = 20, dupe_factor: int = 5, shards: int = 8,
-                      short_p: float = 0.1, prob: float = 0.15, seed: int = 12345) -> int:
+def reference_prepare(
+    docs: list[Document],
+    vocab: Vocab,
+    out: Path,
+    *,
+    seq_len: int = 128,
+    max_pred: int = 20,
+    dupe_factor: int = 5,
+    shards: int = 8,
+    short_p: float = 0.1,
+    prob: float = 0.15,
+    seed: int = 12345,
+) -> int:
     """Write `shards` NVIDIA-format files into out; return the input's token count."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core, as our one worker
     tok = hf_tokenizer(vocab, lower_case=True)
@@ -102,29 +125,32 @@ def reference_prepare(docs: list[Document], vocab: Vocab, out: Path, *, seq_len:
             for a, b, is_random in _instances(doc_ids, tokenised, d, seq_len, short_p, rng):
                 tokens = [sp.cls, *a, sp.sep, *b, sp.sep]
                 segments = [0] * (len(a) + 2) + [1] * (len(b) + 1)
-                masked, positions, labels = _mask(tokens, special, len(vocab), sp.mask,
-                                                  max_pred, prob, rng)
+                masked, positions, labels = _mask(
+                    tokens, special, len(vocab), sp.mask, max_pred, prob, rng
+                )
                 examples.append((masked, segments, positions, labels, is_random))
     rng.shuffle(examples)
     per = -(-len(examples) // shards)
     out.mkdir(parents=True, exist_ok=True)
     for k in range(shards):
-        part = examples[k * per:(k + 1) * per]
+        part = examples[k * per : (k + 1) * per]
         n = len(part)
-        arr = {"input_ids": np.zeros((n, seq_len), "i4"), "input_mask": np.zeros((n, seq_len), "i1"),
-               "segment_ids": np.zeros((n, seq_len), "i1"),
-               "masked_lm_positions": np.zeros((n, max_pred), "i4"),
-               "masked_lm_ids": np.zeros((n, max_pred), "i4"),
-               "next_sentence_labels": np.zeros(n, "i1")}
+        arr = {
+            "input_ids": np.zeros((n, seq_len), "i4"),
+            "input_mask": np.zeros((n, seq_len), "i1"),
+            "segment_ids": np.zeros((n, seq_len), "i1"),
+            "masked_lm_positions": np.zeros((n, max_pred), "i4"),
+            "masked_lm_ids": np.zeros((n, max_pred), "i4"),
+            "next_sentence_labels": np.zeros(n, "i1"),
+        }
         for r, (masked, segments, positions, labels, is_random) in enumerate(part):
-            arr["input_ids"][r, :len(masked)] = masked
-            arr["input_mask"][r, :len(masked)] = 1
-            arr["segment_ids"][r, :len(segments)] = segments
-            arr["masked_lm_positions"][r, :len(positions)] = positions
-            arr["masked_lm_ids"][r, :len(labels)] = labels
+            arr["input_ids"][r, : len(masked)] = masked
+            arr["input_mask"][r, : len(masked)] = 1
+            arr["segment_ids"][r, : len(segments)] = segments
+            arr["masked_lm_positions"][r, : len(positions)] = positions
+            arr["masked_lm_ids"][r, : len(labels)] = labels
             arr["next_sentence_labels"][r] = is_random
         with h5py.File(out / f"ref_training_{k}.hdf5", "w") as f:
             for key, a in arr.items():
                 f.create_dataset(key, data=a, compression="gzip")
     return n_tokens
-

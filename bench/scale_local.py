@@ -49,9 +49,18 @@ from trainmaster.storage import Storage
 TIMEOUT_S = 900.0
 # Small enough that the one step costs next to nothing next to start-up (seq_len and max_pred
 # are the prepared shards').
-TINY = ["model.num_layers=1", "model.hidden_size=32", "model.num_heads=2", "model.intermediate_size=64",
-        "train.batch_size=1", "train.max_steps=1", "train.warmup_steps=0", "train.checkpoint_every=1000",
-        "job.max_restarts=0", "rendezvous.timeout=900"]
+TINY = [
+    "model.num_layers=1",
+    "model.hidden_size=32",
+    "model.num_heads=2",
+    "model.intermediate_size=64",
+    "train.batch_size=1",
+    "train.max_steps=1",
+    "train.warmup_steps=0",
+    "train.checkpoint_every=1000",
+    "job.max_restarts=0",
+    "rendezvous.timeout=900",
+]
 
 
 def say(text: str) -> None:
@@ -59,8 +68,16 @@ def say(text: str) -> None:
 
 
 def job_file(root: Path, name: str, nodes: int, backend: str) -> Path:
-    cfg = jobfile.preset("local-cpu", [f'job.name="{name}"', f"job.nnodes={nodes}", *TINY,
-                                       f"train.global_batch_size={nodes}", f'rendezvous.backend="{backend}"'])
+    cfg = jobfile.preset(
+        "local-cpu",
+        [
+            f'job.name="{name}"',
+            f"job.nnodes={nodes}",
+            *TINY,
+            f"train.global_batch_size={nodes}",
+            f'rendezvous.backend="{backend}"',
+        ],
+    )
     path = root / "jobs" / f"{name}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(jobfile.render(cfg, f"bench job {name}"), encoding="utf-8")
@@ -73,8 +90,12 @@ def via_launch(root: Path, name: str, nodes: int, backend: str) -> dict[str, Any
     cfg = jobfile.load(path)
     before = load()
     t0 = time.time()
-    result = subprocess.run([sys.executable, "-m", "trainmaster", "launch", str(path), "--storage", str(root)],
-                            env=agent_env(cfg.derived.world_size), capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "trainmaster", "launch", str(path), "--storage", str(root)],
+        env=agent_env(cfg.derived.world_size),
+        capture_output=True,
+        text=True,
+    )
     returned = time.time() - t0
     if result.returncode != 0:
         raise SystemExit(f"launch {name} failed: {result.stderr.strip()}")
@@ -83,9 +104,14 @@ def via_launch(root: Path, name: str, nodes: int, backend: str) -> dict[str, Any
     if phase != "succeeded":
         raise SystemExit(f"launch {name} {phase}: see {run}/logs")
     st = state.read(run / "state.json")
-    return {"first_step_s": round(first, 3), "cli_returned_s": round(returned, 3),
-            # the supervisor records started_at once every agent has been started
-            "agents_started_s": round((st.started_at or t0) - t0, 3), "load_before": before, "load_after": load()}
+    return {
+        "first_step_s": round(first, 3),
+        "cli_returned_s": round(returned, 3),
+        # the supervisor records started_at once every agent has been started
+        "agents_started_s": round((st.started_at or t0) - t0, 3),
+        "load_before": before,
+        "load_after": load(),
+    }
 
 
 def via_torchrun(root: Path, name: str, nodes: int, backend: str) -> dict[str, Any]:
@@ -103,12 +129,22 @@ def via_torchrun(root: Path, name: str, nodes: int, backend: str) -> dict[str, A
     try:
         commands = plan.commands
         if plan.private_etcd:  # the same private etcd the supervisor starts, timed likewise
-            etcd, endpoint = rendezvous.start_private_etcd(plan.run.dir / "etcd", plan.run.logs / "etcd.log",
-                                                           timeout_s=30.0)
+            etcd, endpoint = rendezvous.start_private_etcd(
+                plan.run.dir / "etcd", plan.run.logs / "etcd.log", timeout_s=30.0
+            )
             rdzv = Rendezvous(plan.rdzv.backend, endpoint, run_id=plan.rdzv.run_id)
             commands = local.agent_commands(cfg, rdzv, plan.run, root)
-        procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                  start_new_session=True) for cmd, log in zip(commands, logs, strict=True)]
+        procs = [
+            subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+            for cmd, log in zip(commands, logs, strict=True)
+        ]
         started = time.time() - t0
         first = first_step_at(plan.run.dir / "metrics.jsonl", t0, TIMEOUT_S)
         codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
@@ -122,8 +158,12 @@ def via_torchrun(root: Path, name: str, nodes: int, backend: str) -> dict[str, A
             log.close()
     if any(codes):
         raise SystemExit(f"torchrun {name} exit codes {codes}: see {plan.run.logs}")
-    return {"first_step_s": round(first, 3), "agents_started_s": round(started, 3),
-            "load_before": before, "load_after": load()}
+    return {
+        "first_step_s": round(first, 3),
+        "agents_started_s": round(started, 3),
+        "load_before": before,
+        "load_after": load(),
+    }
 
 
 def main() -> None:
@@ -140,7 +180,7 @@ def main() -> None:
     report: dict[str, Any] = {
         "bench": "scale_local",
         "what": "measured here: seconds from starting the job to rank 0's step 1 in metrics.jsonl; N local "
-                "nodes x 1 worker, bert-tiny cut to 1 layer / hidden 32, 1 step, built-in corpus",
+        "nodes x 1 worker, bert-tiny cut to 1 layer / hidden 32, 1 step, built-in corpus",
         "machine": machine() | {"sched_autogroup": _autogroup()},
         "aim": "launch within 1.1 x torchrun",
         "repeats": max(1, args.repeats),
@@ -161,13 +201,24 @@ def main() -> None:
                     for way in order:
                         run = ways[way](root, f"{way}-{nodes}-{backend}-{i}", nodes, backend)
                         runs[way].append(run | {"order": order.index(way)})
-                        say(f"{nodes} nodes {backend:5s} {way:8s} first step after {run['first_step_s']:.2f} s "
-                            f"(load {run['load_before'][0]})")
-                med = {way: statistics.median(r["first_step_s"] for r in rs) for way, rs in runs.items()}
-                results.append({"nodes": nodes, "backend": backend, "runs": runs,
-                                "median_first_step_s": {w: round(v, 3) for w, v in med.items()},
-                                "launch_over_torchrun": round(med["launch"] / med["torchrun"], 3),
-                                "overhead_s": round(med["launch"] - med["torchrun"], 3)})
+                        say(
+                            f"{nodes} nodes {backend:5s} {way:8s} first step after {run['first_step_s']:.2f} s "
+                            f"(load {run['load_before'][0]})"
+                        )
+                med = {
+                    way: statistics.median(r["first_step_s"] for r in rs)
+                    for way, rs in runs.items()
+                }
+                results.append(
+                    {
+                        "nodes": nodes,
+                        "backend": backend,
+                        "runs": runs,
+                        "median_first_step_s": {w: round(v, 3) for w, v in med.items()},
+                        "launch_over_torchrun": round(med["launch"] / med["torchrun"], 3),
+                        "overhead_s": round(med["launch"] - med["torchrun"], 3),
+                    }
+                )
                 if args.out:  # what is done so far survives an interrupted run
                     args.out.write_text(json.dumps(report, indent=2) + "\n")
     report["complete"] = True

@@ -52,8 +52,12 @@ from trainmaster.train.preflight import Env
 from trainmaster.train.step import Stepper
 
 VOCAB, SEQ, PRED, LR = 30522, 128, 20, 1e-4
-BATCH = {("bert-tiny", "fp32"): 16, ("bert-tiny", "bf16"): 4, ("bert-base", "fp32"): 2,
-         ("bert-base", "bf16"): 2}
+BATCH = {
+    ("bert-tiny", "fp32"): 16,
+    ("bert-tiny", "bf16"): 4,
+    ("bert-base", "fp32"): 2,
+    ("bert-base", "bf16"): 2,
+}
 STEPS = {"bert-tiny": 4, "bert-base": 1}  # timed steps per variant per round
 VARIANTS = ("trainmaster", "minimal_loop", "hf_trainer")
 
@@ -88,8 +92,9 @@ def measure_peak(dtype: torch.dtype) -> dict[str, float]:
                 rate, per_call = _rate(lambda a=a, b=b: a @ b, 2 * n**3, 0.5)
             else:  # a BERT-base feed-forward layer on n tokens
                 x, w = torch.randn(n, 768, dtype=dtype), torch.randn(3072, 768, dtype=dtype)
-                rate, per_call = _rate(lambda x=x, w=w: torch.nn.functional.linear(x, w),
-                                       2 * n * 768 * 3072, 0.5)
+                rate, per_call = _rate(
+                    lambda x=x, w=w: torch.nn.functional.linear(x, w), 2 * n * 768 * 3072, 0.5
+                )
             best = max(best, rate)
             if n >= 2048 or per_call * 8 > 0.2:
                 break
@@ -99,8 +104,16 @@ def measure_peak(dtype: torch.dtype) -> dict[str, float]:
 
 
 def load_sequences(folder: Path) -> dict[str, torch.Tensor]:
-    result = prepare(builtin="pydoc", output=folder, seq_len=SEQ, max_pred=PRED, dupe_factor=1,
-                     shards=4, vocab_size=4096, workers=1)
+    result = prepare(
+        builtin="pydoc",
+        output=folder,
+        seq_len=SEQ,
+        max_pred=PRED,
+        dupe_factor=1,
+        shards=4,
+        vocab_size=4096,
+        workers=1,
+    )
     shards = [dataset.load_shard(p, VOCAB) for p in result.shards]
     data = {k: np.concatenate([s[k] for s in shards]) for k in shards[0]}
     data["labels"] = dataset.full_labels(data["mlm_positions"], data["mlm_labels"], SEQ)
@@ -112,18 +125,34 @@ def cycle(data: dict[str, torch.Tensor], batch: int, keys: tuple[str, ...]) -> A
     while True:
         if i + batch > n:
             i = 0
-        yield {k: data[k][i:i + batch] for k in keys}
+        yield {k: data[k][i : i + batch] for k in keys}
         i += batch
 
 
-OURS = ("input_ids", "token_type_ids", "attention_mask", "mlm_positions", "mlm_labels", "nsp_labels")
+OURS = (
+    "input_ids",
+    "token_type_ids",
+    "attention_mask",
+    "mlm_positions",
+    "mlm_labels",
+    "nsp_labels",
+)
 HF = ("input_ids", "token_type_ids", "attention_mask", "labels", "nsp_labels")
 
 
 class Ours:
-    def __init__(self, name: str, precision: str, batch: int, data: dict[str, torch.Tensor]) -> None:
-        cfg = jobfile.preset("local-cpu", [f'model.preset="{name}"', f'train.precision="{precision}"',
-                                           f"train.lr={LR}", "train.max_steps=100000"])
+    def __init__(
+        self, name: str, precision: str, batch: int, data: dict[str, torch.Tensor]
+    ) -> None:
+        cfg = jobfile.preset(
+            "local-cpu",
+            [
+                f'model.preset="{name}"',
+                f'train.precision="{precision}"',
+                f"train.lr={LR}",
+                "train.max_steps=100000",
+            ],
+        )
         bert = model.build(cfg, VOCAB)
         opt = optim.make_optimizer(cfg, bert, "cpu")
         rt = Runtime(Env(), "cpu", bf16=precision == "bf16")
@@ -140,7 +169,9 @@ class Ours:
 
 
 class Minimal:
-    def __init__(self, name: str, precision: str, batch: int, data: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self, name: str, precision: str, batch: int, data: dict[str, torch.Tensor]
+    ) -> None:
         cfg = jobfile.preset("local-cpu", [f'model.preset="{name}"'])
         self.model = BertForPreTraining(model.bert_config(cfg, VOCAB)).train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR)
@@ -153,9 +184,13 @@ class Minimal:
             t0 = time.perf_counter()
             b = next(self.batches)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-                out = self.model(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],
-                                 attention_mask=b["attention_mask"], labels=b["labels"],
-                                 next_sentence_label=b["nsp_labels"])
+                out = self.model(
+                    input_ids=b["input_ids"],
+                    token_type_ids=b["token_type_ids"],
+                    attention_mask=b["attention_mask"],
+                    labels=b["labels"],
+                    next_sentence_label=b["nsp_labels"],
+                )
             out.loss.backward()
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
@@ -173,9 +208,13 @@ class _Sequences(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         d = self.data
-        return {"input_ids": d["input_ids"][i], "token_type_ids": d["token_type_ids"][i],
-                "attention_mask": d["attention_mask"][i], "labels": d["labels"][i],
-                "next_sentence_label": d["nsp_labels"][i]}
+        return {
+            "input_ids": d["input_ids"][i],
+            "token_type_ids": d["token_type_ids"][i],
+            "attention_mask": d["attention_mask"][i],
+            "labels": d["labels"][i],
+            "next_sentence_label": d["nsp_labels"][i],
+        }
 
 
 class _StepClock(TrainerCallback):
@@ -187,11 +226,17 @@ class _StepClock(TrainerCallback):
 
 
 class HFTrainer:
-    def __init__(self, name: str, precision: str, batch: int, data: dict[str, torch.Tensor],
-                 tmp: Path) -> None:
+    def __init__(
+        self, name: str, precision: str, batch: int, data: dict[str, torch.Tensor], tmp: Path
+    ) -> None:
         cfg = jobfile.preset("local-cpu", [f'model.preset="{name}"'])
         self.model = BertForPreTraining(model.bert_config(cfg, VOCAB))
-        self.dataset, self.batch, self.bf16, self.tmp = _Sequences(data), batch, precision == "bf16", tmp
+        self.dataset, self.batch, self.bf16, self.tmp = (
+            _Sequences(data),
+            batch,
+            precision == "bf16",
+            tmp,
+        )
 
     def run(self, steps: int) -> list[float]:
         """steps + 1 steps of Trainer.train(); the time between step ends of the last `steps`."""
@@ -202,46 +247,81 @@ class HFTrainer:
         AcceleratorState._reset_state(reset_partial_state=True)
         clock = _StepClock()
         args = TrainingArguments(
-            output_dir=str(self.tmp / "hf"), per_device_train_batch_size=self.batch,
-            max_steps=steps + 1, learning_rate=LR, bf16=self.bf16, use_cpu=True, report_to=[],
-            save_strategy="no", logging_strategy="no", disable_tqdm=True,
-            dataloader_pin_memory=False, dataloader_num_workers=0, seed=0)
+            output_dir=str(self.tmp / "hf"),
+            per_device_train_batch_size=self.batch,
+            max_steps=steps + 1,
+            learning_rate=LR,
+            bf16=self.bf16,
+            use_cpu=True,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            disable_tqdm=True,
+            dataloader_pin_memory=False,
+            dataloader_num_workers=0,
+            seed=0,
+        )
         with contextlib.redirect_stdout(sys.stderr):  # its end-of-train line is not our JSON
-            Trainer(model=self.model, args=args, train_dataset=self.dataset,
-                    callbacks=[clock]).train()
+            Trainer(
+                model=self.model, args=args, train_dataset=self.dataset, callbacks=[clock]
+            ).train()
         return [b - a for a, b in zip(clock.ends, clock.ends[1:], strict=False)]
 
 
-def bench_one(name: str, precision: str, rounds: int, budget_s: float, peak: float,
-              data: dict[str, torch.Tensor], tmp: Path) -> dict[str, Any]:
+def bench_one(
+    name: str,
+    precision: str,
+    rounds: int,
+    budget_s: float,
+    peak: float,
+    data: dict[str, torch.Tensor],
+    tmp: Path,
+) -> dict[str, Any]:
     m = jobfile.preset("local-cpu", [f'model.preset="{name}"']).model
-    sizes = {"num_layers": m.size("num_layers"), "hidden": m.size("hidden_size"),
-             "intermediate": m.size("intermediate_size")}
-    flops = {head: model.flops_per_seq(**sizes, vocab=VOCAB, seq_len=SEQ, predictions=PRED, head=head)
-             for head in ("masked", "full", "none")}
+    sizes = {
+        "num_layers": m.size("num_layers"),
+        "hidden": m.size("hidden_size"),
+        "intermediate": m.size("intermediate_size"),
+    }
+    flops = {
+        head: model.flops_per_seq(**sizes, vocab=VOCAB, seq_len=SEQ, predictions=PRED, head=head)
+        for head in ("masked", "full", "none")
+    }
     batch = BATCH[(name, precision)]
-    out: dict[str, Any] = {"model": name, "precision": precision, "batch": batch, "seq_len": SEQ,
-                           "vocab": VOCAB, "flops_per_seq": flops}
+    out: dict[str, Any] = {
+        "model": name,
+        "precision": precision,
+        "batch": batch,
+        "seq_len": SEQ,
+        "vocab": VOCAB,
+        "flops_per_seq": flops,
+    }
     # a full-head step at half the measured peak (what BERT layers reach on a CPU, roughly)
     estimate = flops["full"] * batch / (0.5 * peak * 1e12)
     if estimate > budget_s:
-        out["skipped"] = (f"estimated {estimate:.0f} s per step of the full-head variants (half "
-                          f"of this machine's {precision} peak, {peak * 1e3:.1f} GFLOP/s) exceeds "
-                          f"--budget-s {budget_s:g}; rerun with a larger --budget-s to include it")
+        out["skipped"] = (
+            f"estimated {estimate:.0f} s per step of the full-head variants (half "
+            f"of this machine's {precision} peak, {peak * 1e3:.1f} GFLOP/s) exceeds "
+            f"--budget-s {budget_s:g}; rerun with a larger --budget-s to include it"
+        )
         return out
     say(f"{name} {precision} batch {batch}: warm-up")
     torch.manual_seed(0)
-    runners = {"trainmaster": Ours(name, precision, batch, data),
-               "minimal_loop": Minimal(name, precision, batch, data),
-               "hf_trainer": HFTrainer(name, precision, batch, data, tmp)}
+    runners = {
+        "trainmaster": Ours(name, precision, batch, data),
+        "minimal_loop": Minimal(name, precision, batch, data),
+        "hf_trainer": HFTrainer(name, precision, batch, data, tmp),
+    }
     runners["trainmaster"].run(1)
     runners["minimal_loop"].run(1)
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for r in range(rounds):
         for v in VARIANTS:
             times[v] += runners[v].run(STEPS[name])
-        say(f"  round {r + 1}/{rounds}: " + ", ".join(
-            f"{v} {batch / statistics.median(times[v]):.1f} seq/s" for v in VARIANTS))
+        say(
+            f"  round {r + 1}/{rounds}: "
+            + ", ".join(f"{v} {batch / statistics.median(times[v]):.1f} seq/s" for v in VARIANTS)
+        )
     seq_s = {v: batch / statistics.median(times[v]) for v in VARIANTS}
     out |= {
         "seq_per_s": {v: round(s, 2) for v, s in seq_s.items()},
@@ -254,12 +334,18 @@ def bench_one(name: str, precision: str, rounds: int, budget_s: float, peak: flo
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--models", default="bert-tiny,bert-base")
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (median over all)")
-    ap.add_argument("--budget-s", type=float, default=10.0,
-                    help="skip configurations whose estimated step takes longer (seconds)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=10.0,
+        help="skip configurations whose estimated step takes longer (seconds)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args()
     hf_logging.set_verbosity_error()
@@ -273,16 +359,21 @@ def main() -> None:
         for name in args.models.split(","):
             for precision in args.precisions.split(","):
                 peak = max(peaks[precision].values())
-                results.append(bench_one(name, precision, args.rounds, args.budget_s, peak, data, tmp))
+                results.append(
+                    bench_one(name, precision, args.rounds, args.budget_s, peak, data, tmp)
+                )
     report = {
         "benchmark": "train_throughput",
         "command": "python " + " ".join(sys.argv),
-        "machine": {"cpu": platform.processor() or platform.machine(),
-                    "threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "transformers": __import__("transformers").__version__},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__,
+        },
         "peak_tflops": {p: {k: round(v, 5) for k, v in d.items()} for p, d in peaks.items()},
         "flops_convention": "per sequence: 6*N_enc*S + 12*L*S^2*d + 6*(d^2+d*V)*P (masked head, "
-                            "P=20) for every variant; 'full' and 'none' given for reference",
+        "P=20) for every variant; 'full' and 'none' given for reference",
         "results": results,
         "seconds": round(time.perf_counter() - started, 1),
     }

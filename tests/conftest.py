@@ -15,12 +15,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """`python -m trainmaster ARGS` as a user would run it (no in-process shortcuts)."""
     full_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "trainmaster", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trainmaster", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def sigint_default() -> None:
@@ -51,9 +58,24 @@ def pydoc_storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Small on purpose (one duplicate, a 4k vocabulary) so that jobs start in seconds.
     """
     root = tmp_path_factory.mktemp("storage")
-    result = run_cli("data", "prepare", "--builtin", "pydoc", "--output", str(root / "datasets" / "pydoc"),
-                     "--shards", "4", "--dupe-factor", "1", "--vocab-size", "4096", "--seq-len", "128",
-                     "--quiet", timeout=600)
+    result = run_cli(
+        "data",
+        "prepare",
+        "--builtin",
+        "pydoc",
+        "--output",
+        str(root / "datasets" / "pydoc"),
+        "--shards",
+        "4",
+        "--dupe-factor",
+        "1",
+        "--vocab-size",
+        "4096",
+        "--seq-len",
+        "128",
+        "--quiet",
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     return root
 

@@ -91,12 +91,14 @@ def corpus() -> torch.Tensor:
     return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
 
 
-def batch(data: torch.Tensor, step: int, rank: int, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(
+    data: torch.Tensor, step: int, rank: int, args: argparse.Namespace
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random windows, a pure function of (seed, step, rank): a resumed run sees the batches the
     lost run would have seen, with no data-loader state to save."""
     g = torch.Generator().manual_seed(args.seed * 1_000_003 + step * 997 + rank)
     starts = torch.randint(0, len(data) - args.seq_len - 1, (args.batch_size,), generator=g)
-    windows = torch.stack([data[s:s + args.seq_len + 1] for s in starts.tolist()])
+    windows = torch.stack([data[s : s + args.seq_len + 1] for s in starts.tolist()])
     return windows[:, :-1], windows[:, 1:]
 
 
@@ -146,11 +148,15 @@ def main() -> None:
     tb = None
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
-        print(f"train_gpt: {params} parameters, {world} workers, {len(data)} bytes of text, "
-              f"steps {start + 1}..{args.steps}", flush=True)
+        print(
+            f"train_gpt: {params} parameters, {world} workers, {len(data)} bytes of text, "
+            f"steps {start + 1}..{args.steps}",
+            flush=True,
+        )
         tb_dir = os.environ.get("TRAINMASTER_TENSORBOARD_DIR")  # `trainmaster tensorboard JOB`
         if tb_dir:
             from torch.utils.tensorboard import SummaryWriter
+
             tb = SummaryWriter(tb_dir, purge_step=start + 1)
 
     tic = time.perf_counter()
@@ -164,8 +170,12 @@ def main() -> None:
         opt.step()
         dist.all_reduce(mean := loss.detach().clone())
         now = time.perf_counter()
-        row = {"loss": mean.item() / world, "lr": opt.param_groups[0]["lr"], "max_steps": args.steps,
-               "tokens_per_s": round(world * args.batch_size * args.seq_len / (now - tic), 1)}
+        row = {
+            "loss": mean.item() / world,
+            "lr": opt.param_groups[0]["lr"],
+            "max_steps": args.steps,
+            "tokens_per_s": round(world * args.batch_size * args.seq_len / (now - tic), 1),
+        }
         if step == start + 1 and start:
             row["resumed_from"] = start
         log_metrics(step=step, **row)  # rank 0 writes; the others return at once

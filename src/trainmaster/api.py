@@ -33,9 +33,23 @@ from trainmaster.presets import JOB_PRESETS
 from trainmaster.storage import Storage, dataset_path
 from trainmaster.worker import log_metrics as log_metrics  # scripts written for 0.1 import it here
 
-__all__ = ["BACKENDS", "JOB_PRESETS", "Backend", "LaunchOptions", "Target", "backend", "backend_for_job",
-           "backend_name", "describe", "init_job", "load_job", "load_job_for", "log_metrics",
-           "preset_job", "render_job"]
+__all__ = [
+    "BACKENDS",
+    "JOB_PRESETS",
+    "Backend",
+    "LaunchOptions",
+    "Target",
+    "backend",
+    "backend_for_job",
+    "backend_name",
+    "describe",
+    "init_job",
+    "load_job",
+    "load_job_for",
+    "log_metrics",
+    "preset_job",
+    "render_job",
+]
 
 
 def load_job(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
@@ -54,33 +68,52 @@ class LaunchOptions:
 
 def _local(target: Target, launch: LaunchOptions) -> Backend:
     if launch.image:
-        raise UserError("the local backend runs this machine's Python, not an image; --image is "
-                        "for --backend kubernetes", where="--image")
+        raise UserError(
+            "the local backend runs this machine's Python, not an image; --image is "
+            "for --backend kubernetes",
+            where="--image",
+        )
     return LocalBackend(LocalOptions(storage=target.storage, resume=launch.resume))
 
 
 def _kubernetes(target: Target, launch: LaunchOptions) -> Backend:
-    return KubernetesBackend(KubernetesOptions(kubeconfig=target.kubeconfig, context=target.context,
-                                               namespace=target.namespace, image=launch.image))
+    return KubernetesBackend(
+        KubernetesOptions(
+            kubeconfig=target.kubeconfig,
+            context=target.context,
+            namespace=target.namespace,
+            image=launch.image,
+        )
+    )
 
 
 # The backends by name. Tests may register a fake one under a name: everything goes through it.
-BACKENDS: dict[str, Callable[[Target, LaunchOptions], Backend]] = {"local": _local, "kubernetes": _kubernetes}
+BACKENDS: dict[str, Callable[[Target, LaunchOptions], Backend]] = {
+    "local": _local,
+    "kubernetes": _kubernetes,
+}
 BACKEND_ENV = "TRAINMASTER_BACKEND"
 
 
 def backend_name(target: Target, cfg: JobConfig | None = None) -> str:
     """--backend, else the job file's job.backend (commands that read one), else
     $TRAINMASTER_BACKEND, else local."""
-    value = target.backend or (cfg.job.backend if cfg is not None else None) \
-        or os.environ.get(BACKEND_ENV) or "local"
+    value = (
+        target.backend
+        or (cfg.job.backend if cfg is not None else None)
+        or os.environ.get(BACKEND_ENV)
+        or "local"
+    )
     if value not in BACKEND_NAMES:
-        raise UserError(f"unknown backend {value!r}; use {' or '.join(BACKEND_NAMES)}", where="--backend")
+        raise UserError(
+            f"unknown backend {value!r}; use {' or '.join(BACKEND_NAMES)}", where="--backend"
+        )
     return value
 
 
-def backend(target: Target, cfg: JobConfig | None = None,
-            launch: LaunchOptions | None = None) -> Backend:
+def backend(
+    target: Target, cfg: JobConfig | None = None, launch: LaunchOptions | None = None
+) -> Backend:
     """The backend a command talks to: chosen here, once; nothing else asks which it is.
     With a job file, its job.storage stands in for a missing --storage (so that `launch
     --follow` watches the folder the job runs in)."""
@@ -95,13 +128,18 @@ def backend_for_job(target: Target, job: str) -> tuple[Backend, str]:
     cluster job needs no --backend after launch; a bare name goes by the options."""
     ref: JobRef = parse_job(job)
     if ref.backend and target.backend and ref.backend != target.backend:
-        raise UserError(f"{job!r} is a {ref.backend} job, but --backend says {target.backend}",
-                        where="--backend")
+        raise UserError(
+            f"{job!r} is a {ref.backend} job, but --backend says {target.backend}",
+            where="--backend",
+        )
     if ref.namespace and target.namespace and ref.namespace != target.namespace:
-        raise UserError(f"{job!r} is in namespace {ref.namespace}, but --namespace says "
-                        f"{target.namespace}", where="--namespace")
-    target = dataclasses.replace(target, backend=ref.backend or target.backend,
-                                 namespace=ref.namespace or target.namespace)
+        raise UserError(
+            f"{job!r} is in namespace {ref.namespace}, but --namespace says {target.namespace}",
+            where="--namespace",
+        )
+    target = dataclasses.replace(
+        target, backend=ref.backend or target.backend, namespace=ref.namespace or target.namespace
+    )
     return backend(target), ref.job
 
 
@@ -139,8 +177,10 @@ def describe(cfg: JobConfig, storage: str | None = None) -> dict[str, Any]:
             "min_world_size": d.min_world_size,
             "grad_accum": d.grad_accum,
             "tokens_per_step": d.tokens_per_step,
-            "model": {k: cfg.model.size(k) for k in
-                      ("num_layers", "hidden_size", "num_heads", "intermediate_size")},
+            "model": {
+                k: cfg.model.size(k)
+                for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+            },
             "instance": inst,
             "storage": str(root.root),
             "dataset_path": str(dataset_path(root, cfg.data.dataset)),

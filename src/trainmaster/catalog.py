@@ -74,10 +74,14 @@ class InstanceType:
 
 _TYPES = [
     #            name              accel        dev cores wrk efa  vcpu  mem  accmem  gbps  peakTF  $/h
-    InstanceType("trn1.2xlarge", "trainium1", 1, 2, 2, 0, 8, 32, 32, 12.5, 190.0, 1.34375),  # [trn1]
+    InstanceType(
+        "trn1.2xlarge", "trainium1", 1, 2, 2, 0, 8, 32, 32, 12.5, 190.0, 1.34375
+    ),  # [trn1]
     InstanceType("trn1.32xlarge", "trainium1", 16, 2, 32, 8, 128, 512, 512, 800, 3040.0, 21.50),
     InstanceType("trn1n.32xlarge", "trainium1", 16, 2, 32, 16, 128, 512, 512, 1600, 3040.0, 24.78),
-    InstanceType("trn2.48xlarge", "trainium2", 16, 4, 64, 16, 192, 2048, 1536, 3200, 10672.0, 44.70),
+    InstanceType(
+        "trn2.48xlarge", "trainium2", 16, 4, 64, 16, 192, 2048, 1536, 3200, 10672.0, 44.70
+    ),
     InstanceType("p4d.24xlarge", "a100", 8, 1, 8, 4, 96, 1152, 320, 400, 2496.0, 21.96),  # [p4d]
     InstanceType("p5.48xlarge", "h100", 8, 1, 8, 32, 192, 2048, 640, 3200, 7915.2, 55.04),  # [p5]
     InstanceType("p5e.48xlarge", "h200", 8, 1, 8, 32, 192, 2048, 1128, 3200, 7915.2, 66.00),
@@ -130,20 +134,28 @@ class Scaling:
         return float(self.per_worker_batch or 0)
 
 
-_NEURON_CSV = ("aws-neuron/aws-neuron-sdk about-neuron/benchmarks/trn1/training_data_encoder.csv "
-               "(commit 86a92868, Neuron 2.28.0)")
+_NEURON_CSV = (
+    "aws-neuron/aws-neuron-sdk about-neuron/benchmarks/trn1/training_data_encoder.csv "
+    "(commit 86a92868, Neuron 2.28.0)"
+)
 _TRN1_RATE = PublishedRate(
-    3826.6103, "bf16",
+    3826.6103,
+    "bf16",
     "1 x trn1.32xlarge, 32 workers, BF16+SR, micro-batch 16, global batch 16,384, AdamW",
-    _NEURON_CSV)
+    _NEURON_CSV,
+)
 # 16 nodes: 57,407.9207 seq/s (BF16+SR, micro-batch 16, global batch 1,048,576, LAMB), same file
 # and release; the ratio to 16 x the 1-node figure is the published scaling (the two rows differ
 # in optimizer: Neuron publishes no 1-node LAMB row for 2.28; 2.12.0's LAMB pair, 3,520.05 and
 # 53,436.34 in general/benchmarks/trn1/trn1_trn1n_nlp_data.csv at 12ad249c, gives 94.9%).
 _TRN1_SCALING = Scaling(
-    ((16, 57407.9207 / (16 * 3826.6103)),), 32, None, 16 * 128,
+    ((16, 57407.9207 / (16 * 3826.6103)),),
+    32,
+    None,
+    16 * 128,
     "16 x trn1.32xlarge, BF16+SR, micro-batch 16 x 128 accumulation, LAMB, weak scaling",
-    _NEURON_CSV)
+    _NEURON_CSV,
+)
 _DLE = "NVIDIA/DeepLearningExamples PyTorch/LanguageModeling/BERT/README.md"
 BERT_LARGE_PHASE1: dict[str, PublishedRate] = {
     "trn1.32xlarge": _TRN1_RATE,
@@ -151,8 +163,11 @@ BERT_LARGE_PHASE1: dict[str, PublishedRate] = {
     # p4d = 8 x A100-40GB: DGX A100 40GB, 8 GPUs, AMP fp16, 3,231 seq/s (fp16 and bf16 have the
     # same A100 tensor-core peak, 312 TF).
     "p4d.24xlarge": PublishedRate(
-        3231.0, "bf16", "DGX A100 (8 x A100-40GB), AMP fp16, 8,192 sequences per GPU per step",
-        f"{_DLE} at commit 78ec6802, 'Pre-training NVIDIA DGX A100 (8x A100 40GB)', pytorch:20.06"),
+        3231.0,
+        "bf16",
+        "DGX A100 (8 x A100-40GB), AMP fp16, 8,192 sequences per GPU per step",
+        f"{_DLE} at commit 78ec6802, 'Pre-training NVIDIA DGX A100 (8x A100 40GB)', pytorch:20.06",
+    ),
 }
 SCALING: dict[str, Scaling] = {
     "trn1.32xlarge": _TRN1_SCALING,
@@ -161,10 +176,14 @@ SCALING: dict[str, Scaling] = {
     # (accumulation 32 -> 1): strong scaling 2.02 / 3.98 / 7.86 / 15.50 / 30.37. p4d's network
     # (400 Gbps EFA) is slower than a DGX A100's 8 x 200 Gb/s InfiniBand.
     "p4d.24xlarge": Scaling(
-        ((2, 2.02 / 2), (4, 3.98 / 4), (8, 7.86 / 8), (16, 15.50 / 16), (32, 30.37 / 32)), 8,
-        65536, None, "1-32 x DGX A100 80GB, AMP fp16, global batch 65,536, strong scaling",
+        ((2, 2.02 / 2), (4, 3.98 / 4), (8, 7.86 / 8), (16, 15.50 / 16), (32, 30.37 / 32)),
+        8,
+        65536,
+        None,
+        "1-32 x DGX A100 80GB, AMP fp16, global batch 65,536, strong scaling",
         f"{_DLE} at commit 729963dd, 'Pre-training NVIDIA DGX A100 (8x A100 80GB) Multi-node "
-        "Scaling'"),
+        "Scaling'",
+    ),
 }
 # What estimate assumes for a type without its own published scaling: trn1's, labelled so.
 DEFAULT_SCALING = "trn1.32xlarge"

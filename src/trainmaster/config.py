@@ -51,8 +51,10 @@ def check_entrypoint(value: str) -> str:
         return f"-m {m.group(1)}"
     first = text.split()[0]
     if first in _LAUNCHERS or first.endswith("/python3") or first.endswith("/python"):
-        raise ValueError(f"give the script alone, not a command ({first} is started for you by "
-                         "torchrun); put its arguments in job.args")
+        raise ValueError(
+            f"give the script alone, not a command ({first} is started for you by "
+            "torchrun); put its arguments in job.args"
+        )
     return text
 
 
@@ -61,15 +63,39 @@ class Section(BaseModel):
 
 
 class JobSection(Section):
-    name: str = Field("demo", pattern=JOB_NAME, description="job id: lower-case letters, digits and '-', at most 40 characters")
-    backend: Literal["local", "kubernetes"] = Field("local", description="where the job runs: local (this machine) or kubernetes (Volcano on EKS)")
-    nnodes: PositiveInt = Field(1, description="nodes (torchrun agents / pods); the most nodes of an elastic job")
-    min_nnodes: PositiveInt | None = Field(None, description="elastic jobs: fewest nodes to go on with (unset = not elastic)")
-    nproc_per_node: PositiveInt = Field(1, description="worker processes per node (one per NeuronCore or GPU)")
-    storage: str | None = Field(None, description="storage root (local folder, or /data on the cluster); unset = --storage, $TRAINMASTER_STORAGE, ./trainmaster-data")
-    max_restarts: NonNegativeInt = Field(3, description="restarts of failed workers before the job fails; each resumes from the last checkpoint")
-    entrypoint: str = Field(BUILTIN_ENTRYPOINT, description="what torchrun starts on every worker: a Python file (train.py; local: from the launch folder, kubernetes: from the image's /workspace) or -m package.module; default the built-in BERT trainer")
-    args: list[str] = Field(default_factory=list, description="arguments after the entrypoint, e.g. [\"--lr\", \"3e-4\"]")
+    name: str = Field(
+        "demo",
+        pattern=JOB_NAME,
+        description="job id: lower-case letters, digits and '-', at most 40 characters",
+    )
+    backend: Literal["local", "kubernetes"] = Field(
+        "local",
+        description="where the job runs: local (this machine) or kubernetes (Volcano on EKS)",
+    )
+    nnodes: PositiveInt = Field(
+        1, description="nodes (torchrun agents / pods); the most nodes of an elastic job"
+    )
+    min_nnodes: PositiveInt | None = Field(
+        None, description="elastic jobs: fewest nodes to go on with (unset = not elastic)"
+    )
+    nproc_per_node: PositiveInt = Field(
+        1, description="worker processes per node (one per NeuronCore or GPU)"
+    )
+    storage: str | None = Field(
+        None,
+        description="storage root (local folder, or /data on the cluster); unset = --storage, $TRAINMASTER_STORAGE, ./trainmaster-data",
+    )
+    max_restarts: NonNegativeInt = Field(
+        3,
+        description="restarts of failed workers before the job fails; each resumes from the last checkpoint",
+    )
+    entrypoint: str = Field(
+        BUILTIN_ENTRYPOINT,
+        description="what torchrun starts on every worker: a Python file (train.py; local: from the launch folder, kubernetes: from the image's /workspace) or -m package.module; default the built-in BERT trainer",
+    )
+    args: list[str] = Field(
+        default_factory=list, description='arguments after the entrypoint, e.g. ["--lr", "3e-4"]'
+    )
 
     @field_validator("entrypoint")
     @classmethod
@@ -85,8 +111,13 @@ class JobSection(Section):
 
 
 class RendezvousSection(Section):
-    backend: Literal["c10d", "etcd", "etcd-v2"] = Field("c10d", description="torchrun rendezvous: c10d (no extra service), etcd or etcd-v2")
-    endpoint: str | None = Field(None, description="host:port; unset = a free loopback port / private etcd (local), pod 0's service name (kubernetes, c10d) / etcd-server.trainmaster-etcd.svc:2379 (kubernetes, etcd)")
+    backend: Literal["c10d", "etcd", "etcd-v2"] = Field(
+        "c10d", description="torchrun rendezvous: c10d (no extra service), etcd or etcd-v2"
+    )
+    endpoint: str | None = Field(
+        None,
+        description="host:port; unset = a free loopback port / private etcd (local), pod 0's service name (kubernetes, c10d) / etcd-server.trainmaster-etcd.svc:2379 (kubernetes, etcd)",
+    )
     timeout: PositiveInt = Field(600, description="seconds to wait for all nodes to join")
 
 
@@ -96,19 +127,33 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
     "bert-tiny": {"num_layers": 2, "hidden_size": 128, "num_heads": 2, "intermediate_size": 512},
     "bert-mini": {"num_layers": 4, "hidden_size": 256, "num_heads": 4, "intermediate_size": 1024},
     "bert-base": {"num_layers": 12, "hidden_size": 768, "num_heads": 12, "intermediate_size": 3072},
-    "bert-large": {"num_layers": 24, "hidden_size": 1024, "num_heads": 16, "intermediate_size": 4096},
+    "bert-large": {
+        "num_layers": 24,
+        "hidden_size": 1024,
+        "num_heads": 16,
+        "intermediate_size": 4096,
+    },
 }
 DEFAULT_VOCAB = 30522  # bert-*-uncased; NVIDIA's and the tutorial's shards carry no vocabulary
 
 
 class ModelSection(Section):
-    preset: Literal["bert-tiny", "bert-mini", "bert-base", "bert-large"] | None = Field("bert-tiny", description="bert-tiny | bert-mini | bert-base | bert-large; explicit sizes below override it")
+    preset: Literal["bert-tiny", "bert-mini", "bert-base", "bert-large"] | None = Field(
+        "bert-tiny",
+        description="bert-tiny | bert-mini | bert-base | bert-large; explicit sizes below override it",
+    )
     num_layers: PositiveInt | None = Field(None, description="transformer layers")
     hidden_size: PositiveInt | None = Field(None, description="hidden size")
-    num_heads: PositiveInt | None = Field(None, description="attention heads (must divide hidden_size)")
+    num_heads: PositiveInt | None = Field(
+        None, description="attention heads (must divide hidden_size)"
+    )
     intermediate_size: PositiveInt | None = Field(None, description="feed-forward size")
-    vocab_size: PositiveInt | None = Field(None, description="unset = from the dataset's vocab.txt, else 30522")
-    max_position_embeddings: PositiveInt = Field(512, description="longest sequence the model can take")
+    vocab_size: PositiveInt | None = Field(
+        None, description="unset = from the dataset's vocab.txt, else 30522"
+    )
+    max_position_embeddings: PositiveInt = Field(
+        512, description="longest sequence the model can take"
+    )
 
     def size(self, key: str) -> int:
         """An explicit size, else the preset's."""
@@ -130,9 +175,16 @@ class ModelSection(Section):
 
 
 class DataSection(Section):
-    dataset: str = Field("pydoc", description="a name under STORAGE/datasets/ or a path to a folder of *_training_*.hdf5 shards")
-    seq_len: Annotated[int, Field(ge=16, le=4096)] = Field(128, description="tokens per example; must equal the shards'")
-    max_pred: PositiveInt = Field(20, description="masked positions per example; must equal the shards'")
+    dataset: str = Field(
+        "pydoc",
+        description="a name under STORAGE/datasets/ or a path to a folder of *_training_*.hdf5 shards",
+    )
+    seq_len: Annotated[int, Field(ge=16, le=4096)] = Field(
+        128, description="tokens per example; must equal the shards'"
+    )
+    max_pred: PositiveInt = Field(
+        20, description="masked positions per example; must equal the shards'"
+    )
 
     @model_validator(mode="after")
     def _pred_fits(self) -> DataSection:
@@ -142,23 +194,48 @@ class DataSection(Section):
 
 
 class TrainSection(Section):
-    device: Literal["auto", "cpu", "cuda", "xla"] = Field("auto", description="auto | cpu (gloo) | cuda (nccl) | xla (Trainium)")
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="fp32 | bf16 (autocast on cpu/cuda, bf16 weights with stochastic rounding on Neuron)")
+    device: Literal["auto", "cpu", "cuda", "xla"] = Field(
+        "auto", description="auto | cpu (gloo) | cuda (nccl) | xla (Trainium)"
+    )
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32",
+        description="fp32 | bf16 (autocast on cpu/cuda, bf16 weights with stochastic rounding on Neuron)",
+    )
     batch_size: PositiveInt = Field(16, description="micro-batch per worker")
-    global_batch_size: PositiveInt = Field(32, description="sequences per optimizer step; fixed when nodes change (accumulation is derived)")
-    optimizer: Literal["adamw", "lamb", "nvlamb"] = Field("adamw", description="adamw (linear decay) | lamb (polynomial 0.5 decay) | nvlamb (lamb, trust ratio on every parameter)")
+    global_batch_size: PositiveInt = Field(
+        32,
+        description="sequences per optimizer step; fixed when nodes change (accumulation is derived)",
+    )
+    optimizer: Literal["adamw", "lamb", "nvlamb"] = Field(
+        "adamw",
+        description="adamw (linear decay) | lamb (polynomial 0.5 decay) | nvlamb (lamb, trust ratio on every parameter)",
+    )
     lr: PositiveFloat = Field(1e-3, description="peak learning rate")
-    weight_decay: Annotated[float, Field(ge=0)] = Field(0.01, description="not applied to bias and LayerNorm")
+    weight_decay: Annotated[float, Field(ge=0)] = Field(
+        0.01, description="not applied to bias and LayerNorm"
+    )
     warmup_steps: NonNegativeInt = Field(20, description="linear warm-up steps")
     max_steps: PositiveInt = Field(200, description="optimizer steps of the whole schedule")
-    steps_this_run: PositiveInt | None = Field(None, description="stop after this many steps in this run (unset = until max_steps)")
+    steps_this_run: PositiveInt | None = Field(
+        None, description="stop after this many steps in this run (unset = until max_steps)"
+    )
     checkpoint_every: PositiveInt = Field(50, description="optimizer steps between checkpoints")
     keep_checkpoints: PositiveInt = Field(2, description="checkpoints kept (the newest)")
-    preflight: bool = Field(True, description="check every node before the first step (device, a matmul against float64, an all-reduce, disk, /dev/shm, Neuron and EFA devices); a failing node stops the job naming the node and the check")
-    hang_timeout: Annotated[float, Field(ge=0)] | None = Field(None, description="seconds without a finished step before a worker counts as hung: its stacks are dumped and the job restarts from its last checkpoint (unset = max(300, 20x the slowest recent step); 0 = off)")
+    preflight: bool = Field(
+        True,
+        description="check every node before the first step (device, a matmul against float64, an all-reduce, disk, /dev/shm, Neuron and EFA devices); a failing node stops the job naming the node and the check",
+    )
+    hang_timeout: Annotated[float, Field(ge=0)] | None = Field(
+        None,
+        description="seconds without a finished step before a worker counts as hung: its stacks are dumped and the job restarts from its last checkpoint (unset = max(300, 20x the slowest recent step); 0 = off)",
+    )
     seed: NonNegativeInt = Field(12345, description="seed of weights, data order and dropout")
-    compile: bool = Field(False, description="torch.compile (cpu/cuda) or the Neuron compile cache (xla)")
-    cacheset: str = Field("default", pattern=CACHESET, description="compile cache under STORAGE/cache/")
+    compile: bool = Field(
+        False, description="torch.compile (cpu/cuda) or the Neuron compile cache (xla)"
+    )
+    cacheset: str = Field(
+        "default", pattern=CACHESET, description="compile cache under STORAGE/cache/"
+    )
 
     @model_validator(mode="after")
     def _schedule(self) -> TrainSection:
@@ -170,29 +247,66 @@ class TrainSection(Section):
 
 
 class KubernetesSection(Section):
-    namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="namespace of the Volcano Job")
-    queue: str = Field("trainmaster", min_length=1, description="Volcano queue (created by `cluster up`)")
-    image: str | None = Field(None, description="training image, e.g. ACCOUNT.dkr.ecr.REGION.amazonaws.com/trainmaster:TAG")
-    instance_type: str = Field("trn1.32xlarge", description="node type the pods run on (see the catalog)")
+    namespace: str = Field(
+        "default",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="namespace of the Volcano Job",
+    )
+    queue: str = Field(
+        "trainmaster", min_length=1, description="Volcano queue (created by `cluster up`)"
+    )
+    image: str | None = Field(
+        None,
+        description="training image, e.g. ACCOUNT.dkr.ecr.REGION.amazonaws.com/trainmaster:TAG",
+    )
+    instance_type: str = Field(
+        "trn1.32xlarge", description="node type the pods run on (see the catalog)"
+    )
     pvc: str = Field("fsx-claim", description="PersistentVolumeClaim of the shared storage")
     mount: str = Field("/data", description="where the shared storage is mounted in the pods")
-    tolerations: list[dict[str, str]] = Field(default_factory=list, description="extra tolerations (device taints are added for you)")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="extra node labels to match")
+    tolerations: list[dict[str, str]] = Field(
+        default_factory=list, description="extra tolerations (device taints are added for you)"
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="extra node labels to match"
+    )
     service_account: str | None = Field(None, description="service account of the pods")
-    workspace: str | None = Field(None, description="your code for a custom job.entrypoint: this local folder is built into an image FROM the training image (COPY to /workspace; `cluster plan` writes image/Dockerfile.workspace), pushed, and named in kubernetes.image; nothing is copied into pods at run time")
+    workspace: str | None = Field(
+        None,
+        description="your code for a custom job.entrypoint: this local folder is built into an image FROM the training image (COPY to /workspace; `cluster plan` writes image/Dockerfile.workspace), pushed, and named in kubernetes.image; nothing is copied into pods at run time",
+    )
 
 
 class ClusterSection(Section):
-    name: str = Field("trainmaster", pattern=r"^[A-Za-z][A-Za-z0-9-]{0,99}$", description="EKS cluster name")
+    name: str = Field(
+        "trainmaster", pattern=r"^[A-Za-z][A-Za-z0-9-]{0,99}$", description="EKS cluster name"
+    )
     region: str = Field("us-west-2", pattern=r"^[a-z]{2}(-[a-z]+)+-\d$", description="AWS region")
-    kubernetes_version: str = Field("1.33", pattern=r"^1\.\d+$", description="EKS Kubernetes version")
-    instance_type: str | None = Field(None, description="accelerator node type; unset = kubernetes.instance_type")
+    kubernetes_version: str = Field(
+        "1.33", pattern=r"^1\.\d+$", description="EKS Kubernetes version"
+    )
+    instance_type: str | None = Field(
+        None, description="accelerator node type; unset = kubernetes.instance_type"
+    )
     nodes: PositiveInt | None = Field(None, description="accelerator nodes; unset = job.nnodes")
-    zones: list[str] = Field(default_factory=list, description="availability zones; empty = looked up where the type is offered")
-    price_per_hour: PositiveFloat | None = Field(None, description="override the catalog's on-demand price (USD per node-hour)")
-    public_access_cidrs: list[str] | None = Field(None, description="CIDRs that may reach the EKS API endpoint; unset = this machine's public IP/32, looked up by `cluster plan`")
-    capacity_reservation_id: str | None = Field(None, description="On-Demand Capacity Reservation (cr-...) the accelerator nodes launch into")
-    capacity_block_id: str | None = Field(None, description="Capacity Block for ML (cr-...) the accelerator nodes launch into")
+    zones: list[str] = Field(
+        default_factory=list,
+        description="availability zones; empty = looked up where the type is offered",
+    )
+    price_per_hour: PositiveFloat | None = Field(
+        None, description="override the catalog's on-demand price (USD per node-hour)"
+    )
+    public_access_cidrs: list[str] | None = Field(
+        None,
+        description="CIDRs that may reach the EKS API endpoint; unset = this machine's public IP/32, looked up by `cluster plan`",
+    )
+    capacity_reservation_id: str | None = Field(
+        None,
+        description="On-Demand Capacity Reservation (cr-...) the accelerator nodes launch into",
+    )
+    capacity_block_id: str | None = Field(
+        None, description="Capacity Block for ML (cr-...) the accelerator nodes launch into"
+    )
 
 
 @dataclass(frozen=True)
@@ -244,16 +358,23 @@ def derive(cfg: JobConfig) -> Derived:
     k8s_inst = catalog.get(cfg.kubernetes.instance_type, where="kubernetes.instance_type")
     if cfg.cluster.instance_type is not None:
         catalog.get(cfg.cluster.instance_type, where="cluster.instance_type")
-        _check(cfg.cluster.instance_type == k8s_inst.name, "cluster.instance_type",
-               f"{cfg.cluster.instance_type} differs from kubernetes.instance_type "
-               f"{k8s_inst.name}: the job's pods would never be scheduled")
+        _check(
+            cfg.cluster.instance_type == k8s_inst.name,
+            "cluster.instance_type",
+            f"{cfg.cluster.instance_type} differs from kubernetes.instance_type "
+            f"{k8s_inst.name}: the job's pods would never be scheduled",
+        )
     if job.backend == "kubernetes":
-        _check(job.nproc_per_node <= inst.max_workers, "job.nproc_per_node",
-               f"{job.nproc_per_node} workers per node, but {inst.name} has {inst.max_workers} "
-               f"{'cores' if inst.devices else 'vCPUs'}; use at most {inst.max_workers}")
+        _check(
+            job.nproc_per_node <= inst.max_workers,
+            "job.nproc_per_node",
+            f"{job.nproc_per_node} workers per node, but {inst.name} has {inst.max_workers} "
+            f"{'cores' if inst.devices else 'vCPUs'}; use at most {inst.max_workers}",
+        )
     min_nodes = job.min_nnodes or job.nnodes
-    _check(min_nodes <= job.nnodes, "job.min_nnodes",
-           f"{min_nodes} is above job.nnodes {job.nnodes}")
+    _check(
+        min_nodes <= job.nnodes, "job.min_nnodes", f"{min_nodes} is above job.nnodes {job.nnodes}"
+    )
     world = job.nnodes * job.nproc_per_node
     # [train], [model] and [data] configure the built-in trainer; a custom entrypoint's batch is
     # its own business (its arguments), so its job shape is not checked against them.
@@ -263,13 +384,19 @@ def derive(cfg: JobConfig) -> Derived:
     for nodes in range(min_nodes, job.nnodes + 1) if builtin else ():
         w = nodes * job.nproc_per_node
         per_step = train.batch_size * w
-        _check(train.global_batch_size % per_step == 0, "train.global_batch_size",
-               f"{train.global_batch_size} is not a multiple of batch_size x world size "
-               f"({train.batch_size} x {w} = {per_step}"
-               f"{f' with {nodes} nodes' if min_nodes != job.nnodes else ''}); "
-               f"use a multiple of {per_step}")
-    _check(cfg.model.max_position_embeddings >= cfg.data.seq_len, "model.max_position_embeddings",
-           f"{cfg.model.max_position_embeddings} is below data.seq_len {cfg.data.seq_len}")
+        _check(
+            train.global_batch_size % per_step == 0,
+            "train.global_batch_size",
+            f"{train.global_batch_size} is not a multiple of batch_size x world size "
+            f"({train.batch_size} x {w} = {per_step}"
+            f"{f' with {nodes} nodes' if min_nodes != job.nnodes else ''}); "
+            f"use a multiple of {per_step}",
+        )
+    _check(
+        cfg.model.max_position_embeddings >= cfg.data.seq_len,
+        "model.max_position_embeddings",
+        f"{cfg.model.max_position_embeddings} is below data.seq_len {cfg.data.seq_len}",
+    )
     return Derived(
         world_size=world,
         min_world_size=min_nodes * job.nproc_per_node,
@@ -289,18 +416,28 @@ def config_hash(cfg: JobConfig) -> str:
     schedule is refused.
     """
     model: dict[str, int | None] = {
-        k: cfg.model.size(k) for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+        k: cfg.model.size(k)
+        for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")
     }
-    model |= {"vocab_size": cfg.model.vocab_size,
-              "max_position_embeddings": cfg.model.max_position_embeddings}
+    model |= {
+        "vocab_size": cfg.model.vocab_size,
+        "max_position_embeddings": cfg.model.max_position_embeddings,
+    }
     t = cfg.train
     identity = {
         "name": cfg.job.name,
         "model": model,
         "data": cfg.data.model_dump(),
-        "train": {"global_batch_size": t.global_batch_size, "optimizer": t.optimizer, "lr": t.lr,
-                  "weight_decay": t.weight_decay, "warmup_steps": t.warmup_steps,
-                  "max_steps": t.max_steps, "seed": t.seed, "precision": t.precision},
+        "train": {
+            "global_batch_size": t.global_batch_size,
+            "optimizer": t.optimizer,
+            "lr": t.lr,
+            "weight_decay": t.weight_decay,
+            "warmup_steps": t.warmup_steps,
+            "max_steps": t.max_steps,
+            "seed": t.seed,
+            "precision": t.precision,
+        },
     }
     blob = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

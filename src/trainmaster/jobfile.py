@@ -30,7 +30,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, sep, raw = item.partition("=")
     path = key.strip().split(".")
     if not sep or len(path) != 2 or not all(path):
-        raise ConfigError("expected section.key=value, e.g. train.batch_size=8", where=f"--set {item}")
+        raise ConfigError(
+            "expected section.key=value, e.g. train.batch_size=8", where=f"--set {item}"
+        )
     try:
         value = tomllib.loads(f"v = {raw.strip()}")["v"]
     except tomllib.TOMLDecodeError:
@@ -44,7 +46,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         (section, key), value = parse_override(item)
         if section not in JobConfig.model_fields:
             known = ", ".join(JobConfig.model_fields)
-            raise ConfigError(f"unknown section {section!r}; sections: {known}", where=f"--set {item}")
+            raise ConfigError(
+                f"unknown section {section!r}; sections: {known}", where=f"--set {item}"
+            )
         target = merged.setdefault(section, {})
         if not isinstance(target, dict):
             raise ConfigError(f"{section} is not a table", where=f"--set {item}")
@@ -83,9 +87,13 @@ def read_toml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise ConfigError("no such job file; create one with `trainmaster init`", where=str(path)) from exc
+        raise ConfigError(
+            "no such job file; create one with `trainmaster init`", where=str(path)
+        ) from exc
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the job file ({type(exc).__name__})", where=str(path)) from exc
+        raise ConfigError(
+            f"cannot read the job file ({type(exc).__name__})", where=str(path)
+        ) from exc
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -99,7 +107,9 @@ def load(path: str | Path, overrides: list[str] | None = None) -> JobConfig:
 
 def preset(name: str, overrides: list[str] | None = None) -> JobConfig:
     if name not in JOB_PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; presets: {', '.join(JOB_PRESETS)}", where="--preset")
+        raise ConfigError(
+            f"unknown preset {name!r}; presets: {', '.join(JOB_PRESETS)}", where="--preset"
+        )
     return validate(apply_overrides(JOB_PRESETS[name], overrides or []), where=f"preset {name}")
 
 
@@ -109,8 +119,9 @@ def preset(name: str, overrides: list[str] | None = None) -> JobConfig:
 # become a JSON surrogate pair (both made runs/JOB/job.toml unreadable, and every pod exit 2).
 # Arrays and inline tables are assembled here so that each key stays one commented line.
 
+
 def _scalar(value: Any) -> str:
-    return tomli_w.dumps({"v": value})[len("v = "):].rstrip("\n")
+    return tomli_w.dumps({"v": value})[len("v = ") :].rstrip("\n")
 
 
 def _key(key: str) -> str:
@@ -121,7 +132,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):  # an empty one stays `{  }`, as the examples/ files have it
-        return "{ " + ", ".join(f"{_key(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        return (
+            "{ " + ", ".join(f"{_key(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        )
     if isinstance(value, (bool, int, float, str)):
         return _scalar(value)
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
@@ -129,8 +142,12 @@ def _toml_value(value: Any) -> str:
 
 def render(cfg: JobConfig, title: str) -> str:
     """The resolved job as a TOML file with every key and a comment on each."""
-    lines = [f"# {' '.join(title.split())}", "# Every key is listed with its meaning; unset keys are commented out.",
-             "# Check with `trainmaster config validate FILE`, see derived values with `config show`.", ""]
+    lines = [
+        f"# {' '.join(title.split())}",
+        "# Every key is listed with its meaning; unset keys are commented out.",
+        "# Check with `trainmaster config validate FILE`, see derived values with `config show`.",
+        "",
+    ]
     for section_name in JobConfig.model_fields:
         section = getattr(cfg, section_name)
         lines.append(f"[{section_name}]")
@@ -138,8 +155,15 @@ def render(cfg: JobConfig, title: str) -> str:
             value = getattr(section, key)
             if field.description:
                 lines.append(f"# {field.description}")
-            if value is None and section_name == "model" and cfg.model.preset and key in MODEL_PRESETS[cfg.model.preset]:
-                lines.append(f"# {key} = {cfg.model.size(key)}  (the preset's; uncomment to change)")
+            if (
+                value is None
+                and section_name == "model"
+                and cfg.model.preset
+                and key in MODEL_PRESETS[cfg.model.preset]
+            ):
+                lines.append(
+                    f"# {key} = {cfg.model.size(key)}  (the preset's; uncomment to change)"
+                )
             elif value is None:
                 lines.append(f"# {_key(key)} =")
             else:

@@ -17,10 +17,17 @@ SCRIPT = ROOT / "bench" / "gpu.sh"
 ENV = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
 
 
-def _run(*args: str, timeout: float = 60, env: dict[str, str] | None = None
-         ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=timeout, env=env or ENV, cwd=ROOT)
+def _run(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or ENV,
+        cwd=ROOT,
+    )
 
 
 def test_help_says_what_it_does() -> None:
@@ -29,19 +36,26 @@ def test_help_says_what_it_does() -> None:
     assert "BERT-large phase 1" in r.stdout and "--dry" in r.stdout and "torch==2.13.0" in r.stdout
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("--modes", "eager,jit"), "--modes: unknown jit"),
-    (("--steps", "0"), "--steps must be at least 1"),
-    (("--batch", "-4"), "--batch must be non-negative"),
-    (("--stpes", "3"), "unrecognized arguments: --stpes"),
-])
-def test_bad_arguments_fail_before_anything_is_installed(args: tuple[str, ...], message: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--modes", "eager,jit"), "--modes: unknown jit"),
+        (("--steps", "0"), "--steps must be at least 1"),
+        (("--batch", "-4"), "--batch must be non-negative"),
+        (("--stpes", "3"), "unrecognized arguments: --stpes"),
+    ],
+)
+def test_bad_arguments_fail_before_anything_is_installed(
+    args: tuple[str, ...], message: str
+) -> None:
     r = _run(*args)
     assert r.returncode == 2
     assert message in r.stderr
 
 
-@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a CUDA machine: it would install")
+@pytest.mark.skipif(
+    shutil.which("nvidia-smi") is not None, reason="a CUDA machine: it would install"
+)
 def test_without_a_gpu_it_says_so() -> None:
     r = _run("--steps", "3")
     assert r.returncode == 2
@@ -56,10 +70,21 @@ def test_dry_run_prints_one_json_line_of_the_real_shape() -> None:
     out = json.loads(lines[0])
     assert out["bench"] == "gpu" and out["dry"] is True and out["micro_batch"] == 4
     assert out["seq_len"] == 128 and out["max_pred"] == 20 and out["gpus"] == 1
-    assert out["published"]["seq_per_s"] == 580 and "DeepLearningExamples" in out["published"]["source"]
+    assert (
+        out["published"]["seq_per_s"] == 580
+        and "DeepLearningExamples" in out["published"]["source"]
+    )
     (res,) = out["results"]
-    assert set(res) == {"mode", "seq_per_s", "mfu", "peak_memory_gib", "time_to_first_step_s",
-                        "timed_steps", "step_s", "final_loss"}
+    assert set(res) == {
+        "mode",
+        "seq_per_s",
+        "mfu",
+        "peak_memory_gib",
+        "time_to_first_step_s",
+        "timed_steps",
+        "step_s",
+        "final_loss",
+    }
     assert res["mode"] == "eager" and res["timed_steps"] == 1
     assert res["seq_per_s"] > 0 and res["time_to_first_step_s"] > 0
     assert res["mfu"] is None and res["peak_memory_gib"] is None  # no GPU, no catalog peak

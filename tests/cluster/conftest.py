@@ -39,16 +39,32 @@ def p5_config(*overrides: str) -> JobConfig:
     return jobfile.preset("p5-bert-large", [f"cluster.zones={P5_ZONES}", *overrides])
 
 
-def tm(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-       stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def tm(
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    stdin: str | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
-    return subprocess.run([sys.executable, "-c", _MAIN, *args], cwd=cwd, env=full, input=stdin,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", _MAIN, *args],
+        cwd=cwd,
+        env=full,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-MOTO_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-west-2",
-            "MOTO_EC2_LOAD_DEFAULT_AMIS": "false"}
+MOTO_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-west-2",
+    "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
+}
 
 
 def _moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
@@ -102,8 +118,14 @@ def aws_read_only(_shared_moto: None) -> None:
 
 @pytest.fixture
 def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+    for key in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
@@ -128,8 +150,12 @@ def fake_tools(tmp_path: Path) -> dict[str, str]:
         path = bin_dir / tool
         path.write_text(script)
         path.chmod(0o755)
-    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_DIR": str(state),
-            "FAKE_LOG": str(tmp_path / "calls.log"), "TRAINMASTER_SRC": str(ROOT)}
+    return {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_DIR": str(state),
+        "FAKE_LOG": str(tmp_path / "calls.log"),
+        "TRAINMASTER_SRC": str(ROOT),
+    }
 
 
 @pytest.fixture(autouse=True)

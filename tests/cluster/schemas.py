@@ -11,8 +11,15 @@ import jsonschema
 from tests.schemas import assert_valid, crd_validator, errors_of, validate_k8s
 from trainmaster.schemas import VOLCANO_QUEUE, eksctl_validator
 
-__all__ = ["cfn_lint", "eksctl_validator", "errors_of", "queue_validator", "validate_eksctl",
-           "validate_k8s", "validate_queue"]
+__all__ = [
+    "cfn_lint",
+    "eksctl_validator",
+    "errors_of",
+    "queue_validator",
+    "validate_eksctl",
+    "validate_k8s",
+    "validate_queue",
+]
 
 
 def validate_eksctl(obj: dict[str, Any]) -> None:

@@ -65,16 +65,26 @@ def test_cluster_nodegroups_stack_and_file_systems(aws_env: None) -> None:
     eks = boto3.client("eks", region_name="us-west-2")
     role = "arn:aws:iam::123456789012:role/eks"
     eks.create_cluster(name="tm", roleArn=role, resourcesVpcConfig={"subnetIds": [subnet]})
-    eks.create_nodegroup(clusterName="tm", nodegroupName="trn1-32xlarge", nodeRole=role,
-                         subnets=[subnet], scalingConfig={"minSize": 2, "maxSize": 2, "desiredSize": 2})
+    eks.create_nodegroup(
+        clusterName="tm",
+        nodegroupName="trn1-32xlarge",
+        nodeRole=role,
+        subnets=[subnet],
+        scalingConfig={"minSize": 2, "maxSize": 2, "desiredSize": 2},
+    )
     cluster = aws.eks_cluster("us-west-2", "tm")
     assert cluster and cluster["name"] == "tm"
-    assert [ng["nodegroupName"] for ng in aws.eks_nodegroups("us-west-2", "tm")] == ["trn1-32xlarge"]
+    assert [ng["nodegroupName"] for ng in aws.eks_nodegroups("us-west-2", "tm")] == [
+        "trn1-32xlarge"
+    ]
     fsx = boto3.client("fsx", region_name="us-west-2")
-    made = fsx.create_file_system(FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[subnet],
-                                  LustreConfiguration={"DeploymentType": "PERSISTENT_2",
-                                                       "PerUnitStorageThroughput": 250},
-                                  Tags=[{"Key": "trainmaster.io/cluster", "Value": "tm"}])
+    made = fsx.create_file_system(
+        FileSystemType="LUSTRE",
+        StorageCapacity=1200,
+        SubnetIds=[subnet],
+        LustreConfiguration={"DeploymentType": "PERSISTENT_2", "PerUnitStorageThroughput": 250},
+        Tags=[{"Key": "trainmaster.io/cluster", "Value": "tm"}],
+    )
     fsx.create_file_system(FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[subnet])
     found = aws.file_systems("us-west-2", "tm", "vpc-other")
     assert [f["FileSystemId"] for f in found] == [made["FileSystem"]["FileSystemId"]]
@@ -89,27 +99,50 @@ def test_no_credentials_is_one_clear_line(no_credentials: None) -> None:
     assert "aws configure sso" in message
 
 
-def test_plan_without_credentials_says_how_to_avoid_the_look_up(no_credentials: None, tmp_path: Path) -> None:
+def test_plan_without_credentials_says_how_to_avoid_the_look_up(
+    no_credentials: None, tmp_path: Path
+) -> None:
     with pytest.raises(UserError) as err:
         plan.write_plan(trn1_config("cluster.zones=[]"), tmp_path)
     assert "credentials" in str(err.value)
 
 
-@pytest.mark.parametrize(("code", "operation", "action", "call"), [
-    ("UnauthorizedOperation", "describe_instance_type_offerings", "ec2:DescribeInstanceTypeOfferings",
-     lambda: aws.offered_zones("us-west-2", "trn1.32xlarge")),
-    ("AccessDeniedException", "describe_cluster", "eks:DescribeCluster",
-     lambda: aws.eks_cluster("us-west-2", "tm")),
-    ("AccessDeniedException", "describe_repositories", "ecr:DescribeRepositories",
-     lambda: aws.ecr_repository("us-west-2", "trainmaster")),
-    ("AccessDenied", "describe_file_systems", "fsx:DescribeFileSystems",
-     lambda: aws.file_systems("us-west-2", "tm")),
-])
-def test_denied_names_the_iam_action(monkeypatch: pytest.MonkeyPatch, code: str, operation: str,
-                                     action: str, call: Any) -> None:
+@pytest.mark.parametrize(
+    ("code", "operation", "action", "call"),
+    [
+        (
+            "UnauthorizedOperation",
+            "describe_instance_type_offerings",
+            "ec2:DescribeInstanceTypeOfferings",
+            lambda: aws.offered_zones("us-west-2", "trn1.32xlarge"),
+        ),
+        (
+            "AccessDeniedException",
+            "describe_cluster",
+            "eks:DescribeCluster",
+            lambda: aws.eks_cluster("us-west-2", "tm"),
+        ),
+        (
+            "AccessDeniedException",
+            "describe_repositories",
+            "ecr:DescribeRepositories",
+            lambda: aws.ecr_repository("us-west-2", "trainmaster"),
+        ),
+        (
+            "AccessDenied",
+            "describe_file_systems",
+            "fsx:DescribeFileSystems",
+            lambda: aws.file_systems("us-west-2", "tm"),
+        ),
+    ],
+)
+def test_denied_names_the_iam_action(
+    monkeypatch: pytest.MonkeyPatch, code: str, operation: str, action: str, call: Any
+) -> None:
     service = action.split(":")[0]
-    client = boto3.client(service, region_name="us-west-2", aws_access_key_id="x",
-                          aws_secret_access_key="x")
+    client = boto3.client(
+        service, region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x"
+    )
     stubber = Stubber(client)
     stubber.add_client_error(operation, service_error_code=code, service_message="not allowed")
     stubber.activate()
@@ -120,10 +153,15 @@ def test_denied_names_the_iam_action(monkeypatch: pytest.MonkeyPatch, code: str,
 
 
 def test_expired_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    client = boto3.client("eks", region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x")
+    client = boto3.client(
+        "eks", region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x"
+    )
     stubber = Stubber(client)
-    stubber.add_client_error("describe_cluster", service_error_code="ExpiredTokenException",
-                             service_message="The security token included in the request is expired")
+    stubber.add_client_error(
+        "describe_cluster",
+        service_error_code="ExpiredTokenException",
+        service_message="The security token included in the request is expired",
+    )
     stubber.activate()
     monkeypatch.setattr(aws, "client", lambda _service, _region: client)
     with pytest.raises(UserError) as err:
@@ -133,8 +171,12 @@ def test_expired_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _lustre(subnet: str, cluster: str = "tm") -> str:
     fsx = boto3.client("fsx", region_name="us-west-2")
-    made = fsx.create_file_system(FileSystemType="LUSTRE", StorageCapacity=1200, SubnetIds=[subnet],
-                                  Tags=[{"Key": "trainmaster.io/cluster", "Value": cluster}])
+    made = fsx.create_file_system(
+        FileSystemType="LUSTRE",
+        StorageCapacity=1200,
+        SubnetIds=[subnet],
+        Tags=[{"Key": "trainmaster.io/cluster", "Value": cluster}],
+    )
     return str(made["FileSystem"]["FileSystemId"])
 
 
@@ -150,8 +192,15 @@ def test_down_waits_until_the_file_system_is_gone(aws_env: None) -> None:
         if len(slept) == 2:
             boto3.client("fsx", region_name="us-west-2").delete_file_system(FileSystemId=fs)
 
-    aws.wait_file_systems_deleted("us-west-2", "tm", [fs], interval_s=30, progress=said.append,
-                                  clock=lambda: 100.0, sleep=sleep)
+    aws.wait_file_systems_deleted(
+        "us-west-2",
+        "tm",
+        [fs],
+        interval_s=30,
+        progress=said.append,
+        clock=lambda: 100.0,
+        sleep=sleep,
+    )
     assert slept == [30, 30] and len(said) == 2 and fs in said[0] and other not in said[0]
     assert [f["FileSystemId"] for f in aws.file_systems("us-west-2", "tm")] == [other]
 
@@ -165,8 +214,16 @@ def test_waiting_for_the_file_system_is_bounded(aws_env: None) -> None:
         now[0] += seconds
 
     with pytest.raises(UserError) as err:
-        aws.wait_file_systems_deleted("us-west-2", "tm", [fs], timeout_s=100, interval_s=30,
-                                      progress=lambda _: None, clock=lambda: now[0], sleep=sleep)
+        aws.wait_file_systems_deleted(
+            "us-west-2",
+            "tm",
+            [fs],
+            timeout_s=100,
+            interval_s=30,
+            progress=lambda _: None,
+            clock=lambda: now[0],
+            sleep=sleep,
+        )
     assert fs in str(err.value) and "100 s" in str(err.value) and now[0] == 100
 
 
@@ -176,7 +233,9 @@ def test_ecr_image_digest(aws_env: None) -> None:
     assert aws.ecr_image_digest("us-west-2", "trainmaster", "0.1.0-neuron") is None
     ecr.create_repository(repositoryName="trainmaster")
     assert aws.ecr_image_digest("us-west-2", "trainmaster", "0.1.0-neuron") is None
-    manifest = '{"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json"}'
+    manifest = (
+        '{"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json"}'
+    )
     ecr.put_image(repositoryName="trainmaster", imageManifest=manifest, imageTag="0.1.0-neuron")
     digest = aws.ecr_image_digest("us-west-2", "trainmaster", "0.1.0-neuron")
     listed = ecr.describe_images(repositoryName="trainmaster")["imageDetails"][0]["imageDigest"]
@@ -195,9 +254,22 @@ def test_wait_with_no_time_is_a_check(aws_env: None) -> None:
 def test_wait_fsx_command(aws_env: None, capsys: pytest.CaptureFixture[str]) -> None:
     """What runbook.sh runs: exit 0 when the file systems are gone, 2 (one line) when not in time."""
     _, subnet = _vpc()
-    code, out, _ = tm_here(capsys, "cluster", "wait-fsx", "--region", "us-west-2", "--cluster", "tm")
+    code, out, _ = tm_here(
+        capsys, "cluster", "wait-fsx", "--region", "us-west-2", "--cluster", "tm"
+    )
     assert code == 0 and "deleted" in out
     fs = _lustre(subnet)
-    code, _, err = tm_here(capsys, "cluster", "wait-fsx", "--region", "us-west-2", "--cluster", "tm",
-                           "--file-system-id", fs, "--timeout", "0")
+    code, _, err = tm_here(
+        capsys,
+        "cluster",
+        "wait-fsx",
+        "--region",
+        "us-west-2",
+        "--cluster",
+        "tm",
+        "--file-system-id",
+        fs,
+        "--timeout",
+        "0",
+    )
     assert code == 2 and fs in err

@@ -19,34 +19,84 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("override", "expected"), [
-    ("cluster.nodes=0", "cluster.nodes: input should be greater than 0"),
-    ("cluster.kubernetes_version=\"1.29\"", "cluster.kubernetes_version: 1.29 is not supported; use one of 1.30"),
-    ("cluster.kubernetes_version=\"1.40\"", "cluster.kubernetes_version: 1.40 is not supported"),
-    ("cluster.name=\"my_cluster\"", "cluster.name: string should match pattern"),
-    ("cluster.name=\"" + "a" * 41 + "\"", "cluster.name: '" + "a" * 41 + "' has 41 characters; use at most 40"),
-    ("cluster.name=\"trn-\"", "cluster.name: 'trn-' is not a valid EKS cluster name"),
-    ("cluster.name=\"a--b\"", "cluster.name: 'a--b' is not a valid EKS cluster name"),
-    ("cluster.nodes=1", "cluster.nodes: 1 nodes, but the job needs job.nnodes = 2"),
-    ("cluster.zones=[\"us-west-2d\"]", "cluster.zones: EKS needs at least two zones"),
-    ("cluster.zones=[\"us-east-1a\", \"us-east-1b\"]", "cluster.zones: 'us-east-1a' is not an availability zone of us-west-2"),
-    ("cluster.zones=[\"us-west-2a\", \"us-west-2a\"]", "cluster.zones: a zone is listed twice"),
-    ("kubernetes.queue=\"Big_Queue\"", "kubernetes.queue: 'Big_Queue' is not a valid Kubernetes name"),
-    ("kubernetes.mount=\"data\"", "kubernetes.mount: 'data' is not an absolute path"),
-    ('cluster.public_access_cidrs=["10.0.0.1/8"]', "cluster.public_access_cidrs: '10.0.0.1/8' is not an IPv4 CIDR block"),
-    ('cluster.public_access_cidrs=["my-office"]', "cluster.public_access_cidrs: 'my-office' is not an IPv4 CIDR block"),
-    ('cluster.public_access_cidrs=["2001:db8::/32"]', "cluster.public_access_cidrs: '2001:db8::/32' is not an IPv4 CIDR block"),
-    ('cluster.public_access_cidrs=["0.0.0.0/0"]', "cluster.public_access_cidrs: 0.0.0.0/0 opens the API endpoint to the whole internet"),
-    ('cluster.public_access_cidrs=["1.2.3.4/32", "1.2.3.4/32"]', "cluster.public_access_cidrs: a CIDR is listed twice"),
-    ("cluster.public_access_cidrs=[]", "cluster.public_access_cidrs: eksctl cannot create a cluster with a private-only API endpoint"),
-    ('cluster.capacity_reservation_id="0123456789abcdef0"', "cluster.capacity_reservation_id: '0123456789abcdef0' is not a capacity reservation id"),
-    ('cluster.capacity_block_id="cr-XYZ"', "cluster.capacity_block_id: 'cr-XYZ' is not a capacity reservation id"),
-])
-def test_plan_refuses(capsys: pytest.CaptureFixture[str], job: Path, tmp_path: Path, override: str,
-                      expected: str) -> None:
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("cluster.nodes=0", "cluster.nodes: input should be greater than 0"),
+        (
+            'cluster.kubernetes_version="1.29"',
+            "cluster.kubernetes_version: 1.29 is not supported; use one of 1.30",
+        ),
+        ('cluster.kubernetes_version="1.40"', "cluster.kubernetes_version: 1.40 is not supported"),
+        ('cluster.name="my_cluster"', "cluster.name: string should match pattern"),
+        (
+            'cluster.name="' + "a" * 41 + '"',
+            "cluster.name: '" + "a" * 41 + "' has 41 characters; use at most 40",
+        ),
+        ('cluster.name="trn-"', "cluster.name: 'trn-' is not a valid EKS cluster name"),
+        ('cluster.name="a--b"', "cluster.name: 'a--b' is not a valid EKS cluster name"),
+        ("cluster.nodes=1", "cluster.nodes: 1 nodes, but the job needs job.nnodes = 2"),
+        ('cluster.zones=["us-west-2d"]', "cluster.zones: EKS needs at least two zones"),
+        (
+            'cluster.zones=["us-east-1a", "us-east-1b"]',
+            "cluster.zones: 'us-east-1a' is not an availability zone of us-west-2",
+        ),
+        ('cluster.zones=["us-west-2a", "us-west-2a"]', "cluster.zones: a zone is listed twice"),
+        (
+            'kubernetes.queue="Big_Queue"',
+            "kubernetes.queue: 'Big_Queue' is not a valid Kubernetes name",
+        ),
+        ('kubernetes.mount="data"', "kubernetes.mount: 'data' is not an absolute path"),
+        (
+            'cluster.public_access_cidrs=["10.0.0.1/8"]',
+            "cluster.public_access_cidrs: '10.0.0.1/8' is not an IPv4 CIDR block",
+        ),
+        (
+            'cluster.public_access_cidrs=["my-office"]',
+            "cluster.public_access_cidrs: 'my-office' is not an IPv4 CIDR block",
+        ),
+        (
+            'cluster.public_access_cidrs=["2001:db8::/32"]',
+            "cluster.public_access_cidrs: '2001:db8::/32' is not an IPv4 CIDR block",
+        ),
+        (
+            'cluster.public_access_cidrs=["0.0.0.0/0"]',
+            "cluster.public_access_cidrs: 0.0.0.0/0 opens the API endpoint to the whole internet",
+        ),
+        (
+            'cluster.public_access_cidrs=["1.2.3.4/32", "1.2.3.4/32"]',
+            "cluster.public_access_cidrs: a CIDR is listed twice",
+        ),
+        (
+            "cluster.public_access_cidrs=[]",
+            "cluster.public_access_cidrs: eksctl cannot create a cluster with a private-only API endpoint",
+        ),
+        (
+            'cluster.capacity_reservation_id="0123456789abcdef0"',
+            "cluster.capacity_reservation_id: '0123456789abcdef0' is not a capacity reservation id",
+        ),
+        (
+            'cluster.capacity_block_id="cr-XYZ"',
+            "cluster.capacity_block_id: 'cr-XYZ' is not a capacity reservation id",
+        ),
+    ],
+)
+def test_plan_refuses(
+    capsys: pytest.CaptureFixture[str], job: Path, tmp_path: Path, override: str, expected: str
+) -> None:
     out = tmp_path / "plan"
-    code, stdout, stderr = tm_here(capsys, "cluster", "plan", str(job), "--out", str(out), "--set",
-                                   f"cluster.zones={TRN1_ZONES}", "--set", override)
+    code, stdout, stderr = tm_here(
+        capsys,
+        "cluster",
+        "plan",
+        str(job),
+        "--out",
+        str(out),
+        "--set",
+        f"cluster.zones={TRN1_ZONES}",
+        "--set",
+        override,
+    )
     assert code == 2, stdout + stderr
     assert expected in stderr
     assert stderr.count("\n") == 1 and "Traceback" not in stderr
@@ -54,15 +104,28 @@ def test_plan_refuses(capsys: pytest.CaptureFixture[str], job: Path, tmp_path: P
 
 
 def test_bad_input_through_the_installed_command(job: Path, tmp_path: Path) -> None:
-    result = tm("cluster", "plan", str(job), "--out", str(tmp_path / "plan"), "--set",
-                f"cluster.zones={TRN1_ZONES}", "--set", 'cluster.kubernetes_version="1.29"')
+    result = tm(
+        "cluster",
+        "plan",
+        str(job),
+        "--out",
+        str(tmp_path / "plan"),
+        "--set",
+        f"cluster.zones={TRN1_ZONES}",
+        "--set",
+        'cluster.kubernetes_version="1.29"',
+    )
     assert result.returncode == 2
-    assert result.stderr == ("error: job.toml: cluster.kubernetes_version: 1.29 is not supported; "
-                             "use one of 1.30, 1.31, 1.32, 1.33, 1.34\n")
+    assert result.stderr == (
+        "error: job.toml: cluster.kubernetes_version: 1.29 is not supported; "
+        "use one of 1.30, 1.31, 1.32, 1.33, 1.34\n"
+    )
 
 
 def test_cpu_is_not_a_cluster_instance_type() -> None:
-    cfg = trn1_config('kubernetes.instance_type="cpu"', "job.nproc_per_node=1", "train.global_batch_size=32")
+    cfg = trn1_config(
+        'kubernetes.instance_type="cpu"', "job.nproc_per_node=1", "train.global_batch_size=32"
+    )
     with pytest.raises(ConfigError, match="'cpu' is not an accelerator instance type"):
         spec.resolve(cfg)
 
@@ -83,8 +146,12 @@ def test_plan_into_a_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_one_kind_of_capacity_only() -> None:
-    cfg = trn1_config("cluster.capacity_block_id=\"cr-0123456789abcdef0\"",
-                      "cluster.capacity_reservation_id=\"cr-0123456789abcdef1\"")
-    with pytest.raises(ConfigError, match="set either cluster.capacity_reservation_id or "
-                                          "cluster.capacity_block_id, not both"):
+    cfg = trn1_config(
+        'cluster.capacity_block_id="cr-0123456789abcdef0"',
+        'cluster.capacity_reservation_id="cr-0123456789abcdef1"',
+    )
+    with pytest.raises(
+        ConfigError,
+        match="set either cluster.capacity_reservation_id or cluster.capacity_block_id, not both",
+    ):
         spec.resolve(cfg, cidr_lookup=lambda: "203.0.113.7/32")

@@ -12,13 +12,22 @@ from trainmaster.cluster import addons, cloudformation, eksctl, fsx, image, spec
 from trainmaster.errors import ConfigError
 
 EFA_CASES = [  # (instance type, workers per node, EFA interfaces = network cards)
-    ("trn1.32xlarge", 32, 8), ("trn1n.32xlarge", 32, 16), ("trn2.48xlarge", 64, 16),
-    ("p4d.24xlarge", 8, 4), ("p5.48xlarge", 8, 32)]
+    ("trn1.32xlarge", 32, 8),
+    ("trn1n.32xlarge", 32, 16),
+    ("trn2.48xlarge", 64, 16),
+    ("p4d.24xlarge", 8, 4),
+    ("p5.48xlarge", 8, 32),
+]
 
 
 def spec_of(instance: str, workers: int) -> spec.ClusterSpec:
-    return spec.resolve(trn1_config(f'kubernetes.instance_type="{instance}"',
-                                    f"job.nproc_per_node={workers}", "train.global_batch_size=65536"))
+    return spec.resolve(
+        trn1_config(
+            f'kubernetes.instance_type="{instance}"',
+            f"job.nproc_per_node={workers}",
+            "train.global_batch_size=65536",
+        )
+    )
 
 
 def launch_data(s: spec.ClusterSpec) -> dict[str, Any]:
@@ -29,15 +38,23 @@ def launch_data(s: spec.ClusterSpec) -> dict[str, Any]:
 @pytest.mark.parametrize(("instance", "workers", "cards"), EFA_CASES)
 def test_one_efa_interface_per_network_card(instance: str, workers: int, cards: int) -> None:
     nics = launch_data(spec_of(instance, workers))["NetworkInterfaces"]
-    assert [(n["NetworkCardIndex"], n["DeviceIndex"]) for n in nics] == \
-        [(0, 0)] + [(card, 1) for card in range(1, cards)]
+    assert [(n["NetworkCardIndex"], n["DeviceIndex"]) for n in nics] == [(0, 0)] + [
+        (card, 1) for card in range(1, cards)
+    ]
     assert all(n["InterfaceType"] == "efa" for n in nics)
-    assert all(n["Groups"] == [{"Ref": "NodeSecurityGroup"}, {"Ref": "ClusterSecurityGroup"}] for n in nics)
+    assert all(
+        n["Groups"] == [{"Ref": "NodeSecurityGroup"}, {"Ref": "ClusterSecurityGroup"}] for n in nics
+    )
 
 
 def test_without_efa_no_interfaces_and_no_placement_group() -> None:
-    s = spec.resolve(trn1_config('kubernetes.instance_type="trn1.2xlarge"', "job.nproc_per_node=2",
-                                 "train.global_batch_size=64"))
+    s = spec.resolve(
+        trn1_config(
+            'kubernetes.instance_type="trn1.2xlarge"',
+            "job.nproc_per_node=2",
+            "train.global_batch_size=64",
+        )
+    )
     data = launch_data(s)
     assert "NetworkInterfaces" not in data and "Placement" not in data
     assert "PlacementGroup" not in cloudformation.template(s)["Resources"]
@@ -47,16 +64,24 @@ def test_without_efa_no_interfaces_and_no_placement_group() -> None:
 def test_launch_template_basics() -> None:
     s = spec.resolve(trn1_config())
     data = launch_data(s)
-    assert data["MetadataOptions"] == {"HttpEndpoint": "enabled", "HttpTokens": "required",
-                                       "HttpPutResponseHopLimit": 1}
+    assert data["MetadataOptions"] == {
+        "HttpEndpoint": "enabled",
+        "HttpTokens": "required",
+        "HttpPutResponseHopLimit": 1,
+    }
     assert data["InstanceType"] == "trn1.32xlarge"
     assert data["Placement"] == {"GroupName": {"Ref": "PlacementGroup"}}
     assert "IamInstanceProfile" not in data  # managed node groups refuse one
     params = cloudformation.template(s)["Parameters"]
-    assert params["NodeImageId"]["Default"] == \
-        "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/neuron/recommended/image_id"
+    assert (
+        params["NodeImageId"]["Default"]
+        == "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/neuron/recommended/image_id"
+    )
     gpu = cloudformation.template(spec.resolve(p5_config()))["Parameters"]["NodeImageId"]["Default"]
-    assert gpu == "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/nvidia/recommended/image_id"
+    assert (
+        gpu
+        == "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/nvidia/recommended/image_id"
+    )
 
 
 def test_user_data_joins_with_nodeadm_and_installs_pinned_efa() -> None:
@@ -72,13 +97,27 @@ def test_user_data_joins_with_nodeadm_and_installs_pinned_efa() -> None:
 
 def test_lustre_and_efa_security_group_rules() -> None:
     res = cloudformation.template(spec.resolve(trn1_config()))["Resources"]
-    rules = [r["Properties"] for r in res.values() if r["Type"].startswith("AWS::EC2::SecurityGroupIngress")]
-    lustre = {(r["FromPort"], r["ToPort"], r["SourceSecurityGroupId"]["Ref"])
-              for r in rules if r["GroupId"] == {"Ref": "LustreSecurityGroup"}}
-    assert lustre == {(lo, hi, peer) for lo, hi in ((988, 988), (1018, 1023))
-                      for peer in ("LustreSecurityGroup", "NodeSecurityGroup", "ClusterSecurityGroup")}
-    self_rules = [r for r in res.values() if r["Properties"].get("GroupId") == {"Ref": "NodeSecurityGroup"}
-                  and r["Properties"].get("IpProtocol") == "-1"]
+    rules = [
+        r["Properties"]
+        for r in res.values()
+        if r["Type"].startswith("AWS::EC2::SecurityGroupIngress")
+    ]
+    lustre = {
+        (r["FromPort"], r["ToPort"], r["SourceSecurityGroupId"]["Ref"])
+        for r in rules
+        if r["GroupId"] == {"Ref": "LustreSecurityGroup"}
+    }
+    assert lustre == {
+        (lo, hi, peer)
+        for lo, hi in ((988, 988), (1018, 1023))
+        for peer in ("LustreSecurityGroup", "NodeSecurityGroup", "ClusterSecurityGroup")
+    }
+    self_rules = [
+        r
+        for r in res.values()
+        if r["Properties"].get("GroupId") == {"Ref": "NodeSecurityGroup"}
+        and r["Properties"].get("IpProtocol") == "-1"
+    ]
     kinds = sorted(r["Type"] for r in self_rules)
     assert kinds == ["AWS::EC2::SecurityGroupEgress", "AWS::EC2::SecurityGroupIngress"]
 
@@ -89,25 +128,37 @@ def test_nodegroup_shape() -> None:
     assert (ng["minSize"], ng["desiredCapacity"], ng["maxSize"]) == (3, 3, 3)
     assert ng["availabilityZones"] == ["us-west-2d"] and ng["privateNetworking"] is True
     assert ng["launchTemplate"] == {"id": "@LAUNCH_TEMPLATE_ID@"}
-    assert ng["taints"] == [{"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"}]
+    assert ng["taints"] == [
+        {"key": "aws.amazon.com/neuron", "value": "true", "effect": "NoSchedule"}
+    ]
     assert "instanceType" not in ng  # the launch template's
     cluster = eksctl.cluster_config(s)
-    assert cluster["iam"]["withOIDC"] is True and cluster["availabilityZones"] == ["us-west-2d", "us-west-2b"]
+    assert cluster["iam"]["withOIDC"] is True and cluster["availabilityZones"] == [
+        "us-west-2d",
+        "us-west-2b",
+    ]
     assert cluster["managedNodeGroups"][0]["labels"] == {"trainmaster.io/role": "system"}
 
 
 def test_fsx_role_is_least_privilege() -> None:
     sa = eksctl.fsx_irsa_config(spec.resolve(trn1_config()))["iam"]["serviceAccounts"][0]
-    actions = {a for st in sa["attachPolicy"]["Statement"] for a in
-               ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
+    actions = {
+        a
+        for st in sa["attachPolicy"]["Statement"]
+        for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])
+    }
     assert "fsx:CreateFileSystem" in actions and "fsx:DeleteFileSystem" in actions
     assert not any(a.endswith("*") for a in actions)
     assert "attachPolicyARNs" not in sa
 
 
 def test_addons_follow_the_job() -> None:
-    cfg = trn1_config('kubernetes.queue="research"', 'kubernetes.pvc="shared"',
-                      'kubernetes.namespace="ml"', 'kubernetes.mount="/mnt/fsx"')
+    cfg = trn1_config(
+        'kubernetes.queue="research"',
+        'kubernetes.pvc="shared"',
+        'kubernetes.namespace="ml"',
+        'kubernetes.mount="/mnt/fsx"',
+    )
     s = spec.resolve(cfg)
     assert addons.queue(s)["metadata"]["name"] == "research"
     assert "capability" not in addons.queue(s)["spec"]
@@ -119,7 +170,10 @@ def test_addons_follow_the_job() -> None:
     assert command[command.index("--logdir") + 1] == "/mnt/fsx/runs"
     assert service["spec"]["type"] == "ClusterIP"
     _, etcd, server, client, _ = addons.etcd(s)
-    assert {server["metadata"]["name"], client["metadata"]["name"]} == {"etcd-server", "etcd-client"}
+    assert {server["metadata"]["name"], client["metadata"]["name"]} == {
+        "etcd-server",
+        "etcd-client",
+    }
     assert etcd["metadata"]["namespace"] == "trainmaster-etcd"  # not the job's: 12.9c
     container = etcd["spec"]["template"]["spec"]["containers"][0]
     assert "--enable-v2" in container["command"]
@@ -131,7 +185,9 @@ def test_device_plugins_tolerate_the_accelerator_taint() -> None:
     tolerated = {t["key"] for t in addons.efa_values(s)["tolerations"]}
     assert "aws.amazon.com/neuron" in tolerated
     ds = addons.neuron_device_plugin(s)[-1]
-    assert {t["key"] for t in ds["spec"]["template"]["spec"]["tolerations"]} >= {"aws.amazon.com/neuron"}
+    assert {t["key"] for t in ds["spec"]["template"]["spec"]["tolerations"]} >= {
+        "aws.amazon.com/neuron"
+    }
     gpu = spec.resolve(p5_config())
     assert "nvidia.com/gpu" in {t["key"] for t in addons.nvidia_values(gpu)["tolerations"]}
 
@@ -170,8 +226,10 @@ def test_api_endpoint_is_public_only_to_the_callers_address() -> None:
     """12.9a: eksctl's default endpoint is public to 0.0.0.0/0."""
     s = _resolve()
     vpc = eksctl.cluster_config(s)["vpc"]
-    assert vpc == {"clusterEndpoints": {"privateAccess": True, "publicAccess": True},
-                   "publicAccessCIDRs": ["203.0.113.7/32"]}
+    assert vpc == {
+        "clusterEndpoints": {"privateAccess": True, "publicAccess": True},
+        "publicAccessCIDRs": ["203.0.113.7/32"],
+    }
     assert "203.0.113.7/32" in s.endpoint_note and "update-cluster-endpoints" in s.endpoint_note
 
 
@@ -186,7 +244,9 @@ def test_no_endpoint_open_to_everyone_when_the_address_is_unknown() -> None:
     with pytest.raises(ConfigError, match="could not learn this machine's public IP") as err:
         _resolve(cidr=None)
     assert err.value.where == "cluster.public_access_cidrs"
-    with pytest.raises(ConfigError, match="cannot create a cluster with a private-only API endpoint"):
+    with pytest.raises(
+        ConfigError, match="cannot create a cluster with a private-only API endpoint"
+    ):
         _resolve("cluster.public_access_cidrs=[]")
 
 
@@ -212,12 +272,20 @@ def test_etcd_has_its_own_namespace_and_only_trainmasters_pods_reach_it() -> Non
     s = _resolve()
     objs = {(o["kind"], o["metadata"]["name"]): o for o in addons.etcd(s)}
     assert ("Namespace", "trainmaster-etcd") in objs
-    assert all(o["metadata"].get("namespace") == "trainmaster-etcd"
-               for (kind, _), o in objs.items() if kind != "Namespace")
-    assert f"{objs['Service', 'etcd-server']['metadata']['name']}.trainmaster-etcd.svc:2379" == DEFAULT_ETCD
+    assert all(
+        o["metadata"].get("namespace") == "trainmaster-etcd"
+        for (kind, _), o in objs.items()
+        if kind != "Namespace"
+    )
+    assert (
+        f"{objs['Service', 'etcd-server']['metadata']['name']}.trainmaster-etcd.svc:2379"
+        == DEFAULT_ETCD
+    )
     policy = objs["NetworkPolicy", "etcd-clients"]["spec"]
     etcd_pods = objs["Deployment", "etcd-server"]["spec"]["template"]["metadata"]["labels"]
-    assert policy["podSelector"]["matchLabels"] == etcd_pods and policy["policyTypes"] == ["Ingress"]
+    assert policy["podSelector"]["matchLabels"] == etcd_pods and policy["policyTypes"] == [
+        "Ingress"
+    ]
     [rule] = policy["ingress"]
     assert rule["ports"] == [{"protocol": "TCP", "port": 2379}]
     [peer] = rule["from"]  # one entry: the label, in any namespace (not "any pod OR any namespace")
@@ -227,9 +295,14 @@ def test_etcd_has_its_own_namespace_and_only_trainmasters_pods_reach_it() -> Non
     assert wanted.items() <= labels("bert", "train").items()  # the job's pods carry it
     # the network policy agent that enforces it is on
     [cni] = eksctl.cluster_config(s)["addons"]
-    assert cni["name"] == "vpc-cni" and '"enableNetworkPolicy": "true"' in cni["configurationValues"]
+    assert (
+        cni["name"] == "vpc-cni" and '"enableNetworkPolicy": "true"' in cni["configurationValues"]
+    )
     etcd_step = next(st for st in steps.up_steps(s) if st.id == "etcd")
-    assert all("--namespace trainmaster-etcd" in c for c in etcd_step.commands[1:] + (etcd_step.check or "",))
+    assert all(
+        "--namespace trainmaster-etcd" in c
+        for c in etcd_step.commands[1:] + (etcd_step.check or "",)
+    )
 
 
 def test_kubelet_and_containerd_use_the_instance_store() -> None:
@@ -238,7 +311,9 @@ def test_kubelet_and_containerd_use_the_instance_store() -> None:
 
     for s in (_resolve(), spec.resolve(p5_config(), cidr_lookup=lambda: "203.0.113.7/32")):
         text = cloudformation.user_data(s)
-        part = text.split("Content-Type: application/node.eks.aws\n", 1)[1].split("--==BOUNDARY==")[0]
+        part = text.split("Content-Type: application/node.eks.aws\n", 1)[1].split("--==BOUNDARY==")[
+            0
+        ]
         node_config = yaml.safe_load(part.replace("${", "").replace("}", ""))
         assert node_config["kind"] == "NodeConfig"
         assert node_config["spec"]["instance"] == {"localStorage": {"strategy": "RAID0"}}
@@ -246,23 +321,28 @@ def test_kubelet_and_containerd_use_the_instance_store() -> None:
 
 def test_launch_template_targets_a_capacity_reservation() -> None:
     """12.10: On-Demand Capacity Reservation: targeted, on-demand market."""
-    s = _resolve("cluster.capacity_reservation_id=\"cr-0123456789abcdef0\"")
+    s = _resolve('cluster.capacity_reservation_id="cr-0123456789abcdef0"')
     data = launch_data(s)
     assert data["CapacityReservationSpecification"] == {
-        "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}}
+        "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}
+    }
     assert "InstanceMarketOptions" not in data
     assert "instanceMarketOptions" not in eksctl.nodegroup_config(s)["managedNodeGroups"][0]
 
 
 def test_launch_template_targets_a_capacity_block() -> None:
-    s = spec.resolve(p5_config("cluster.capacity_block_id=\"cr-0fedcba9876543210\""),
-                     cidr_lookup=lambda: "203.0.113.7/32")
+    s = spec.resolve(
+        p5_config('cluster.capacity_block_id="cr-0fedcba9876543210"'),
+        cidr_lookup=lambda: "203.0.113.7/32",
+    )
     data = launch_data(s)
     assert data["CapacityReservationSpecification"]["CapacityReservationTarget"] == {
-        "CapacityReservationId": "cr-0fedcba9876543210"}
+        "CapacityReservationId": "cr-0fedcba9876543210"
+    }
     assert data["InstanceMarketOptions"] == {"MarketType": "capacity-block"}
     assert eksctl.nodegroup_config(s)["managedNodeGroups"][0]["instanceMarketOptions"] == {
-        "marketType": "capacity-block"}
+        "marketType": "capacity-block"
+    }
 
 
 def test_no_capacity_reservation_by_default() -> None:

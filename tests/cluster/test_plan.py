@@ -19,15 +19,33 @@ from trainmaster.config import JobConfig
 GOLDEN = Path(__file__).parent / "golden"
 # Fixed endpoint CIDRs (the default looks up this machine's address) and both capacity kinds, so
 # the goldens, the eksctl schema and cfn-lint see every field the plan can write.
-TRN1_CASE = ('cluster.public_access_cidrs=["198.51.100.0/24", "203.0.113.7/32"]',
-             "cluster.capacity_reservation_id=cr-0123456789abcdef0")
-P5_CASE = ('cluster.public_access_cidrs=["192.0.2.0/28"]', "cluster.capacity_block_id=cr-0fedcba9876543210")
+TRN1_CASE = (
+    'cluster.public_access_cidrs=["198.51.100.0/24", "203.0.113.7/32"]',
+    "cluster.capacity_reservation_id=cr-0123456789abcdef0",
+)
+P5_CASE = (
+    'cluster.public_access_cidrs=["192.0.2.0/28"]',
+    "cluster.capacity_block_id=cr-0fedcba9876543210",
+)
 CASES = {"trn1": lambda: trn1_config(*TRN1_CASE), "p5": lambda: p5_config(*P5_CASE)}
-COMMON = ["cloudformation/accelerator-nodes.yaml", "eksctl/cluster.yaml", "eksctl/fsx-irsa.yaml",
-          "eksctl/nodegroup.yaml", "helm/aws-fsx-csi-driver.yaml", "helm/efa-device-plugin.yaml",
-          "image/Dockerfile.cpu", "image/Dockerfile.cuda", "image/Dockerfile.neuron",
-          "k8s/claim.yaml", "k8s/etcd.yaml", "k8s/queue.yaml", "k8s/storageclass.yaml",
-          "k8s/tensorboard.yaml", "plan.json", "runbook.sh"]
+COMMON = [
+    "cloudformation/accelerator-nodes.yaml",
+    "eksctl/cluster.yaml",
+    "eksctl/fsx-irsa.yaml",
+    "eksctl/nodegroup.yaml",
+    "helm/aws-fsx-csi-driver.yaml",
+    "helm/efa-device-plugin.yaml",
+    "image/Dockerfile.cpu",
+    "image/Dockerfile.cuda",
+    "image/Dockerfile.neuron",
+    "k8s/claim.yaml",
+    "k8s/etcd.yaml",
+    "k8s/queue.yaml",
+    "k8s/storageclass.yaml",
+    "k8s/tensorboard.yaml",
+    "plan.json",
+    "runbook.sh",
+]
 
 
 def files_of(cfg: JobConfig) -> dict[str, str]:
@@ -48,15 +66,27 @@ def test_cli_plan_writes_every_file(tmp_path: Path) -> None:
     job = tmp_path / "job.toml"
     job.write_text(api.init_job("trn1-bert-large"))
     out = tmp_path / "plan"
-    result = tm("cluster", "plan", str(job), "--out", str(out), "--set", f"cluster.zones={TRN1_ZONES}",
-                "--set", 'cluster.public_access_cidrs=["192.0.2.0/28"]')  # no look-up in a subprocess
+    result = tm(
+        "cluster",
+        "plan",
+        str(job),
+        "--out",
+        str(out),
+        "--set",
+        f"cluster.zones={TRN1_ZONES}",
+        "--set",
+        'cluster.public_access_cidrs=["192.0.2.0/28"]',
+    )  # no look-up in a subprocess
     assert result.returncode == 0, result.stderr
     expected = [*COMMON, "k8s/neuron-device-plugin.yaml"]
     for rel in expected:
         assert (out / rel).is_file(), rel
         assert rel in result.stdout
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()
-                  and not p.name.endswith(".dockerignore")) == sorted(expected)
+    assert sorted(
+        str(p.relative_to(out))
+        for p in out.rglob("*")
+        if p.is_file() and not p.name.endswith(".dockerignore")
+    ) == sorted(expected)
     assert (out / "runbook.sh").stat().st_mode & 0o111
     assert "2 x trn1.32xlarge in us-west-2 (us-west-2d" in result.stdout
 
@@ -75,7 +105,9 @@ def test_golden(case: tuple[str, JobConfig, dict[str, str]]) -> None:
         check(GOLDEN / name / rel, text)
 
 
-def test_eksctl_files_match_the_published_schema(case: tuple[str, JobConfig, dict[str, str]]) -> None:
+def test_eksctl_files_match_the_published_schema(
+    case: tuple[str, JobConfig, dict[str, str]],
+) -> None:
     _, _, files = case
     for rel in ("eksctl/cluster.yaml", "eksctl/nodegroup.yaml", "eksctl/fsx-irsa.yaml"):
         schemas.validate_eksctl(yaml.safe_load(files[rel]))
@@ -89,7 +121,9 @@ def test_the_eksctl_schema_catches_a_typo(case: tuple[str, JobConfig, dict[str, 
 
 def test_template_passes_cfn_lint(case: tuple[str, JobConfig, dict[str, str]]) -> None:
     _, cfg, files = case
-    assert schemas.cfn_lint(files["cloudformation/accelerator-nodes.yaml"], cfg.cluster.region) == []
+    assert (
+        schemas.cfn_lint(files["cloudformation/accelerator-nodes.yaml"], cfg.cluster.region) == []
+    )
 
 
 def test_cfn_lint_catches_a_broken_template() -> None:
@@ -113,7 +147,9 @@ def test_kubernetes_objects_are_valid(case: tuple[str, JobConfig, dict[str, str]
     assert seen >= 8
 
 
-def test_strict_validation_catches_unknown_fields(case: tuple[str, JobConfig, dict[str, str]]) -> None:
+def test_strict_validation_catches_unknown_fields(
+    case: tuple[str, JobConfig, dict[str, str]],
+) -> None:
     import kubernetes_validate
 
     _, cfg, files = case
@@ -151,21 +187,43 @@ def test_no_public_endpoints(case: tuple[str, JobConfig, dict[str, str]]) -> Non
     assert "AmazonFSxFullAccess" not in files["eksctl/fsx-irsa.yaml"]
 
 
-def test_plan_says_who_reaches_the_api_endpoint(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plan_says_who_reaches_the_api_endpoint(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """12.9a: the endpoint is open to the looked-up address only, and the user is told."""
     job = tmp_path / "job.toml"
     job.write_text(api.init_job("trn1-bert-large"))
     monkeypatch.setattr(spec, "caller_cidr", lambda: "203.0.113.7/32")
-    code, stdout, stderr = tm_here(capsys, "cluster", "plan", str(job), "--out", str(tmp_path / "plan"),
-                                   "--set", f"cluster.zones={TRN1_ZONES}")
+    code, stdout, stderr = tm_here(
+        capsys,
+        "cluster",
+        "plan",
+        str(job),
+        "--out",
+        str(tmp_path / "plan"),
+        "--set",
+        f"cluster.zones={TRN1_ZONES}",
+    )
     assert code == 0, stderr
     assert "note: the EKS API endpoint is public to 203.0.113.7/32 only" in stdout
     cluster = yaml.safe_load((tmp_path / "plan/eksctl/cluster.yaml").read_text())
-    assert cluster["vpc"] == {"clusterEndpoints": {"privateAccess": True, "publicAccess": True},
-                              "publicAccessCIDRs": ["203.0.113.7/32"]}
+    assert cluster["vpc"] == {
+        "clusterEndpoints": {"privateAccess": True, "publicAccess": True},
+        "publicAccessCIDRs": ["203.0.113.7/32"],
+    }
     monkeypatch.setattr(spec, "caller_cidr", lambda: None)  # offline: refused, nothing written
-    code, stdout, stderr = tm_here(capsys, "cluster", "plan", str(job), "--out", str(tmp_path / "other"),
-                                   "--set", f"cluster.zones={TRN1_ZONES}")
-    assert code == 2 and "cluster.public_access_cidrs: could not learn this machine's public IP" in stderr
+    code, stdout, stderr = tm_here(
+        capsys,
+        "cluster",
+        "plan",
+        str(job),
+        "--out",
+        str(tmp_path / "other"),
+        "--set",
+        f"cluster.zones={TRN1_ZONES}",
+    )
+    assert (
+        code == 2
+        and "cluster.public_access_cidrs: could not learn this machine's public IP" in stderr
+    )
     assert not (tmp_path / "other").exists()

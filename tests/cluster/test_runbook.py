@@ -19,7 +19,10 @@ from trainmaster.cluster import plan, spec, steps
 TUTORIAL = [
     ("tools: eksctl, kubectl, docker, aws configure", r"eksctl version"),
     ("ECR: aws ecr create-repository", r"aws ecr create-repository"),
-    ("AZs: determine_eks_azs.sh (here: looked up at plan time)", r"availabilityZones|eksctl create cluster"),
+    (
+        "AZs: determine_eks_azs.sh (here: looked up at plan time)",
+        r"availabilityZones|eksctl create cluster",
+    ),
     ("eksctl create cluster -f eks_cluster.yaml", r"eksctl create cluster --config-file"),
     ("CFN params from the cluster: control plane SG, VPC", r"clusterSecurityGroupId"),
     ("aws cloudformation create-stack eks_trn1_ng_stack.yaml, wait", r"aws cloudformation deploy"),
@@ -41,11 +44,17 @@ TUTORIAL = [
     ("docker push to ECR", r"docker push"),
     ("TensorBoard", r"render k8s/tensorboard\.yaml"),
     # clean-up, section 5
-    ("kubectl delete -f tensorboard_manifest.yaml", r"delete -f \"\$PLAN_DIR/k8s/tensorboard\.yaml\""),
+    (
+        "kubectl delete -f tensorboard_manifest.yaml",
+        r"delete -f \"\$PLAN_DIR/k8s/tensorboard\.yaml\"",
+    ),
     ("kubectl delete vcjob --all", r"delete jobs\.batch\.volcano\.sh --all"),
     ("kubectl delete pods --all", r"delete pods --all"),
     ("kubectl delete -f storageclass.yaml", r"delete -f \"\$PLAN_DIR/k8s/storageclass\.yaml\""),
-    ("kubectl delete -f claim.yaml (deletes the file system)", r"delete -f \"\$PLAN_DIR/k8s/claim\.yaml\""),
+    (
+        "kubectl delete -f claim.yaml (deletes the file system)",
+        r"delete -f \"\$PLAN_DIR/k8s/claim\.yaml\"",
+    ),
     ("eksctl delete nodegroup --wait", r"eksctl delete nodegroup .*--wait"),
     ("aws cloudformation delete-stack + wait stack-delete-complete", r"wait stack-delete-complete"),
     ("eksctl delete cluster", r"eksctl delete cluster"),
@@ -79,7 +88,9 @@ def test_runbook_is_valid_bash(tmp_path: Path) -> None:
 
 def test_every_step_has_a_function_and_list_shows_them(tmp_path: Path) -> None:
     written = plan.write_plan(trn1_config(), tmp_path)
-    result = subprocess.run(["bash", str(tmp_path / "runbook.sh"), "list"], capture_output=True, text=True)
+    result = subprocess.run(
+        ["bash", str(tmp_path / "runbook.sh"), "list"], capture_output=True, text=True
+    )
     ids = [s.id for s in steps.up_steps(written.spec) + steps.down_steps(written.spec)]
     assert result.stdout.split() == ids
     text = (tmp_path / "runbook.sh").read_text()
@@ -91,25 +102,48 @@ def test_runbook_runs_end_to_end_by_itself(tmp_path: Path, fake_tools: dict[str,
     """./runbook.sh with no arguments, as a person would run it (fake AWS/k8s tools)."""
     plan.write_plan(trn1_config(), tmp_path / "plan")
     env = {**os.environ, **fake_tools}
-    result = subprocess.run(["bash", str(tmp_path / "plan" / "runbook.sh")], env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["bash", str(tmp_path / "plan" / "runbook.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     # 17.10: pinned by digest, the tag named beside it
-    assert (f"kubernetes.image=123456789012.dkr.ecr.us-west-2.amazonaws.com/trainmaster@sha256:{7:064d}"
-            in result.stdout) and "(tag 0.1.0-neuron)" in result.stdout
+    assert (
+        f"kubernetes.image=123456789012.dkr.ecr.us-west-2.amazonaws.com/trainmaster@sha256:{7:064d}"
+        in result.stdout
+    ) and "(tag 0.1.0-neuron)" in result.stdout
     rendered = (tmp_path / "plan" / ".rendered" / "eksctl" / "nodegroup.yaml").read_text()
-    assert "lt-0fake" in rendered and "fake-node-role" in rendered and "@" not in rendered.split("\n", 2)[2]
-    again = subprocess.run(["bash", str(tmp_path / "plan" / "runbook.sh")], env=env,
-                           capture_output=True, text=True, timeout=120)
+    assert (
+        "lt-0fake" in rendered
+        and "fake-node-role" in rendered
+        and "@" not in rendered.split("\n", 2)[2]
+    )
+    again = subprocess.run(
+        ["bash", str(tmp_path / "plan" / "runbook.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 0
-    assert "== cluster: done already" in again.stdout and "== node-stack: done already" in again.stdout
+    assert (
+        "== cluster: done already" in again.stdout and "== node-stack: done already" in again.stdout
+    )
 
 
 def test_render_refuses_a_missing_value(tmp_path: Path, fake_tools: dict[str, str]) -> None:
     plan.write_plan(trn1_config(), tmp_path / "plan")
     env = {**os.environ, **fake_tools}
-    result = subprocess.run(["bash", str(tmp_path / "plan" / "runbook.sh"), "run", "nodegroup"],
-                            env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", str(tmp_path / "plan" / "runbook.sh"), "run", "nodegroup"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
     assert "run the steps before this one" in result.stderr
 
@@ -122,11 +156,21 @@ def test_scale_command(nodes: int) -> None:
     assert cmd[cmd.index("--nodes-max") + 1] == str(max(nodes, 1))
 
 
-def test_plan_output_says_to_launch_by_digest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_output_says_to_launch_by_digest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """17.10: `cluster plan` says the tag moves and where the pinned reference comes from."""
     job = tmp_path / "job.toml"
     job.write_text(api.init_job("trn1-bert-large"))
-    code, out, err = tm_here(capsys, "cluster", "plan", str(job), "--out", str(tmp_path / "plan"),
-                             "--set", f"cluster.zones={TRN1_ZONES}")
+    code, out, err = tm_here(
+        capsys,
+        "cluster",
+        "plan",
+        str(job),
+        "--out",
+        str(tmp_path / "plan"),
+        "--set",
+        f"cluster.zones={TRN1_ZONES}",
+    )
     assert code == 0, err
     assert "tagged trainmaster:0.1.0-neuron" in out and "kubernetes.image=REPO@sha256:" in out

@@ -32,12 +32,20 @@ def test_up_runs_every_step_in_order(plan_dir: Path, fake_tools: dict[str, str])
     result = tm("cluster", "up", "--plan", str(plan_dir), env=fake_tools)
     assert result.returncode == 0, result.stdout + result.stderr
     log = calls(fake_tools)
-    order = ["aws ecr create-repository", "eksctl create cluster", "aws cloudformation deploy",
-             "eksctl create nodegroup", "kubectl apply -f " + str(plan_dir / "k8s/neuron-device-plugin.yaml"),
-             "helm upgrade --install aws-efa-k8s-device-plugin", "kubectl apply -f " + str(plan_dir / "k8s/etcd.yaml"),
-             "kubectl apply --server-side -f https://raw.githubusercontent.com/volcano-sh/volcano/v1.15.1",
-             "eksctl create iamserviceaccount", "helm upgrade --install aws-fsx-csi-driver",
-             "docker build --platform linux/amd64", "docker push"]
+    order = [
+        "aws ecr create-repository",
+        "eksctl create cluster",
+        "aws cloudformation deploy",
+        "eksctl create nodegroup",
+        "kubectl apply -f " + str(plan_dir / "k8s/neuron-device-plugin.yaml"),
+        "helm upgrade --install aws-efa-k8s-device-plugin",
+        "kubectl apply -f " + str(plan_dir / "k8s/etcd.yaml"),
+        "kubectl apply --server-side -f https://raw.githubusercontent.com/volcano-sh/volcano/v1.15.1",
+        "eksctl create iamserviceaccount",
+        "helm upgrade --install aws-fsx-csi-driver",
+        "docker build --platform linux/amd64",
+        "docker push",
+    ]
     positions = [index(log, p) for p in order]
     assert positions == sorted(positions)
     assert "[18/18] summary" in result.stdout
@@ -74,20 +82,34 @@ def test_up_skips_what_exists(plan_dir: Path, fake_tools: dict[str, str]) -> Non
     result = tm("cluster", "up", "--plan", plan_dir.name, env=fake_tools, cwd=plan_dir.parent)
     assert result.returncode == 0, result.stderr
     log = calls(fake_tools)
-    assert not any(line.startswith(("eksctl create cluster", "aws ecr create-repository",
-                                    "aws cloudformation deploy")) for line in log)
-    assert "cluster: EKS control plane, OIDC, system node group (eksctl, 10-15 min) (exists, skipped)" in result.stdout
+    assert not any(
+        line.startswith(
+            ("eksctl create cluster", "aws ecr create-repository", "aws cloudformation deploy")
+        )
+        for line in log
+    )
+    assert (
+        "cluster: EKS control plane, OIDC, system node group (eksctl, 10-15 min) (exists, skipped)"
+        in result.stdout
+    )
 
 
-def test_dry_run_prints_commands_and_runs_nothing(plan_dir: Path, fake_tools: dict[str, str]) -> None:
+def test_dry_run_prints_commands_and_runs_nothing(
+    plan_dir: Path, fake_tools: dict[str, str]
+) -> None:
     result = tm("cluster", "up", "--plan", str(plan_dir), "--dry-run", env=fake_tools)
     assert result.returncode == 0, result.stderr
     assert calls(fake_tools) == []
     assert 'eksctl create cluster --config-file "$PLAN_DIR/eksctl/cluster.yaml"' in result.stdout
-    assert "helm upgrade --install aws-fsx-csi-driver aws-fsx-csi-driver/aws-fsx-csi-driver --version 1.17.0" in result.stdout
+    assert (
+        "helm upgrade --install aws-fsx-csi-driver aws-fsx-csi-driver/aws-fsx-csi-driver --version 1.17.0"
+        in result.stdout
+    )
     assert "# [18/18] summary" in result.stdout
     down = tm("cluster", "down", "--plan", str(plan_dir), "--dry-run", env=fake_tools)
-    assert down.returncode == 0 and "eksctl delete cluster" in down.stdout and calls(fake_tools) == []
+    assert (
+        down.returncode == 0 and "eksctl delete cluster" in down.stdout and calls(fake_tools) == []
+    )
 
 
 def test_missing_tools_are_named_with_how_to_install(plan_dir: Path) -> None:
@@ -96,7 +118,11 @@ def test_missing_tools_are_named_with_how_to_install(plan_dir: Path) -> None:
     with pytest.raises(UserError) as err:
         up.up(loaded, Console(), which=lambda t: t if t in present else None)
     message = str(err.value)
-    for tool, hint in (("eksctl", "https://eksctl.io"), ("helm", "helm.sh"), ("docker", "docs.docker.com")):
+    for tool, hint in (
+        ("eksctl", "https://eksctl.io"),
+        ("helm", "helm.sh"),
+        ("docker", "docs.docker.com"),
+    ):
         assert tool in message and hint in message
     assert "kubectl" not in message
 
@@ -108,16 +134,21 @@ def test_down_follows_the_tutorial_order(plan_dir: Path, fake_tools: dict[str, s
     assert result.returncode == 0, result.stdout + result.stderr
     log = calls(fake_tools)
     start = index(log, "kubectl delete -f " + str(plan_dir / "k8s/tensorboard.yaml"))
-    order = ["kubectl delete -f " + str(plan_dir / "k8s/tensorboard.yaml"),
-             "kubectl --namespace default delete jobs.batch.volcano.sh --all",
-             "kubectl --namespace default delete pods --all",
-             "kubectl delete -f " + str(plan_dir / "k8s/storageclass.yaml"),
-             "kubectl delete -f " + str(plan_dir / "k8s/claim.yaml"),
-             "kubectl wait --for=delete pv/pv-fake",
-             "trainmaster cluster wait-fsx --region us-west-2 --cluster trainmaster-trn1 --file-system-id fs-0fake",
-             "eksctl delete nodegroup", "aws cloudformation delete-stack",
-             "aws cloudformation wait stack-delete-complete", "eksctl delete cluster",
-             "aws ecr delete-repository", "aws fsx describe-file-systems"]
+    order = [
+        "kubectl delete -f " + str(plan_dir / "k8s/tensorboard.yaml"),
+        "kubectl --namespace default delete jobs.batch.volcano.sh --all",
+        "kubectl --namespace default delete pods --all",
+        "kubectl delete -f " + str(plan_dir / "k8s/storageclass.yaml"),
+        "kubectl delete -f " + str(plan_dir / "k8s/claim.yaml"),
+        "kubectl wait --for=delete pv/pv-fake",
+        "trainmaster cluster wait-fsx --region us-west-2 --cluster trainmaster-trn1 --file-system-id fs-0fake",
+        "eksctl delete nodegroup",
+        "aws cloudformation delete-stack",
+        "aws cloudformation wait stack-delete-complete",
+        "eksctl delete cluster",
+        "aws ecr delete-repository",
+        "aws fsx describe-file-systems",
+    ]
     positions = [index(log[start:], p) for p in order]
     assert positions == sorted(positions)
     # everything is gone: a new `up` checks every step again instead of trusting old progress
@@ -125,8 +156,14 @@ def test_down_follows_the_tutorial_order(plan_dir: Path, fake_tools: dict[str, s
 
 
 def test_down_reports_file_systems_left_behind(plan_dir: Path, fake_tools: dict[str, str]) -> None:
-    result = tm("cluster", "down", "--plan", str(plan_dir), "--yes",
-                env={**fake_tools, "FAKE_LEFTOVER": "fs-0123456789abcdef0"})
+    result = tm(
+        "cluster",
+        "down",
+        "--plan",
+        str(plan_dir),
+        "--yes",
+        env={**fake_tools, "FAKE_LEFTOVER": "fs-0123456789abcdef0"},
+    )
     assert result.returncode == 1
     assert "fs-0123456789abcdef0" in result.stdout and "down-leftovers" in result.stderr
 
@@ -141,8 +178,10 @@ def test_down_asks_first(plan_dir: Path, fake_tools: dict[str, str]) -> None:
 def test_scale(plan_dir: Path, fake_tools: dict[str, str]) -> None:
     result = tm("cluster", "scale", "--nodes", "4", "--plan", str(plan_dir), env=fake_tools)
     assert result.returncode == 0, result.stderr
-    assert calls(fake_tools) == ["eksctl scale nodegroup --cluster trainmaster-trn1 --region us-west-2 "
-                                 "--name trn1-32xlarge --nodes 4 --nodes-min 4 --nodes-max 4"]
+    assert calls(fake_tools) == [
+        "eksctl scale nodegroup --cluster trainmaster-trn1 --region us-west-2 "
+        "--name trn1-32xlarge --nodes 4 --nodes-min 4 --nodes-max 4"
+    ]
     bad = tm("cluster", "scale", "--nodes", "-1", "--plan", str(plan_dir), env=fake_tools)
     assert bad.returncode == 2 and "--nodes" in bad.stderr
 

@@ -21,18 +21,33 @@ def tm_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainmaster", *args]
 
 
-def tm(*args: str, env: dict[str, str] | None = None, timeout: float = 120
-       ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(tm_command(*args), env={**os.environ, **RUN_ENV, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
+def tm(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        tm_command(*args),
+        env={**os.environ, **RUN_ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def job_file(folder: Path, name: str, *sets: str) -> Path:
     """bert-tiny on the built-in corpus, 1 node x 1 worker, compile on, a few steps."""
     path = folder / f"{name}.toml"
-    base = [f'job.name="{name}"', "job.nnodes=1", "job.nproc_per_node=1", "job.max_restarts=0",
-            "train.batch_size=8", "train.global_batch_size=16", "train.max_steps=3",
-            "train.warmup_steps=1", "train.compile=true", f'train.cacheset="{name}"']
+    base = [
+        f'job.name="{name}"',
+        "job.nnodes=1",
+        "job.nproc_per_node=1",
+        "job.max_restarts=0",
+        "train.batch_size=8",
+        "train.global_batch_size=16",
+        "train.max_steps=3",
+        "train.warmup_steps=1",
+        "train.compile=true",
+        f'train.cacheset="{name}"',
+    ]
     args = ["init", "--preset", "local-cpu", "--out", str(path)]
     for s in [*base, *sets]:
         args += ["--set", s]

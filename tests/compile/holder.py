@@ -18,8 +18,13 @@ def main(argv: list[str]) -> int:
     folder, job = Path(argv[0]), argv[1]
     wait_s = float(argv[2]) if len(argv) > 2 else 0.0
     try:
-        held = lock.acquire(folder, job=job, purpose="train", wait_s=wait_s,
-                            on_wait=lambda h: print(f"waiting {h.job}", flush=True))
+        held = lock.acquire(
+            folder,
+            job=job,
+            purpose="train",
+            wait_s=wait_s,
+            on_wait=lambda h: print(f"waiting {h.job}", flush=True),
+        )
     except UserError as exc:
         print(f"refused {exc}", flush=True)
         return 2

@@ -32,21 +32,38 @@ def test_installed_versions_are_read_without_importing_torch() -> None:
 
 def test_fields_that_change_graphs_are_in_it_and_the_rest_is_not() -> None:
     base = fingerprint.compute(cfg(), 4096, installed=FIXED)
-    assert base["train.batch_size"] == 16 and base["world_size"] == 2 and base["model.hidden_size"] == 128
-    same = fingerprint.compute(cfg('job.name="other"', "train.lr=0.01", "train.seed=7",
-                                   "train.max_steps=999", "train.steps_this_run=3",
-                                   'train.cacheset="x"'), 4096, installed=FIXED)
+    assert (
+        base["train.batch_size"] == 16
+        and base["world_size"] == 2
+        and base["model.hidden_size"] == 128
+    )
+    same = fingerprint.compute(
+        cfg(
+            'job.name="other"',
+            "train.lr=0.01",
+            "train.seed=7",
+            "train.max_steps=999",
+            "train.steps_this_run=3",
+            'train.cacheset="x"',
+        ),
+        4096,
+        installed=FIXED,
+    )
     assert fingerprint.compare(base, same) == []
-    for override, field in [("train.batch_size=8", "train.batch_size"),
-                            ('train.precision="bf16"', "train.precision"),
-                            ('train.optimizer="lamb"', "train.optimizer"),
-                            ("job.nnodes=1", "world_size"),
-                            ('model.preset="bert-mini"', "model.hidden_size")]:
+    for override, field in [
+        ("train.batch_size=8", "train.batch_size"),
+        ('train.precision="bf16"', "train.precision"),
+        ('train.optimizer="lamb"', "train.optimizer"),
+        ("job.nnodes=1", "world_size"),
+        ('model.preset="bert-mini"', "model.hidden_size"),
+    ]:
         other = fingerprint.compute(cfg(override), 4096, installed=FIXED)
         assert field in [d.field for d in fingerprint.compare(base, other)], override
     vocab = fingerprint.compare(base, fingerprint.compute(cfg(), 8192, installed=FIXED))
     assert [d.field for d in vocab] == ["model.vocab_size"]
-    newer = fingerprint.compare(base, fingerprint.compute(cfg(), 4096, installed=FIXED | {"versions.torch": "2.14.0"}))
+    newer = fingerprint.compare(
+        base, fingerprint.compute(cfg(), 4096, installed=FIXED | {"versions.torch": "2.14.0"})
+    )
     assert [str(d) for d in newer] == ["versions.torch 2.13.0+cpu in the cache, 2.14.0 now"]
 
 
@@ -62,7 +79,9 @@ def test_write_read_and_a_broken_file(tmp_path: Path) -> None:
     fields = fingerprint.compute(cfg(), 4096)
     fingerprint.write(tmp_path, fields, "demo")
     saved = fingerprint.read(tmp_path)
-    assert saved is not None and saved.job == "demo" and saved.fields == json.loads(json.dumps(fields))
+    assert (
+        saved is not None and saved.job == "demo" and saved.fields == json.loads(json.dumps(fields))
+    )
     assert fingerprint.read(tmp_path / "none") is None
     (tmp_path / fingerprint.FILE).write_text("{half")
     with pytest.raises(UserError, match="fingerprint.json: unreadable"):
@@ -81,7 +100,9 @@ def test_expect_cold_warm_and_mismatch(tmp_path: Path) -> None:
     job = cfg('train.cacheset="c"')
     assert pre_mod.expect(job, store).state == "cold"
     folder = store.cache_dir("c")
-    fingerprint.write(folder, fingerprint.compute(job, fingerprint.vocab_size_for(job, store)), "demo-precompile")
+    fingerprint.write(
+        folder, fingerprint.compute(job, fingerprint.vocab_size_for(job, store)), "demo-precompile"
+    )
     assert pre_mod.expect(job, store).state == "cold"  # matching, but nothing compiled
     (folder / "inductor" / "fxgraph").mkdir(parents=True)
     (folder / "inductor" / "fxgraph" / "entry").write_bytes(b"x")
@@ -98,7 +119,12 @@ def test_precompile_config() -> None:
     pre = pre_mod.precompile_config(cfg("train.compile=false", "job.max_restarts=5"), steps=3)
     assert pre.job.name == "demo-precompile" and pre.train.compile and pre.train.steps_this_run == 3
     assert pre.job.max_restarts == 0  # issue 12.8: a failing trial run is not repeated
-    assert pre_mod.precompile_config(cfg("train.max_steps=2", "train.warmup_steps=1"), 10).train.steps_this_run == 2
+    assert (
+        pre_mod.precompile_config(
+            cfg("train.max_steps=2", "train.warmup_steps=1"), 10
+        ).train.steps_this_run
+        == 2
+    )
     with pytest.raises(UserError, match="job.name: 'a{39}' is too long"):
         pre_mod.precompile_config(cfg(f'job.name="{"a" * 39}"'))
     with pytest.raises(UserError, match="--steps: must be at least 1"):
@@ -117,4 +143,6 @@ def test_neuron_compiler_flags_are_in_it_on_xla(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(cache, "NEURON_CC_OPTIONS", ("--model-type=transformer", "-O2"))
     now = fingerprint.compute(trn, 30522, installed=FIXED)
     assert [d.field for d in fingerprint.compare(saved, now)] == ["neuron_cc_flags"]
-    assert "neuron_cc_flags" not in fingerprint.compute(cfg(), 4096, installed=FIXED)  # cpu: no neuronx-cc
+    assert "neuron_cc_flags" not in fingerprint.compute(
+        cfg(), 4096, installed=FIXED
+    )  # cpu: no neuronx-cc

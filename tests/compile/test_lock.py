@@ -26,9 +26,13 @@ class Proc:
     """A tests.compile.holder process, read line by line (blocking reads, bounded by a timeout)."""
 
     def __init__(self, folder: Path, job: str, wait_s: float = 0.0) -> None:
-        self.p = subprocess.Popen([sys.executable, "-m", "tests.compile.holder", str(folder), job,
-                                   str(wait_s)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "tests.compile.holder", str(folder), job, str(wait_s)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
     def line(self, timeout: float = 60) -> str:
         assert self.p.stdout is not None
@@ -112,8 +116,18 @@ def test_lock_of_a_killed_process_is_recovered(tmp_path: Path) -> None:
 def _foreign(folder: Path, age_s: float) -> None:
     """A lock of a process on another node, last heartbeat age_s ago."""
     path = lock.path_of(folder)
-    path.write_text(json.dumps({"pid": 1, "host": "other-node", "job": "remote", "purpose": "train",
-                                "since": time.time() - age_s, "token": "abc"}))
+    path.write_text(
+        json.dumps(
+            {
+                "pid": 1,
+                "host": "other-node",
+                "job": "remote",
+                "purpose": "train",
+                "since": time.time() - age_s,
+                "token": "abc",
+            }
+        )
+    )
     os.utime(path, (time.time() - age_s, time.time() - age_s))
 
 
@@ -165,7 +179,9 @@ def test_a_restarted_job_reclaims_its_own_lock(tmp_path: Path) -> None:
 
 def test_worker_uses_the_launchers_lock(tmp_path: Path) -> None:
     launcher = lock.acquire(tmp_path, job="job", purpose="train")
-    assert lock.for_worker(tmp_path, job="job", launcher_token=launcher.holder.token, wait_s=0) is None
+    assert (
+        lock.for_worker(tmp_path, job="job", launcher_token=launcher.holder.token, wait_s=0) is None
+    )
     launcher.release()
     own = lock.for_worker(tmp_path, job="job", launcher_token=None, wait_s=0)
     assert own is not None and own.owned()
@@ -174,8 +190,10 @@ def test_worker_uses_the_launchers_lock(tmp_path: Path) -> None:
 
 # --- issue 17.3: a lock is never seen half-written ------------------------------------------------
 
-def test_a_contender_never_steals_a_lock_being_created(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_a_contender_never_steals_a_lock_being_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A contender runs while the first acquirer is writing its lock's content. Creating the lock
     file first and writing it after showed the contender an empty file, which it took for a dead
     holder's and stole: both then believed they held the cacheset."""
@@ -208,12 +226,18 @@ def _with_other_start(holder: lock.Holder) -> lock.Holder:
 
 # --- issue 17.7: a killed supervisor does not free the cache while its workers compile -------------
 
+
 def test_lock_of_a_dead_holder_is_held_while_its_agents_live(tmp_path: Path) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     held = lock.acquire(tmp_path, job="first", purpose="train", pid=int(dead.stdout))
-    agent = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                             stdin=subprocess.PIPE)
+    agent = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     try:
         held.also_held_by([agent.pid])
         holder, mtime = lock.read(tmp_path)  # type: ignore[misc]

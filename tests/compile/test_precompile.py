@@ -39,13 +39,34 @@ def precompiled(pydoc_storage: Path, tmp_path_factory: pytest.TempPathFactory) -
     with holder(folder, "other-job") as other:
         assert other.line().startswith("held ")
         with err.open("w") as fh:
-            proc = subprocess.Popen(tm_command("precompile", str(path), "--storage", str(pydoc_storage),
-                                               "--steps", "2", "--wait-lock", "300", "--json"),
-                                    stdout=subprocess.PIPE, stderr=fh, text=True,
-                                    env={**os.environ, **RUN_ENV}, preexec_fn=sigint_default)
+            proc = subprocess.Popen(
+                tm_command(
+                    "precompile",
+                    str(path),
+                    "--storage",
+                    str(pydoc_storage),
+                    "--steps",
+                    "2",
+                    "--wait-lock",
+                    "300",
+                    "--json",
+                ),
+                stdout=subprocess.PIPE,
+                stderr=fh,
+                text=True,
+                env={**os.environ, **RUN_ENV},
+                preexec_fn=sigint_default,
+            )
         try:
-            wait_for(lambda: "is in use by job other-job" in err.read_text(), 60, "precompile to wait")
-            assert not Storage(pydoc_storage).run_dir(f"{JOB}-precompile").joinpath("state.json").exists()
+            wait_for(
+                lambda: "is in use by job other-job" in err.read_text(), 60, "precompile to wait"
+            )
+            assert (
+                not Storage(pydoc_storage)
+                .run_dir(f"{JOB}-precompile")
+                .joinpath("state.json")
+                .exists()
+            )
             other.release()
             assert other.line() == "released"
             stdout, _ = proc.communicate(timeout=1200)
@@ -63,7 +84,9 @@ def precompiled(pydoc_storage: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def warm(precompiled: dict[str, Any], pydoc_storage: Path) -> dict[str, Any]:
-    result = tm("launch", str(precompiled["path"]), "--storage", str(pydoc_storage), "--follow", timeout=600)
+    result = tm(
+        "launch", str(precompiled["path"]), "--storage", str(pydoc_storage), "--follow", timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"compile cache warm ({JOB})" in result.stderr  # launch says so before it starts
     assert wait_final(pydoc_storage, JOB).phase == "succeeded"
@@ -78,8 +101,9 @@ def test_precompile_waited_for_the_lock_then_filled_the_cache(precompiled: dict[
     assert out["entries"]["inductor"] > 0
 
 
-def test_launch_after_precompile_is_warm_by_the_compilers_counters(warm: dict[str, Any],
-                                                                    pydoc_storage: Path) -> None:
+def test_launch_after_precompile_is_warm_by_the_compilers_counters(
+    warm: dict[str, Any], pydoc_storage: Path
+) -> None:
     assert warm["compile_cache"] == "warm" and warm["status"] == "completed"
     counts = warm["compile_counters"]
     assert counts["fxgraph_cache_miss"] == 0 and counts["autograd_cache_miss"] == 0, counts
@@ -90,8 +114,9 @@ def test_launch_after_precompile_is_warm_by_the_compilers_counters(warm: dict[st
     assert lock.read(Storage(pydoc_storage).cache_dir(JOB)) is None  # released at the end
 
 
-def test_changed_micro_batch_is_refused_naming_the_field(warm: dict[str, Any], pydoc_storage: Path,
-                                                         tmp_path: Path) -> None:
+def test_changed_micro_batch_is_refused_naming_the_field(
+    warm: dict[str, Any], pydoc_storage: Path, tmp_path: Path
+) -> None:
     path = job_file(tmp_path, "otherbatch", f'train.cacheset="{JOB}"', "train.batch_size=4")
     result = tm("launch", str(path), "--storage", str(pydoc_storage))
     line = one_error_line(result)
@@ -104,7 +129,9 @@ def test_cache_show_and_list(warm: dict[str, Any], pydoc_storage: Path) -> None:
     shown = tm("cache", "show", JOB, "--storage", str(pydoc_storage), "--json")
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)
-    assert data["fingerprint"]["job"] == JOB and data["fingerprint"]["fields"]["train.batch_size"] == 8
+    assert (
+        data["fingerprint"]["job"] == JOB and data["fingerprint"]["fields"]["train.batch_size"] == 8
+    )
     assert data["lock"] is None and data["entries"]["inductor"] > 0
     listed = tm("cache", "list", "--storage", str(pydoc_storage))
     assert listed.returncode == 0 and JOB in listed.stdout and "free" in listed.stdout
@@ -112,7 +139,10 @@ def test_cache_show_and_list(warm: dict[str, Any], pydoc_storage: Path) -> None:
 
 # --- no training below: the lock seen from the CLI --------------------------------------------
 
-def test_launch_on_a_locked_cacheset_is_refused_naming_the_holder(pydoc_storage: Path, tmp_path: Path) -> None:
+
+def test_launch_on_a_locked_cacheset_is_refused_naming_the_holder(
+    pydoc_storage: Path, tmp_path: Path
+) -> None:
     path = job_file(tmp_path, "lockedout")
     folder = Storage(pydoc_storage).cache_dir("lockedout")
     with holder(folder, "precompiler") as other:
@@ -142,7 +172,9 @@ def test_stale_lock_of_a_killed_process_is_recovered_by_the_cli(pydoc_storage: P
     os.kill(doomed.p.pid, signal.SIGKILL)
     doomed.p.wait(timeout=30)
     shown = tm("cache", "show", "stale", "--storage", str(pydoc_storage))
-    assert shown.returncode == 0 and f"stale (pid {doomed.p.pid} on this host is gone)" in shown.stdout
+    assert (
+        shown.returncode == 0 and f"stale (pid {doomed.p.pid} on this host is gone)" in shown.stdout
+    )
     cleared = tm("cache", "clear", "stale", "--yes", "--storage", str(pydoc_storage))
     assert cleared.returncode == 0, cleared.stderr
     assert not folder.exists()
@@ -153,15 +185,22 @@ def test_cache_commands_bad_input(pydoc_storage: Path) -> None:
     assert "CACHESET: no cacheset 'nope' under" in line
     folder = Storage(pydoc_storage).cache_dir("keep")
     folder.mkdir(parents=True)
-    result = subprocess.run(tm_command("cache", "clear", "keep", "--storage", str(pydoc_storage)),
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                            env={**os.environ, **RUN_ENV}, timeout=60)
+    result = subprocess.run(
+        tm_command("cache", "clear", "keep", "--storage", str(pydoc_storage)),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **RUN_ENV},
+        timeout=60,
+    )
     assert "pass --yes to confirm" in one_error_line(result) and folder.is_dir()
 
 
 def test_local_dry_run_starts_nothing(pydoc_storage: Path, tmp_path: Path) -> None:
     path = job_file(tmp_path, "dry", "train.compile=false")
-    result = tm("precompile", str(path), "--storage", str(pydoc_storage), "--dry-run", "--steps", "3")
+    result = tm(
+        "precompile", str(path), "--storage", str(pydoc_storage), "--dry-run", "--steps", "3"
+    )
     assert result.returncode == 0, result.stderr
     assert "--rdzv-id=dry-precompile" in result.stdout and "-m trainmaster.train" in result.stdout
     assert "train.compile is off" in result.stderr and "3 step(s) of dry" in result.stderr
@@ -169,8 +208,9 @@ def test_local_dry_run_starts_nothing(pydoc_storage: Path, tmp_path: Path) -> No
     assert lock.read(Storage(pydoc_storage).cache_dir("dry")) is None
 
 
-def test_precompile_of_a_custom_script_is_refused_naming_the_field(pydoc_storage: Path,
-                                                                   tmp_path: Path) -> None:
+def test_precompile_of_a_custom_script_is_refused_naming_the_field(
+    pydoc_storage: Path, tmp_path: Path
+) -> None:
     path = job_file(tmp_path, "own", 'job.entrypoint="-m mypkg.train"')
     line = one_error_line(tm("precompile", str(path), "--storage", str(pydoc_storage), "--dry-run"))
     assert line.startswith("error: job.entrypoint:") and "built-in trainer only" in line, line

@@ -21,8 +21,9 @@ def write_docs(path: Path, docs: list[list[str]], repeat: int = 1) -> Path:
     return path
 
 
-def rewrite(path: Path, change: Mapping[str, np.ndarray | None],
-            compression: str | None = "gzip") -> None:
+def rewrite(
+    path: Path, change: Mapping[str, np.ndarray | None], compression: str | None = "gzip"
+) -> None:
     """Replace a shard's arrays (None drops one), keeping the others as they are."""
     with h5py.File(path, "r") as f:
         arrays: dict[str, np.ndarray | None] = {k: np.asarray(f[k][:]) for k in KEYS}
@@ -41,4 +42,3 @@ def nvidia_vocab(ours: Path, dst: Path) -> Path:
     tail = [f"[unused{i}]" for i in range(99, 99 + 30522 - len(head) - len(words))]
     dst.write_text("\n".join([*head, *words, *tail]) + "\n", encoding="utf-8")
     return dst
-

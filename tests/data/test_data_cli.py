@@ -30,8 +30,18 @@ SMALL = ["--seq-len", "32", "--max-pred", "5", "--dupe-factor", "1", "--shards",
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory, pydoc_vocab: Path) -> Path:
     out = tmp_path_factory.mktemp("cli") / "small"
-    r = run_cli("data", "prepare", "--builtin", "pydoc", "--output", str(out), "--vocab",
-                str(pydoc_vocab), "--quiet", *SMALL)
+    r = run_cli(
+        "data",
+        "prepare",
+        "--builtin",
+        "pydoc",
+        "--output",
+        str(out),
+        "--vocab",
+        str(pydoc_vocab),
+        "--quiet",
+        *SMALL,
+    )
     assert r.returncode == 0, r.stderr
     assert "examples" in r.stdout and "2 shards" in r.stdout and str(out) in r.stdout
     assert r.stderr == ""  # --quiet
@@ -51,8 +61,19 @@ def test_verify_and_inspect(made: Path) -> None:
 
 
 def test_name_and_storage_place_the_dataset(tmp_path: Path, pydoc_vocab: Path) -> None:
-    r = run_cli("data", "prepare", "--builtin", "pydoc", "--storage", str(tmp_path), "--vocab",
-                str(pydoc_vocab), "--name", "mine", *SMALL)
+    r = run_cli(
+        "data",
+        "prepare",
+        "--builtin",
+        "pydoc",
+        "--storage",
+        str(tmp_path),
+        "--vocab",
+        str(pydoc_vocab),
+        "--name",
+        "mine",
+        *SMALL,
+    )
     assert r.returncode == 0, r.stderr
     assert "prepare: making examples" in r.stderr  # plain progress lines without a terminal
     assert (tmp_path / "datasets" / "mine" / "mine_training_1.hdf5").is_file()
@@ -60,14 +81,20 @@ def test_name_and_storage_place_the_dataset(tmp_path: Path, pydoc_vocab: Path) -
     assert r.returncode == 0
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--builtin", "pydoc", "--seq-len", "8"], "error: --seq-len: must be at least 16 (got 8)"),
-    (["--builtin", "pydoc", "--max-pred", "0"], "error: --max-pred: must be between 1"),
-    (["BINARY"], "BINARY: binary file (NUL byte at offset 2)"),
-    (["--builtin", "pydoc", "--output", "MADE"], "holds a dataset already"),
-    ([], "error: no input"),
-], ids=["seq-len", "max-pred", "binary", "occupied", "no-input"])
-def test_bad_input_exit_2_one_line(tmp_path: Path, made: Path, args: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--builtin", "pydoc", "--seq-len", "8"], "error: --seq-len: must be at least 16 (got 8)"),
+        (["--builtin", "pydoc", "--max-pred", "0"], "error: --max-pred: must be between 1"),
+        (["BINARY"], "BINARY: binary file (NUL byte at offset 2)"),
+        (["--builtin", "pydoc", "--output", "MADE"], "holds a dataset already"),
+        ([], "error: no input"),
+    ],
+    ids=["seq-len", "max-pred", "binary", "occupied", "no-input"],
+)
+def test_bad_input_exit_2_one_line(
+    tmp_path: Path, made: Path, args: list[str], message: str
+) -> None:
     binary = tmp_path / "data.bin"
     binary.write_bytes(b"ab\x00cd")
     args = [str(binary) if a == "BINARY" else str(made) if a == "MADE" else a for a in args]
@@ -100,15 +127,35 @@ def test_verify_failure_exit_1_capped(made: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("stage", "workers"), [("making examples", "2"), ("writing shards", "1")])
-def test_interrupt_leaves_nothing(tmp_path: Path, pydoc_vocab: Path, stage: str, workers: str) -> None:
+def test_interrupt_leaves_nothing(
+    tmp_path: Path, pydoc_vocab: Path, stage: str, workers: str
+) -> None:
     """Ctrl-C in the middle: exit 130, no shard or dataset.json, temporaries removed."""
     text = write_docs(tmp_path / "big.txt", pydoc_documents(), repeat=4)
     out = tmp_path / "out" / "set"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainmaster", "data", "prepare", str(text), "--output", str(out),
-         "--vocab", str(pydoc_vocab), "--workers", workers, "--shards", "16"],
-        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "NO_COLOR": "1"}, preexec_fn=sigint_default)
+        [
+            sys.executable,
+            "-m",
+            "trainmaster",
+            "data",
+            "prepare",
+            str(text),
+            "--output",
+            str(out),
+            "--vocab",
+            str(pydoc_vocab),
+            "--workers",
+            workers,
+            "--shards",
+            "16",
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        preexec_fn=sigint_default,
+    )
     assert proc.stderr is not None
     seen = []
     for line in proc.stderr:  # wait for the stage to begin (bounded by the run itself)

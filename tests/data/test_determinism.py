@@ -9,7 +9,13 @@ from typing import Any
 
 from trainmaster.data import prepare
 
-FAST: dict[str, Any] = {"builtin": "pydoc", "seq_len": 64, "max_pred": 10, "dupe_factor": 2, "shards": 3}
+FAST: dict[str, Any] = {
+    "builtin": "pydoc",
+    "seq_len": 64,
+    "max_pred": 10,
+    "dupe_factor": 2,
+    "shards": 3,
+}
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -21,8 +27,13 @@ def test_same_seed_same_bytes_for_any_workers(tmp_path: Path, pydoc_vocab: Path)
     two = prepare(output=tmp_path / "b" / "set", vocab=pydoc_vocab, workers=2, **FAST)
     assert two.workers == 2
     a, b = _files(one.output), _files(two.output)
-    assert sorted(a) == ["dataset.json", "set_training_0.hdf5", "set_training_1.hdf5",
-                         "set_training_2.hdf5", "vocab.txt"]
+    assert sorted(a) == [
+        "dataset.json",
+        "set_training_0.hdf5",
+        "set_training_1.hdf5",
+        "set_training_2.hdf5",
+        "vocab.txt",
+    ]
     assert a == b
 
 
@@ -36,10 +47,13 @@ def test_other_seed_other_bytes(tmp_path: Path, pydoc_vocab: Path) -> None:
 
 def test_whole_pipeline_with_training_is_reproducible(tmp_path: Path) -> None:
     """Vocabulary training included, across processes (hash seeds differ per process)."""
-    code = ("import sys; from trainmaster.data import prepare; "
-            "prepare(builtin='pydoc', output=sys.argv[1], seq_len=32, max_pred=5, dupe_factor=1, "
-            "shards=2, workers=1, vocab_size=3000)")
+    code = (
+        "import sys; from trainmaster.data import prepare; "
+        "prepare(builtin='pydoc', output=sys.argv[1], seq_len=32, max_pred=5, dupe_factor=1, "
+        "shards=2, workers=1, vocab_size=3000)"
+    )
     for name in ("x", "y"):
-        subprocess.run([sys.executable, "-c", code, str(tmp_path / name / "set")], check=True,
-                       timeout=120)
+        subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / name / "set")], check=True, timeout=120
+        )
     assert _files(tmp_path / "x" / "set") == _files(tmp_path / "y" / "set")

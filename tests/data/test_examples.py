@@ -58,10 +58,12 @@ def test_truncation_matches_the_reference() -> None:
     plan = np.stack([a0, a0 + la, b0, b0 + lb, np.zeros(n, dtype=np.int64)], axis=1)
     before = plan.copy()
     truncate(plan, 61, np.random.default_rng(1))
-    got = list(zip((plan[:, 1] - plan[:, 0]).tolist(), (plan[:, 3] - plan[:, 2]).tolist(),
-                   strict=True))
-    assert got == [_reference_lengths(x, y, 61) for x, y in zip(la.tolist(), lb.tolist(),
-                                                                strict=True)]
+    got = list(
+        zip((plan[:, 1] - plan[:, 0]).tolist(), (plan[:, 3] - plan[:, 2]).tolist(), strict=True)
+    )
+    assert got == [
+        _reference_lengths(x, y, 61) for x, y in zip(la.tolist(), lb.tolist(), strict=True)
+    ]
     assert (plan[:, 0] >= before[:, 0]).all() and (plan[:, 1] <= before[:, 1]).all()
     cut_front = plan[:, 0] - before[:, 0]
     cut = (before[:, 1] - before[:, 0]) - (plan[:, 1] - plan[:, 0])
@@ -77,8 +79,17 @@ def test_short_targets_follow_short_seq_prob() -> None:
 
 
 def test_whole_word_masking_masks_words(tmp_path: Path, pydoc_vocab: Path) -> None:
-    out = prepare(builtin="pydoc", output=tmp_path / "wwm", vocab=pydoc_vocab, seq_len=64,
-                  max_pred=10, dupe_factor=1, shards=1, workers=1, whole_word_mask=True).output
+    out = prepare(
+        builtin="pydoc",
+        output=tmp_path / "wwm",
+        vocab=pydoc_vocab,
+        seq_len=64,
+        max_pred=10,
+        dupe_factor=1,
+        shards=1,
+        workers=1,
+        whole_word_mask=True,
+    ).output
     assert verify(out) == []
     tokens = load_vocab(out / "vocab.txt").tokens
     a = {k: v.astype(np.int64) for k, v in read_arrays(out / "wwm_training_0.hdf5").items()}
@@ -96,4 +107,3 @@ def test_whole_word_masking_masks_words(tmp_path: Path, pydoc_vocab: Path) -> No
     assert not (masked[:, :-1] & cont[:, 1:] & ~masked[:, 1:]).any()
     assert (masked & cont).sum() > 50  # the rule was exercised
     assert abs(inspect(out).mask_ratio - 0.15) < 0.03  # whole words overshoot less than this
-

@@ -20,8 +20,16 @@ def nvidia(tmp_path_factory: pytest.TempPathFactory, pydoc_vocab: Path) -> Prepa
     """Our shards made with a Google-layout vocabulary, stripped to what NVIDIA ships."""
     tmp = tmp_path_factory.mktemp("nvidia")
     vocab = nvidia_vocab(pydoc_vocab, tmp / "vocab.txt")
-    result = prepare(builtin="pydoc", output=tmp / "books_wiki_en_corpus", vocab=vocab,
-                     seq_len=128, max_pred=20, dupe_factor=2, shards=2, workers=1)
+    result = prepare(
+        builtin="pydoc",
+        output=tmp / "books_wiki_en_corpus",
+        vocab=vocab,
+        seq_len=128,
+        max_pred=20,
+        dupe_factor=2,
+        shards=2,
+        workers=1,
+    )
     (result.output / "vocab.txt").unlink()
     (result.output / "dataset.json").unlink()
     return result
@@ -47,12 +55,15 @@ def test_nvidia_dtypes_verify_and_inspect(nvidia: PrepareResult) -> None:
 def test_int64_shards_verify_and_inspect(nvidia: PrepareResult, tmp_path: Path) -> None:
     folder = shutil.copytree(nvidia.output, tmp_path / "aws")
     for path in list_shards(folder):
-        rewrite(path, {k: v.astype(np.int64) for k, v in read_arrays(path).items()},
-                compression=None)
+        rewrite(
+            path, {k: v.astype(np.int64) for k, v in read_arrays(path).items()}, compression=None
+        )
     _check(folder, np.int64)
 
 
-def test_our_ids_are_wrong_for_google_defaults(pydoc_dataset: PrepareResult, tmp_path: Path) -> None:
+def test_our_ids_are_wrong_for_google_defaults(
+    pydoc_dataset: PrepareResult, tmp_path: Path
+) -> None:
     """Without vocab.txt, verify assumes Google's ids: our [CLS]=2 rows are then flagged."""
     folder = shutil.copytree(pydoc_dataset.output, tmp_path / "bare")
     (folder / "vocab.txt").unlink()

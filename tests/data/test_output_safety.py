@@ -26,8 +26,13 @@ import pytest
 from trainmaster.data import output, prepare, verify
 from trainmaster.errors import DataError
 
-SMALLSET: dict[str, Any] = {"builtin": "pydoc", "seq_len": 32, "max_pred": 5, "dupe_factor": 1,
-                            "workers": 1}
+SMALLSET: dict[str, Any] = {
+    "builtin": "pydoc",
+    "seq_len": 32,
+    "max_pred": 5,
+    "dupe_factor": 1,
+    "workers": 1,
+}
 FINAL_SHARD = re.compile(r"^[^.].*_training_\d+\.hdf5$")
 
 
@@ -47,8 +52,7 @@ def is_complete_new(folder: Path, shards: int, seed: int) -> bool:
     if not (folder / "dataset.json").is_file():
         return False
     manifest = json.loads((folder / "dataset.json").read_text())
-    return (verify(folder) == [] and manifest["seed"] == seed
-            and len(manifest["shards"]) == shards)
+    return verify(folder) == [] and manifest["seed"] == seed and len(manifest["shards"]) == shards
 
 
 class Injector:
@@ -64,9 +68,12 @@ class Injector:
         def no_exchange(a: Path, b: Path) -> None:
             raise OSError(errno.EINVAL, "RENAME_EXCHANGE not supported here")
 
-        monkeypatch.setattr(output, "exchange",
-                            self.wrap(real_exchange if exchange_works else no_exchange),
-                            raising=False)
+        monkeypatch.setattr(
+            output,
+            "exchange",
+            self.wrap(real_exchange if exchange_works else no_exchange),
+            raising=False,
+        )
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -74,13 +81,14 @@ class Injector:
             if self.calls == self.fail_at:
                 raise OSError(errno.ENOSPC, "No space left on device (injected)")
             return fn(*args, **kwargs)
+
         return call
 
 
 @pytest.mark.parametrize("exchange_works", [True, False], ids=["exchange", "two-renames"])
-def test_a_failure_at_any_step_keeps_old_or_new(tmp_path: Path, pydoc_vocab: Path,
-                                                monkeypatch: pytest.MonkeyPatch,
-                                                exchange_works: bool) -> None:
+def test_a_failure_at_any_step_keeps_old_or_new(
+    tmp_path: Path, pydoc_vocab: Path, monkeypatch: pytest.MonkeyPatch, exchange_works: bool
+) -> None:
     out = tmp_path / "datasets" / "set"
     prepare(output=out, vocab=pydoc_vocab, shards=4, **SMALLSET)
     (out / "README").write_text("the user's notes")
@@ -107,12 +115,18 @@ def test_a_failure_at_any_step_keeps_old_or_new(tmp_path: Path, pydoc_vocab: Pat
     # the README is absorbed (copied instead).
     assert failures == (5 if exchange_works else 7)
     assert is_complete_new(out, 2, 1)
-    assert sorted(p.name for p in out.iterdir()) == ["README", "dataset.json", "set_training_0.hdf5",
-                                                     "set_training_1.hdf5", "vocab.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "README",
+        "dataset.json",
+        "set_training_0.hdf5",
+        "set_training_1.hdf5",
+        "vocab.txt",
+    ]
 
 
-def test_vocab_write_failing_keeps_the_old_dataset(tmp_path: Path, pydoc_vocab: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vocab_write_failing_keeps_the_old_dataset(
+    tmp_path: Path, pydoc_vocab: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The reported case: ENOSPC while writing vocab.txt left the folder empty."""
     out = tmp_path / "set"
     prepare(output=out, vocab=pydoc_vocab, shards=2, **SMALLSET)
@@ -175,24 +189,29 @@ def nvidia_loader_picks(folder: Path) -> list[str]:
     whose name contains `training` (the widest of the loaders' patterns)."""
     if not folder.is_dir():
         return []
-    return sorted(f for f in os.listdir(folder)
-                  if os.path.isfile(folder / f) and "training" in f)
+    return sorted(f for f in os.listdir(folder) if os.path.isfile(folder / f) and "training" in f)
 
 
 @pytest.mark.parametrize("point", ["writing", "committing"])
 @pytest.mark.parametrize("existing", [False, True], ids=["new", "overwrite"])
-def test_killed_run_shows_loaders_no_partial_shard(tmp_path: Path, pydoc_vocab: Path,
-                                                   point: str, existing: bool) -> None:
+def test_killed_run_shows_loaders_no_partial_shard(
+    tmp_path: Path, pydoc_vocab: Path, point: str, existing: bool
+) -> None:
     out = tmp_path / "datasets" / "set"
     if existing:
         prepare(output=out, vocab=pydoc_vocab, shards=2, **SMALLSET)
     old = snapshot(out)
-    proc = subprocess.run([sys.executable, "-c", KILLER, str(out), str(pydoc_vocab), point],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLER, str(out), str(pydoc_vocab), point],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -9, proc.stderr
     assert snapshot(out) == old  # the old dataset (or none) as it was
-    assert nvidia_loader_picks(out) == (["set_training_0.hdf5", "set_training_1.hdf5"]
-                                        if existing else [])
+    assert nvidia_loader_picks(out) == (
+        ["set_training_0.hdf5", "set_training_1.hdf5"] if existing else []
+    )
     for path in training_files(tmp_path):  # the output folder and everything beside it
         assert FINAL_SHARD.match(path.name), f"{path}: a loader would take this partial file"
         with h5py.File(path, "r") as f:  # complete: it opens, with every array

@@ -81,8 +81,11 @@ def test_every_row_masks_num_to_predict(pydoc_dataset: PrepareResult) -> None:
 def test_80_10_10_split(pydoc_dataset: PrepareResult) -> None:
     st = inspect(pydoc_dataset.output)
     n = st.masked
-    for measured, p in ((st.masked_as_mask, 0.8), (st.masked_as_random, 0.1),
-                        (st.masked_as_kept, 0.1)):
+    for measured, p in (
+        (st.masked_as_mask, 0.8),
+        (st.masked_as_random, 0.1),
+        (st.masked_as_kept, 0.1),
+    ):
         tolerance = 5 * math.sqrt(p * (1 - p) / n)  # 5 sigma of a binomial proportion
         assert abs(measured - p) < tolerance, (measured, p, n)
 

@@ -29,8 +29,10 @@ def test_plain_lines_start_stages_and_are_throttled() -> None:
     for _ in range(10):
         rep.advance(1, tokens=1000)
     rep.stage("writing shards", 8)
-    assert buf.getvalue().splitlines() == ["prepare: making examples (0/10)",
-                                           "prepare: writing shards (0/8)"]
+    assert buf.getvalue().splitlines() == [
+        "prepare: making examples (0/10)",
+        "prepare: writing shards (0/8)",
+    ]
     rep = LineReporter(buf := io.StringIO(), every_s=0)
     rep.stage("making examples", 2)
     rep.advance(1, tokens=1000)

@@ -68,12 +68,15 @@ def test_vocab_rules() -> None:
         parse_vocab(ok + "the\n", "v.txt")
 
 
-@pytest.mark.parametrize("batch", [
-    ["plain ascii one", "two\nlines in one sentence", "three"],  # a "\n" of a sentence's own
-    ["only one sentence here."],
-    ["", "", "between empties", ""],
-    [],
-])
+@pytest.mark.parametrize(
+    "batch",
+    [
+        ["plain ascii one", "two\nlines in one sentence", "three"],  # a "\n" of a sentence's own
+        ["only one sentence here."],
+        ["", "", "between empties", ""],
+        [],
+    ],
+)
 def test_whole_batch_path_keeps_sentence_boundaries(pydoc_vocab: Path, batch: list[str]) -> None:
     """The batch is encoded as one string with "\\n" between sentences; a sentence's own "\\n"
     or an empty sentence must not move a boundary."""

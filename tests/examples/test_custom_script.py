@@ -26,13 +26,35 @@ JOB = ROOT / "examples" / "custom-gpt" / "job.toml"
 STEPS, EVERY = 300, 20
 # Tiny and quick on 2 shared cores; the launch runs from the repository root, so the job's
 # relative entrypoint (examples/custom-gpt/train_gpt.py) is found as a user's would be.
-ARGS = ["--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--layers", "1", "--d-model", "32",
-        "--heads", "2", "--seq-len", "32", "--batch-size", "4", "--warmup", "5"]
+ARGS = [
+    "--steps",
+    str(STEPS),
+    "--checkpoint-every",
+    str(EVERY),
+    "--layers",
+    "1",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "4",
+    "--warmup",
+    "5",
+]
 
 
 def launch(store: Path, name: str, *sets: str) -> None:
-    overrides = [f'job.name="{name}"', f"job.args={json.dumps(ARGS)}", "job.max_restarts=4",
-                 "rendezvous.timeout=180", f"job.storage={json.dumps(str(store))}", *sets]
+    overrides = [
+        f'job.name="{name}"',
+        f"job.args={json.dumps(ARGS)}",
+        "job.max_restarts=4",
+        "rendezvous.timeout=180",
+        f"job.storage={json.dumps(str(store))}",
+        *sets,
+    ]
     args = ["launch", str(JOB)]
     for s in overrides:
         args += ["--set", s]
@@ -43,7 +65,9 @@ def launch(store: Path, name: str, *sets: str) -> None:
 def diagnosis(run: RunPaths) -> str:
     parts = [run.state.read_text() if run.state.exists() else "no state.json"]
     for log in sorted(run.logs.glob("*.log")):
-        parts.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-20:]))
+        parts.append(
+            f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        )
     return "\n".join(parts)
 
 
@@ -60,8 +84,18 @@ def steps(run: RunPaths) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("rdzv", ["c10d", pytest.param("etcd", marks=pytest.mark.skipif(
-    not etcd_available(), reason="etcd not installed (apt-get install etcd-server)"))])
+@pytest.mark.parametrize(
+    "rdzv",
+    [
+        "c10d",
+        pytest.param(
+            "etcd",
+            marks=pytest.mark.skipif(
+                not etcd_available(), reason="etcd not installed (apt-get install etcd-server)"
+            ),
+        ),
+    ],
+)
 def test_custom_script_is_killed_and_resumes_from_its_checkpoint(tmp_path: Path, rdzv: str) -> None:
     store, name = tmp_path / "storage", f"gpt-{rdzv}"
     run = RunPaths(Storage(store).run_dir(name))
@@ -86,7 +120,12 @@ def test_custom_script_is_killed_and_resumes_from_its_checkpoint(tmp_path: Path,
     assert steps(run) == list(range(1, STEPS + 1))
     assert f"train_gpt: resumed from step {resumed[0]}" in (run.logs / "rank0.log").read_text()
     s = runinfo.status(Storage(store), name)
-    assert s.restarts == 1 and s.max_steps == STEPS and s.summary and s.summary["status"] == "completed"
+    assert (
+        s.restarts == 1
+        and s.max_steps == STEPS
+        and s.summary
+        and s.summary["status"] == "completed"
+    )
     assert runinfo.progress_text(s).startswith(f"step {STEPS}/{STEPS}  loss ")
     assert any(run.tensorboard.iterdir())  # `trainmaster tensorboard` has something to show
     pids = [p for p in [final.supervisor_pid, final.etcd_pid, *(n.pid for n in final.nodes)] if p]

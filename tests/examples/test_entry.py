@@ -29,13 +29,37 @@ sys.exit(int(os.environ.get("EXIT_WITH", "0")))
 """
 
 
-def worker(run: RunPaths, target: list[str], *, rank: int, workdir: Path, cwd: Path,
-           extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": "0", "GROUP_RANK": "0",
-           "TORCHELASTIC_RUN_ID": "job-1", **(extra or {})}
+def worker(
+    run: RunPaths,
+    target: list[str],
+    *,
+    rank: int,
+    workdir: Path,
+    cwd: Path,
+    extra: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "RANK": str(rank),
+        "LOCAL_RANK": "0",
+        "GROUP_RANK": "0",
+        "TORCHELASTIC_RUN_ID": "job-1",
+        **(extra or {}),
+    }
     env.pop("TRAINMASTER_RUN_DIR", None)
-    cmd = [sys.executable, "-m", entry.MODULE, "--job", str(run.job_toml), "--storage", "/store",
-           "--workdir", str(workdir), "--", *target]
+    cmd = [
+        sys.executable,
+        "-m",
+        entry.MODULE,
+        "--job",
+        str(run.job_toml),
+        "--storage",
+        "/store",
+        "--workdir",
+        str(workdir),
+        "--",
+        *target,
+    ]
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
@@ -53,10 +77,18 @@ def test_script_runs_as_main_with_the_run_folder(run: RunPaths, tmp_path: Path) 
     result = worker(run, ["sub/train.py", "--lr", "1"], rank=0, workdir=code, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.splitlines()[-1])
-    assert out["name"] == "__main__" and out["argv"] == [str(code / "sub" / "train.py"), "--lr", "1"]
-    assert out["env"] == {"TRAINMASTER_RUN_DIR": str(run.dir), "TRAINMASTER_STORAGE": "/store",
-                          "TRAINMASTER_CHECKPOINT_DIR": str(run.checkpoints),
-                          "TRAINMASTER_TENSORBOARD_DIR": str(run.tensorboard), "TRAINMASTER_JOB": "mine"}
+    assert out["name"] == "__main__" and out["argv"] == [
+        str(code / "sub" / "train.py"),
+        "--lr",
+        "1",
+    ]
+    assert out["env"] == {
+        "TRAINMASTER_RUN_DIR": str(run.dir),
+        "TRAINMASTER_STORAGE": "/store",
+        "TRAINMASTER_CHECKPOINT_DIR": str(run.checkpoints),
+        "TRAINMASTER_TENSORBOARD_DIR": str(run.tensorboard),
+        "TRAINMASTER_JOB": "mine",
+    }
     assert run.checkpoints.is_dir() and run.tensorboard.is_dir()
     # Rank 0: its log file, the line the Kubernetes backend looks for, rank0.json, summary.json.
     assert "trainmaster: rank 0 on pod " in (run.logs / "rank0.log").read_text()
@@ -72,19 +104,29 @@ def test_every_start_of_rank_0_in_one_launch_is_a_restart(run: RunPaths, tmp_pat
     rendezvous id count them for the job. A new launch (new id) starts again from 0."""
     (tmp_path / "t.py").write_text(SCRIPT)
     for expected, run_id in ((0, "a"), (1, "a"), (2, "a"), (0, "b")):
-        result = worker(run, ["t.py"], rank=0, workdir=tmp_path, cwd=tmp_path,
-                        extra={"TORCHELASTIC_RUN_ID": run_id})
+        result = worker(
+            run,
+            ["t.py"],
+            rank=0,
+            workdir=tmp_path,
+            cwd=tmp_path,
+            extra={"TORCHELASTIC_RUN_ID": run_id},
+        )
         assert result.returncode == 0, result.stderr
         assert json.loads(run.summary.read_text())["restarts"] == expected
 
 
-def test_other_ranks_write_no_metrics_and_a_failure_no_summary(run: RunPaths, tmp_path: Path) -> None:
+def test_other_ranks_write_no_metrics_and_a_failure_no_summary(
+    run: RunPaths, tmp_path: Path
+) -> None:
     (tmp_path / "t.py").write_text(SCRIPT)
     result = worker(run, ["t.py"], rank=1, workdir=tmp_path, cwd=tmp_path)
     assert result.returncode == 0 and not run.metrics.exists() and not run.summary.exists()
     assert (run.logs / "rank1.log").exists() and not run.rank0.exists()
     result = worker(run, ["t.py"], rank=0, workdir=tmp_path, cwd=tmp_path, extra={"EXIT_WITH": "3"})
-    assert result.returncode == 3 and not run.summary.exists()  # the script's exit code, no "completed"
+    assert (
+        result.returncode == 3 and not run.summary.exists()
+    )  # the script's exit code, no "completed"
 
 
 def test_module_entrypoint_is_found_in_the_workdir(run: RunPaths, tmp_path: Path) -> None:
@@ -92,7 +134,9 @@ def test_module_entrypoint_is_found_in_the_workdir(run: RunPaths, tmp_path: Path
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "train.py").write_text(SCRIPT)
-    result = worker(run, ["-m", "mypkg.train", "x"], rank=0, workdir=tmp_path / "code", cwd=tmp_path)
+    result = worker(
+        run, ["-m", "mypkg.train", "x"], rank=0, workdir=tmp_path / "code", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.splitlines()[-1])
     assert out["name"] == "__main__" and out["argv"][1:] == ["x"] and out["cwd"] == str(tmp_path)
@@ -100,13 +144,27 @@ def test_module_entrypoint_is_found_in_the_workdir(run: RunPaths, tmp_path: Path
 
 def test_builtin_trainer_command_is_unchanged_and_custom_goes_through_the_shim() -> None:
     rdzv = torchrun.Rendezvous("c10d", "127.0.0.1:29400", run_id="r")
-    builtin = torchrun.command(api.preset_job("local-cpu"), rdzv, job_file="J", storage="S", workdir="/w")
+    builtin = torchrun.command(
+        api.preset_job("local-cpu"), rdzv, job_file="J", storage="S", workdir="/w"
+    )
     assert builtin[-6:] == ["-m", "trainmaster.train", "--job", "J", "--storage", "S"]
     cfg = api.preset_job("local-cpu", ['job.entrypoint="-m pkg.train"', 'job.args=["--lr", "1"]'])
     cmd = torchrun.command(cfg, rdzv, job_file="J", storage="S", workdir="/w")
-    assert cmd[cmd.index("--monitor-interval=1") + 1:] == [
-        "-m", "trainmaster.launch.entry", "--job", "J", "--storage", "S", "--workdir", "/w",
-        "--", "-m", "pkg.train", "--lr", "1"]
+    assert cmd[cmd.index("--monitor-interval=1") + 1 :] == [
+        "-m",
+        "trainmaster.launch.entry",
+        "--job",
+        "J",
+        "--storage",
+        "S",
+        "--workdir",
+        "/w",
+        "--",
+        "-m",
+        "pkg.train",
+        "--lr",
+        "1",
+    ]
 
 
 def test_log_metrics_outside_rank_0_and_drop_after(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from trainmaster.launch.entry import WORKSPACE_DIR
 from trainmaster.launch.torchrun import Rendezvous, command
 
 # Just enough of torchx.specs to call a component (torchx is not a dependency).
-STUB = '''
+STUB = """
 from dataclasses import dataclass, field
 
 @dataclass
@@ -48,7 +48,7 @@ class Role:
 class AppDef:
     name: str
     roles: list
-'''
+"""
 
 
 def _component(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> Any:
@@ -68,42 +68,74 @@ def _component(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> An
     return module
 
 
-def test_the_component_runs_the_jobs_torchrun_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_component_runs_the_jobs_torchrun_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     mount = tmp_path / "data"
     cfg = api.load_job(ROOT / "examples" / "trn1-bert-large.toml", [f'kubernetes.mount="{mount}"'])
     app = _component(tmp_path, monkeypatch, torchx.component(cfg)).bert_large_trn1(image="img:1")
     (role,) = app.roles
-    assert (app.name, role.image, role.num_replicas, role.max_retries) == ("bert-large-trn1", "img:1", 2, 3)
+    assert (app.name, role.image, role.num_replicas, role.max_retries) == (
+        "bert-large-trn1",
+        "img:1",
+        2,
+        3,
+    )
     assert role.resource.devices == {"aws.amazon.com/neuron": 16, "vpc.amazonaws.com/efa": 8}
-    assert role.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1" and role.port_map == {"c10d": 29400}
+    assert role.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1" and role.port_map == {
+        "c10d": 29400
+    }
 
     # What TorchX does with the role's args before the scheduler starts it (macros.Values).
     macros = {"rank0_env": "TORCHX_RANK0_HOST", "app_id": "bert-large-trn1-x7", "replica_id": "1"}
     script = string.Template(role.args[1]).safe_substitute(macros)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").write_text(f'#!/bin/sh\n"{sys.executable}" -c \'import json, sys; '
-                                    f'print(json.dumps(sys.argv[1:]))\' "$@" > "{tmp_path / "argv.json"}"\n')
+    (bin_dir / "python").write_text(
+        f'#!/bin/sh\n"{sys.executable}" -c \'import json, sys; '
+        f'print(json.dumps(sys.argv[1:]))\' "$@" > "{tmp_path / "argv.json"}"\n'
+    )
     (bin_dir / "python").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TORCHX_RANK0_HOST": "host-0"}
     subprocess.run([role.entrypoint, role.args[0], script], env=env, check=True, timeout=60)
 
     run = mount / "runs" / "bert-large-trn1"
     written = jobfile.load(run / "job.toml")
-    assert written.derived.config_hash == cfg.derived.config_hash and written.kubernetes.mount == str(mount)
+    assert (
+        written.derived.config_hash == cfg.derived.config_hash
+        and written.kubernetes.mount == str(mount)
+    )
     assert not list(run.glob(".job.toml.*"))  # written through a temporary file, then renamed
-    want = command(cfg, Rendezvous("c10d", "host-0:29400", run_id="bert-large-trn1-x7"),
-                   job_file=str(run / "job.toml"), storage=str(mount), python="python", workdir=WORKSPACE_DIR)
+    want = command(
+        cfg,
+        Rendezvous("c10d", "host-0:29400", run_id="bert-large-trn1-x7"),
+        job_file=str(run / "job.toml"),
+        storage=str(mount),
+        python="python",
+        workdir=WORKSPACE_DIR,
+    )
     assert json.loads((tmp_path / "argv.json").read_text()) == want[1:]
 
 
 def test_cli_writes_the_component(tmp_path: Path) -> None:
     out = tmp_path / "bert.py"
-    result = run_cli("export", "torchx", str(ROOT / "examples" / "trn1-bert-large.toml"), "--out", str(out),
-                     "--image", "img:2")
+    result = run_cli(
+        "export",
+        "torchx",
+        str(ROOT / "examples" / "trn1-bert-large.toml"),
+        "--out",
+        str(out),
+        "--image",
+        "img:2",
+    )
     assert result.returncode == 0, result.stderr
     assert f"{out}:bert_large_trn1" in result.stdout
     assert "def bert_large_trn1(image: str = 'img:2')" in out.read_text()
-    bad = run_cli("export", "torchx", str(ROOT / "examples" / "trn1-bert-large.toml"),
-                  "--set", "job.nproc_per_node=64")
+    bad = run_cli(
+        "export",
+        "torchx",
+        str(ROOT / "examples" / "trn1-bert-large.toml"),
+        "--set",
+        "job.nproc_per_node=64",
+    )
     assert bad.returncode == 2 and "job.nproc_per_node" in bad.stderr and not bad.stdout

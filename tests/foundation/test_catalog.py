@@ -25,8 +25,16 @@ def test_gpu_and_cpu_types() -> None:
 
 
 def test_every_type_is_complete() -> None:
-    expected = {"trn1.2xlarge", "trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge", "p4d.24xlarge",
-                "p5.48xlarge", "p5e.48xlarge", "cpu"}
+    expected = {
+        "trn1.2xlarge",
+        "trn1.32xlarge",
+        "trn1n.32xlarge",
+        "trn2.48xlarge",
+        "p4d.24xlarge",
+        "p5.48xlarge",
+        "p5e.48xlarge",
+        "cpu",
+    }
     assert set(catalog.CATALOG) == expected
     for t in catalog.CATALOG.values():
         assert t.vcpu > 0 and t.memory_gib > 0 and t.price_per_hour > 0 and t.default_workers > 0
@@ -34,5 +42,7 @@ def test_every_type_is_complete() -> None:
 
 
 def test_unknown_type_names_the_field() -> None:
-    with pytest.raises(ConfigError, match=r"^kubernetes\.instance_type: unknown instance type 'trn9'"):
+    with pytest.raises(
+        ConfigError, match=r"^kubernetes\.instance_type: unknown instance type 'trn9'"
+    ):
         catalog.get("trn9", where="kubernetes.instance_type")

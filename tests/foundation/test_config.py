@@ -46,10 +46,16 @@ def test_examples_are_the_presets(name: str) -> None:
 
 
 def test_overrides_are_typed() -> None:
-    cfg = api.preset_job("local-cpu", [
-        "train.lr=3e-4", "train.compile=true", "kubernetes.image=repo/img:1.0",
-        "kubernetes.node_selector={pool = \"a\"}", "cluster.zones=[\"us-west-2a\"]",
-    ])
+    cfg = api.preset_job(
+        "local-cpu",
+        [
+            "train.lr=3e-4",
+            "train.compile=true",
+            "kubernetes.image=repo/img:1.0",
+            'kubernetes.node_selector={pool = "a"}',
+            'cluster.zones=["us-west-2a"]',
+        ],
+    )
     assert cfg.train.lr == 3e-4 and cfg.train.compile is True
     assert cfg.kubernetes.image == "repo/img:1.0"
     assert cfg.kubernetes.node_selector == {"pool": "a"}
@@ -65,20 +71,39 @@ def test_elastic_range_checks_every_node_count() -> None:
     ok = api.preset_job("local-cpu", ["job.min_nnodes=1", "train.global_batch_size=32"])
     assert (ok.derived.min_world_size, ok.derived.world_size) == (1, 2)
     with pytest.raises(ConfigError, match=r"\(16 x 3 = 48 with 3 nodes\)"):
-        api.preset_job("local-cpu", ["job.nnodes=3", "job.min_nnodes=2",
-                                     "train.global_batch_size=64"])
+        api.preset_job(
+            "local-cpu", ["job.nnodes=3", "job.min_nnodes=2", "train.global_batch_size=64"]
+        )
 
 
 def test_hash_is_stable_and_ignores_how_the_job_runs() -> None:
     base = api.preset_job("trn1-bert-large")
     assert base.derived.config_hash == api.preset_job("trn1-bert-large").derived.config_hash
-    same = ["job.nnodes=4", "train.steps_this_run=10", "train.batch_size=8", "job.max_restarts=0",
-            "kubernetes.image=x/y:z", "train.checkpoint_every=7"]
+    same = [
+        "job.nnodes=4",
+        "train.steps_this_run=10",
+        "train.batch_size=8",
+        "job.max_restarts=0",
+        "kubernetes.image=x/y:z",
+        "train.checkpoint_every=7",
+    ]
     for item in same:
-        assert api.preset_job("trn1-bert-large", [item]).derived.config_hash == base.derived.config_hash, item
-    for item in ["train.lr=1e-4", "model.preset=\"bert-base\"", "data.seq_len=256", "train.seed=1",
-                 "train.global_batch_size=16384", "train.optimizer=\"lamb\""]:
-        assert api.preset_job("trn1-bert-large", [item]).derived.config_hash != base.derived.config_hash, item
+        assert (
+            api.preset_job("trn1-bert-large", [item]).derived.config_hash
+            == base.derived.config_hash
+        ), item
+    for item in [
+        "train.lr=1e-4",
+        'model.preset="bert-base"',
+        "data.seq_len=256",
+        "train.seed=1",
+        "train.global_batch_size=16384",
+        'train.optimizer="lamb"',
+    ]:
+        assert (
+            api.preset_job("trn1-bert-large", [item]).derived.config_hash
+            != base.derived.config_hash
+        ), item
 
 
 def test_explicit_sizes_override_the_preset() -> None:
@@ -96,24 +121,33 @@ def test_describe_reports_storage_and_dataset(tmp_path: Path) -> None:
 
 # --- [job] entrypoint and args: your own training script (issue 13.1) -------------------------
 
-@pytest.mark.parametrize(("value", "stored"), [
-    ("-m trainmaster.train", "-m trainmaster.train"), ("-m   pkg.sub_mod", "-m pkg.sub_mod"),
-    ("train.py", "train.py"), ("  examples/custom-gpt/train_gpt.py ", "examples/custom-gpt/train_gpt.py"),
-    ("my dir/train.py", "my dir/train.py"),
-])
+
+@pytest.mark.parametrize(
+    ("value", "stored"),
+    [
+        ("-m trainmaster.train", "-m trainmaster.train"),
+        ("-m   pkg.sub_mod", "-m pkg.sub_mod"),
+        ("train.py", "train.py"),
+        ("  examples/custom-gpt/train_gpt.py ", "examples/custom-gpt/train_gpt.py"),
+        ("my dir/train.py", "my dir/train.py"),
+    ],
+)
 def test_entrypoint_is_a_file_or_a_module(value: str, stored: str) -> None:
     cfg = api.preset_job("local-cpu", [f"job.entrypoint={value!r}".replace("'", '"')])
     assert cfg.job.entrypoint == stored
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    ("python train.py", "give the script alone, not a command (python is started for you"),
-    ("torchrun train.py", "give the script alone, not a command (torchrun"),
-    ("-m", "expected -m package.module"),
-    ("-m pkg.mod --lr 1", "expected -m package.module (arguments go in job.args)"),
-    ("-m torch.distributed.run", "torchrun is started for you"),
-    ("", "give a Python file (train.py) or -m package.module"),
-])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("python train.py", "give the script alone, not a command (python is started for you"),
+        ("torchrun train.py", "give the script alone, not a command (torchrun"),
+        ("-m", "expected -m package.module"),
+        ("-m pkg.mod --lr 1", "expected -m package.module (arguments go in job.args)"),
+        ("-m torch.distributed.run", "torchrun is started for you"),
+        ("", "give a Python file (train.py) or -m package.module"),
+    ],
+)
 def test_bad_entrypoint_names_the_field(value: str, message: str) -> None:
     with pytest.raises(ConfigError, match=r"job\.entrypoint: ") as err:
         api.preset_job("local-cpu", [f'job.entrypoint="{value}"'])
@@ -121,7 +155,11 @@ def test_bad_entrypoint_names_the_field(value: str, message: str) -> None:
 
 
 def test_args_are_strings() -> None:
-    assert api.preset_job("local-cpu", ['job.args=["--lr", "3e-4", ""]']).job.args == ["--lr", "3e-4", ""]
+    assert api.preset_job("local-cpu", ['job.args=["--lr", "3e-4", ""]']).job.args == [
+        "--lr",
+        "3e-4",
+        "",
+    ]
     with pytest.raises(ConfigError, match=r"job\.args\.0: input should be a valid string"):
         api.preset_job("local-cpu", ["job.args=[1]"])
     with pytest.raises(ConfigError, match=r"job\.args: an argument holds a NUL character"):
@@ -143,7 +181,10 @@ def test_missing_script_is_refused_before_anything_starts(tmp_path: Path) -> Non
     assert not (store / "runs" / "mine").exists()
     job.write_text('[job]\nname = "mine"\nentrypoint = "-m no_such_package_here.train"\n')
     result = run_cli("launch", str(job), "--set", f'job.storage="{store}"', cwd=tmp_path)
-    assert result.returncode == 2 and "job.entrypoint: no module 'no_such_package_here'" in result.stderr
+    assert (
+        result.returncode == 2
+        and "job.entrypoint: no module 'no_such_package_here'" in result.stderr
+    )
     assert not (store / "runs" / "mine").exists()
 
 

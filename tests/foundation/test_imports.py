@@ -6,8 +6,14 @@ import json
 import subprocess
 import sys
 
-OPERATOR_MODULES = ["trainmaster.cli.app", "trainmaster.config", "trainmaster.jobfile",
-                    "trainmaster.catalog", "trainmaster.api", "trainmaster.storage"]
+OPERATOR_MODULES = [
+    "trainmaster.cli.app",
+    "trainmaster.config",
+    "trainmaster.jobfile",
+    "trainmaster.catalog",
+    "trainmaster.api",
+    "trainmaster.storage",
+]
 
 
 def test_cli_and_config_do_not_import_torch() -> None:
@@ -20,27 +26,41 @@ def test_cli_and_config_do_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
     # ...and the check itself can fail: importing torch is seen.
-    seen = subprocess.run([sys.executable, "-c", code.replace("import importlib", "import torch, importlib")],
-                          capture_output=True, text=True, check=True)
+    seen = subprocess.run(
+        [sys.executable, "-c", code.replace("import importlib", "import torch, importlib")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "torch" in json.loads(seen.stdout)
 
 
 def test_help_imports_no_accelerator_or_cloud_client() -> None:
     """`trainmaster --help` (and every command's parsing) starts without torch, the kubernetes
     client or boto3: each is imported where a command first needs it."""
-    code = ("import json, sys\nfrom trainmaster.cli.app import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'torch', 'kubernetes', 'boto3', 'botocore', 'transformers'})))\n")
+    code = (
+        "import json, sys\nfrom trainmaster.cli.app import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'torch', 'kubernetes', 'boto3', 'botocore', 'transformers'})))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 def test_a_script_importing_the_worker_helpers_pays_for_nothing_heavy() -> None:
-    code = ("import json, sys\nbefore = set(sys.modules)\nfrom trainmaster.worker import log_metrics\n"
-            "print(json.dumps(sorted(set(sys.modules) - before)))\n")
+    code = (
+        "import json, sys\nbefore = set(sys.modules)\nfrom trainmaster.worker import log_metrics\n"
+        "print(json.dumps(sorted(set(sys.modules) - before)))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     new = json.loads(out.stdout)
     assert [m for m in new if m.startswith("trainmaster")] == [
-        "trainmaster", "trainmaster.run", "trainmaster.run.metrics", "trainmaster.worker"]
-    assert not [m for m in new if m.split(".")[0] in ("torch", "pydantic", "numpy", "typer", "rich")]
+        "trainmaster",
+        "trainmaster.run",
+        "trainmaster.run.metrics",
+        "trainmaster.worker",
+    ]
+    assert not [
+        m for m in new if m.split(".")[0] in ("torch", "pydantic", "numpy", "typer", "rich")
+    ]

@@ -23,8 +23,10 @@ from trainmaster.config import JobConfig
 # Any Unicode scalar value (hypothesis leaves out lone surrogates, which no UTF-8 file holds):
 # control characters, quotes, backslashes, characters outside the BMP, newlines.
 TEXT = st.text(max_size=12)
-KEYS = st.one_of(TEXT, st.sampled_from(["node.kubernetes.io/instance-type", "a b", "", "ü",
-                                        "🙂/x", 'q"uote', "key"]))
+KEYS = st.one_of(
+    TEXT,
+    st.sampled_from(["node.kubernetes.io/instance-type", "a b", "", "ü", "🙂/x", 'q"uote', "key"]),
+)
 
 
 def _strategy(annotation: Any) -> st.SearchStrategy[Any]:
@@ -41,8 +43,9 @@ def _strategy(annotation: Any) -> st.SearchStrategy[Any]:
         _, value = typing.get_args(annotation)
         return st.dictionaries(KEYS, _strategy(value), max_size=3)
     simple: dict[Any, st.SearchStrategy[Any]] = {
-        type(None): st.none(), bool: st.booleans(),
-        int: st.one_of(st.integers(0, 64), st.integers(-2**63, 2**63 - 1)),
+        type(None): st.none(),
+        bool: st.booleans(),
+        int: st.one_of(st.integers(0, 64), st.integers(-(2**63), 2**63 - 1)),
         float: st.one_of(st.floats(allow_nan=False), st.floats(1e-6, 10.0)),
         str: st.one_of(TEXT, st.from_regex(r"[a-z][a-z0-9-]{0,10}[a-z0-9]", fullmatch=True)),
     }
@@ -54,16 +57,31 @@ def _strategy(annotation: Any) -> st.SearchStrategy[Any]:
 # Fields whose valid values the type alone rarely draws: job.entrypoint is a file path or
 # `-m package.module` (a module, paths with spaces, quotes and non-ASCII characters).
 ENTRYPOINTS = st.one_of(
-    TEXT, st.sampled_from(["-m trainmaster.train", "-m  pkg.sub_mod", "train.py", "my dir/tr'ain.py",
-                           "/workspace/🙂.py", "examples/custom-gpt/train_gpt.py"]),
-    st.from_regex(r"-m [A-Za-z_][A-Za-z0-9_]{0,6}(\.[A-Za-z_][A-Za-z0-9_]{0,6}){0,2}", fullmatch=True))
+    TEXT,
+    st.sampled_from(
+        [
+            "-m trainmaster.train",
+            "-m  pkg.sub_mod",
+            "train.py",
+            "my dir/tr'ain.py",
+            "/workspace/🙂.py",
+            "examples/custom-gpt/train_gpt.py",
+        ]
+    ),
+    st.from_regex(
+        r"-m [A-Za-z_][A-Za-z0-9_]{0,6}(\.[A-Za-z_][A-Za-z0-9_]{0,6}){0,2}", fullmatch=True
+    ),
+)
 SPECIAL = {"entrypoint": ENTRYPOINTS}
 
 
 def _section(model: type[BaseModel]) -> st.SearchStrategy[BaseModel]:
     """A valid section with each field drawn; a value the section refuses (pattern, bounds, a
     cross-field rule) leaves that field at its default, so no draw is wasted."""
-    fields = {k: SPECIAL[k] if k in SPECIAL else _strategy(f.annotation) for k, f in model.model_fields.items()}
+    fields = {
+        k: SPECIAL[k] if k in SPECIAL else _strategy(f.annotation)
+        for k, f in model.model_fields.items()
+    }
 
     @st.composite
     def build(draw: st.DrawFn) -> BaseModel:
@@ -80,8 +98,13 @@ def _section(model: type[BaseModel]) -> st.SearchStrategy[BaseModel]:
     return build()
 
 
-CONFIGS = st.builds(JobConfig, **{name: _section(f.annotation)  # type: ignore[arg-type]
-                                  for name, f in JobConfig.model_fields.items()})
+CONFIGS = st.builds(
+    JobConfig,
+    **{
+        name: _section(f.annotation)  # type: ignore[arg-type]
+        for name, f in JobConfig.model_fields.items()
+    },
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -100,14 +123,22 @@ def test_every_field_is_covered() -> None:
             _strategy(field.annotation)
 
 
-@pytest.mark.parametrize(("setting", "expected"), [
-    ('kubernetes.node_selector={ "node.kubernetes.io/instance-type" = "trn1.32xlarge" }',
-     {"node.kubernetes.io/instance-type": "trn1.32xlarge"}),
-    ('kubernetes.node_selector={ "topology.k8s.aws/zone-id" = "usw2-az4", "team" = "🙂 ml" }',
-     {"topology.k8s.aws/zone-id": "usw2-az4", "team": "🙂 ml"}),
-])
-def test_well_known_labels_survive_the_job_file(tmp_path: Path, setting: str,
-                                                expected: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        (
+            'kubernetes.node_selector={ "node.kubernetes.io/instance-type" = "trn1.32xlarge" }',
+            {"node.kubernetes.io/instance-type": "trn1.32xlarge"},
+        ),
+        (
+            'kubernetes.node_selector={ "topology.k8s.aws/zone-id" = "usw2-az4", "team" = "🙂 ml" }',
+            {"topology.k8s.aws/zone-id": "usw2-az4", "team": "🙂 ml"},
+        ),
+    ],
+)
+def test_well_known_labels_survive_the_job_file(
+    tmp_path: Path, setting: str, expected: dict[str, str]
+) -> None:
     """The file launch writes is read by every pod: it must load as the same job."""
     cfg = jobfile.preset("trn1-bert-large", [setting])
     path = tmp_path / "job.toml"

@@ -23,7 +23,8 @@ SHIPPED = [schemas.VOLCANO_JOB[0], schemas.VOLCANO_QUEUE[0], schemas.EKSCTL]
 def test_schemas_are_in_the_package_with_source_and_version() -> None:
     readme = schemas.read_text("README.md")
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "package-data"]["trainmaster"]
+        "package-data"
+    ]["trainmaster"]
     for relative in SHIPPED:
         assert len(schemas.read_text(relative)) > 1000, relative
         row = next(line for line in readme.splitlines() if line.startswith(f"| {relative} |"))
@@ -42,8 +43,13 @@ def _docstrings(tree: ast.AST) -> set[int]:
     out: set[int] = set()
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             out.add(id(body[0].value))
     return out
 
@@ -59,12 +65,18 @@ def test_no_code_reads_the_shared_folder() -> None:
             tree = ast.parse(path.read_text(encoding="utf-8"))
             docs = _docstrings(tree)
             for node in ast.walk(tree):
-                text = node.value if isinstance(node, ast.Constant) and id(node) not in docs else None
+                text = (
+                    node.value if isinstance(node, ast.Constant) and id(node) not in docs else None
+                )
                 if isinstance(text, str) and any(s in text for s in SHARED):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text!r}")
                 # the old tests/schemas.py: ROOT.parent / "shared" / "schemas"
-                if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) \
-                        and isinstance(node.right, ast.Constant) and node.right.value == "shared":
+                if (
+                    isinstance(node, ast.BinOp)
+                    and isinstance(node.op, ast.Div)
+                    and isinstance(node.right, ast.Constant)
+                    and node.right.value == "shared"
+                ):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: / 'shared'")
     for n, line in enumerate((ROOT / "Makefile").read_text().splitlines(), 1):
         if not line.lstrip().startswith("#") and any(s in line for s in SHARED):
@@ -73,14 +85,23 @@ def test_no_code_reads_the_shared_folder() -> None:
 
 
 def _example(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
-    rc = main(["launch", str(ROOT / "examples" / "trn1-bert-large.toml"), "--backend",
-               "kubernetes", "--dry-run", *extra])
+    rc = main(
+        [
+            "launch",
+            str(ROOT / "examples" / "trn1-bert-large.toml"),
+            "--backend",
+            "kubernetes",
+            "--dry-run",
+            *extra,
+        ]
+    )
     got = capsys.readouterr()
     return rc, got.out, got.err
 
 
-def test_dry_run_refuses_a_job_the_crd_rejects(monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_refuses_a_job_the_crd_rejects(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A field Volcano does not know (here: injected into the builder's output, as a builder
     bug or a hand edit would) is one line and exit 2, before anything is printed."""
     real = volcano.objects
@@ -107,8 +128,15 @@ def test_dry_run_of_the_example_passes_the_check(capsys: pytest.CaptureFixture[s
 
 def test_check_objects_skips_core_kinds_and_names_the_field() -> None:
     schemas.check_objects([{"apiVersion": "v1", "kind": "ConfigMap", "anything": 1}])
-    queue = {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
-             "metadata": {"name": "q"}, "spec": {"weight": "heavy"}}
-    with pytest.raises(UserError, match=r"Queue q .*: spec\.weight: 'heavy' is not of "
-                                                r"type 'integer'"):
+    queue = {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "Queue",
+        "metadata": {"name": "q"},
+        "spec": {"weight": "heavy"},
+    }
+    with pytest.raises(
+        UserError,
+        match=r"Queue q .*: spec\.weight: 'heavy' is not of "
+        r"type 'integer'",
+    ):
         schemas.check_objects([queue])

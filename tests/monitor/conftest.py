@@ -19,8 +19,12 @@ from trainmaster.run import state
 from trainmaster.storage import Storage
 
 # Small and quick on 2 cores: bert-tiny, 2 nodes x 1 worker, 4 sequences per step.
-FAST = ["train.batch_size=2", "train.global_batch_size=4", "train.warmup_steps=2",
-        "train.checkpoint_every=1000"]
+FAST = [
+    "train.batch_size=2",
+    "train.global_batch_size=4",
+    "train.warmup_steps=2",
+    "train.checkpoint_every=1000",
+]
 REPORT_STEPS = 12
 
 
@@ -32,8 +36,12 @@ def tm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(extra or {})}
 
 
-def tm(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(tm_cmd(*args), env=tm_env(env), capture_output=True, text=True, timeout=timeout)
+def tm(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        tm_cmd(*args), env=tm_env(env), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def job_file(folder: Path, name: str, *sets: str) -> Path:

@@ -11,10 +11,14 @@ from trainmaster.monitor import cost, history, runinfo
 from trainmaster.storage import Storage
 
 
-def rows(steps: range, t0: float, per_step: float, first_extra: float = 0.0) -> list[dict[str, float]]:
+def rows(
+    steps: range, t0: float, per_step: float, first_extra: float = 0.0
+) -> list[dict[str, float]]:
     """metrics.jsonl rows of one trainer process: the first step also pays start-up."""
-    return [{"step": s, "loss": 9.0, "elapsed_s": t0 + first_extra + per_step * (i + 1)}
-            for i, s in enumerate(steps)]
+    return [
+        {"step": s, "loss": 9.0, "elapsed_s": t0 + first_extra + per_step * (i + 1)}
+        for i, s in enumerate(steps)
+    ]
 
 
 def test_segments_and_times_across_a_restart() -> None:
@@ -38,19 +42,31 @@ def test_progress_eta_and_cost() -> None:
     line = cost.render(p)
     assert line.startswith("[" + "█" * 8 + "░" * 22 + "]")
     assert "50/200 steps" in line and "25%" in line and "ETA 7m30s" in line
-    assert "cost so far $20.00, to finish ~$2.50 (2 x trn1.2xlarge at $10.00/node-hour (catalog))" in line
+    assert (
+        "cost so far $20.00, to finish ~$2.50 (2 x trn1.2xlarge at $10.00/node-hour (catalog))"
+        in line
+    )
     done = cost.progress(rows(range(1, 201), 0.0, 3.0), 200, "succeeded", 600.0, price)
     assert done.eta_s is None and "ETA" not in cost.render(done) and "█" * 30 in cost.render(done)
     waiting = cost.render(cost.progress([], 200, "running", 5.0, None))
-    assert "0/200 steps" in waiting and "waiting for the first step" in waiting and "$" not in waiting
+    assert (
+        "0/200 steps" in waiting and "waiting for the first step" in waiting and "$" not in waiting
+    )
 
 
 def test_price_from_catalog_or_override() -> None:
     cfg = jobfile.preset("trn1-bert-large")
     p = history.price_of(cfg)
-    assert p is not None and (p.per_node_hour, p.nodes, p.instance, p.source) == (21.50, 2, "trn1.32xlarge", "catalog")
+    assert p is not None and (p.per_node_hour, p.nodes, p.instance, p.source) == (
+        21.50,
+        2,
+        "trn1.32xlarge",
+        "catalog",
+    )
     assert p.cost(3600) == pytest.approx(43.0)
-    over = history.price_of(jobfile.preset("trn1-bert-large", ["cluster.price_per_hour=13.0"]), nodes=4)
+    over = history.price_of(
+        jobfile.preset("trn1-bert-large", ["cluster.price_per_hour=13.0"]), nodes=4
+    )
     assert over is not None and over.per_hour == 52.0 and over.source == "cluster.price_per_hour"
     local = history.price_of(jobfile.preset("local-cpu"))
     assert local is not None and local.instance == "cpu"  # local jobs: a generic CPU host

@@ -18,30 +18,52 @@ from trainmaster.run import state
 from trainmaster.storage import RunPaths, Storage
 
 
-def custom_run(store: Path, job: str, rows: list[dict] | None, *, phase: str = "succeeded",
-               entrypoint: str = "train.py") -> RunPaths:
+def custom_run(
+    store: Path,
+    job: str,
+    rows: list[dict] | None,
+    *,
+    phase: str = "succeeded",
+    entrypoint: str = "train.py",
+) -> RunPaths:
     run = RunPaths(Storage(store).run_dir(job))
     run.logs.mkdir(parents=True)
     cfg = api.preset_job("local-cpu", [f'job.name="{job}"', f'job.entrypoint="{entrypoint}"'])
     run.job_toml.write_text(jobfile.render(cfg, "test"))
-    run.state.write_text(state.RunState(job=job, phase=phase, started_at=1000.0, finished_at=1600.0,
-                                        nnodes=2).model_dump_json())
+    run.state.write_text(
+        state.RunState(
+            job=job, phase=phase, started_at=1000.0, finished_at=1600.0, nnodes=2
+        ).model_dump_json()
+    )
     run.rank0.write_text(json.dumps({"pid": 1, "restarts": 2, "run_id": "x", "starts": 3}))
     if rows is not None:
         run.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 99, "lo')
     return run
 
 
-ROWS = [{"step": s, "loss": 5.0 - s / 10, "tokens_per_s": 800.0 + s, "accuracy": s / 40,
-         "note": "text", "max_steps": 40, "elapsed_s": float(s)} for s in range(1, 31)]
+ROWS = [
+    {
+        "step": s,
+        "loss": 5.0 - s / 10,
+        "tokens_per_s": 800.0 + s,
+        "accuracy": s / 40,
+        "note": "text",
+        "max_steps": 40,
+        "elapsed_s": float(s),
+    }
+    for s in range(1, 31)
+]
 
 
 def test_status_shows_what_the_rows_have(tmp_path: Path) -> None:
     custom_run(tmp_path, "gpt", ROWS, phase="running")
     s = runinfo.status(Storage(tmp_path), "gpt")
-    assert s.max_steps == 40 and s.last is not None and s.last["step"] == 30  # the torn line skipped
-    assert runinfo.progress_text(s) == ("step 30/40  loss 2  tokens_per_s 830  accuracy 0.75  "
-                                        "note text  restarts 2")
+    assert (
+        s.max_steps == 40 and s.last is not None and s.last["step"] == 30
+    )  # the torn line skipped
+    assert runinfo.progress_text(s) == (
+        "step 30/40  loss 2  tokens_per_s 830  accuracy 0.75  note text  restarts 2"
+    )
 
 
 def test_status_without_metrics_still_has_phase_and_restarts(tmp_path: Path) -> None:
@@ -52,19 +74,42 @@ def test_status_without_metrics_still_has_phase_and_restarts(tmp_path: Path) -> 
 
 
 def test_builtin_rows_keep_their_order_and_max_steps(tmp_path: Path) -> None:
-    rows = [{"step": 3, "loss": 1.5, "mlm_loss": 1.0, "nsp_loss": 0.5, "lr": 1e-3, "grad_norm": 0.7,
-             "seq_per_s": 51.25, "tokens_per_s": 6560.0, "mfu": None, "elapsed_s": 3.0}]
+    rows = [
+        {
+            "step": 3,
+            "loss": 1.5,
+            "mlm_loss": 1.0,
+            "nsp_loss": 0.5,
+            "lr": 1e-3,
+            "grad_norm": 0.7,
+            "seq_per_s": 51.25,
+            "tokens_per_s": 6560.0,
+            "mfu": None,
+            "elapsed_s": 3.0,
+        }
+    ]
     custom_run(tmp_path, "bert", rows, entrypoint="-m trainmaster.train")
     s = runinfo.status(Storage(tmp_path), "bert")
-    assert runinfo.progress_text(s) == "step 3/200  loss 1.5  seq_per_s 51.25  lr 0.001  grad_norm 0.7  restarts 2"
+    assert (
+        runinfo.progress_text(s)
+        == "step 3/200  loss 1.5  seq_per_s 51.25  lr 0.001  grad_norm 0.7  restarts 2"
+    )
 
 
 def test_report_plots_a_custom_scripts_values(tmp_path: Path) -> None:
     run = custom_run(tmp_path, "gpt", ROWS)
-    assert report.panels_for(ROWS) == (("loss", "loss"), ("tokens_per_s", "throughput (tokens/s)"),
-                                       ("accuracy", "accuracy"))
+    assert report.panels_for(ROWS) == (
+        ("loss", "loss"),
+        ("tokens_per_s", "throughput (tokens/s)"),
+        ("accuracy", "accuracy"),
+    )
     rep = report.make_report(Storage(tmp_path), "gpt")
-    assert (rep.steps, rep.max_steps, rep.restarts, rep.final_loss) == (30, 40, 2, pytest.approx(2.0))
+    assert (rep.steps, rep.max_steps, rep.restarts, rep.final_loss) == (
+        30,
+        40,
+        2,
+        pytest.approx(2.0),
+    )
     assert rep.avg_seq_per_s is None and rep.wall_s == 600.0
     img = np.asarray(Image.open(run.report_png).convert("RGB")).astype(int)
     for x0, y0, x1, y1 in rep.panels:  # every panel has a curve (C0 blue) in it

@@ -51,21 +51,36 @@ def test_published_trn1_rate_against_hand_computed_values() -> None:
     assert result.sequences == 460_800_000
     by = {r.nodes: r for r in result.rows}
     r16 = by[16]
-    assert (r16.efficiency, r16.efficiency_basis) == (pytest.approx(0.937643, abs=1e-6), "published")
+    assert (r16.efficiency, r16.efficiency_basis) == (
+        pytest.approx(0.937643, abs=1e-6),
+        "published",
+    )
     assert r16.seq_per_s == pytest.approx(57407.9207)  # the published 16-node figure itself
     assert r16.time_s == pytest.approx(8026.77, abs=0.01)
     assert r16.node_hours == pytest.approx(35.6745, abs=1e-4)
     assert r16.cost == pytest.approx(767.00, abs=0.01)
     assert (r16.workers, r16.grad_accum, r16.per_worker) == (512, 2, 32)
     r2 = by[2]
-    assert (r2.efficiency, r2.efficiency_basis) == (pytest.approx(0.984032, abs=1e-6), "interpolated")
+    assert (r2.efficiency, r2.efficiency_basis) == (
+        pytest.approx(0.984032, abs=1e-6),
+        "interpolated",
+    )
     assert r2.seq_per_s == pytest.approx(7531.02, abs=0.01)
     assert r2.time_s == pytest.approx(61186.95, abs=0.01)
-    assert (r2.node_hours, r2.cost) == (pytest.approx(33.9928, abs=1e-4), pytest.approx(730.84, abs=0.01))
+    assert (r2.node_hours, r2.cost) == (
+        pytest.approx(33.9928, abs=1e-4),
+        pytest.approx(730.84, abs=0.01),
+    )
     r64 = by[64]
-    assert (r64.efficiency, r64.efficiency_basis) == (pytest.approx(0.907938, abs=1e-6), "extrapolated")
+    assert (r64.efficiency, r64.efficiency_basis) == (
+        pytest.approx(0.907938, abs=1e-6),
+        "extrapolated",
+    )
     assert r64.seq_per_s == pytest.approx(222356.90, abs=0.01)
-    assert (r64.time_s, r64.node_hours) == (pytest.approx(2072.34, abs=0.01), pytest.approx(36.8417, abs=1e-4))
+    assert (r64.time_s, r64.node_hours) == (
+        pytest.approx(2072.34, abs=0.01),
+        pytest.approx(36.8417, abs=1e-4),
+    )
     assert r64.cost == pytest.approx(792.10, abs=0.01)
     assert result.price_per_node_hour == 21.50 and "us-east-1" in result.price_source
 
@@ -88,10 +103,14 @@ def test_given_rate_and_the_price_override() -> None:
     cfg = jobfile.preset("local-cpu", ["train.max_steps=100"])
     one = est.Rate(10.0, "given", "--rate")
     r = rows(cfg, one, "1")[1]
-    assert (r.time_s, r.node_hours, r.cost) == (320.0, pytest.approx(0.088889, abs=1e-6),
-                                               pytest.approx(0.1431, abs=1e-4))
-    priced = est.estimate(jobfile.preset("local-cpu", ["train.max_steps=100", "cluster.price_per_hour=2.0"]),
-                          one, [1])
+    assert (r.time_s, r.node_hours, r.cost) == (
+        320.0,
+        pytest.approx(0.088889, abs=1e-6),
+        pytest.approx(0.1431, abs=1e-4),
+    )
+    priced = est.estimate(
+        jobfile.preset("local-cpu", ["train.max_steps=100", "cluster.price_per_hour=2.0"]), one, [1]
+    )
     assert priced.rows[0].cost == pytest.approx(0.1778, abs=1e-4)
     assert "price_per_hour" in priced.price_source
 
@@ -99,10 +118,15 @@ def test_given_rate_and_the_price_override() -> None:
 def test_a_type_without_published_scaling_borrows_trn1s_and_says_assumed() -> None:
     cfg = jobfile.preset("local-cpu")
     r = rows(cfg, est.Rate(50.0, "given", "--rate"), "1,2")
-    assert (r[2].efficiency, r[2].efficiency_basis) == (pytest.approx(0.984032, abs=1e-6), "assumed")
+    assert (r[2].efficiency, r[2].efficiency_basis) == (
+        pytest.approx(0.984032, abs=1e-6),
+        "assumed",
+    )
     assert r[1].efficiency_basis == "1 node"
-    assert "assumed: no published multi-node figure for cpu" in est.estimate(
-        cfg, est.Rate(50.0, "given", "--rate"), [2]).scaling
+    assert (
+        "assumed: no published multi-node figure for cpu"
+        in est.estimate(cfg, est.Rate(50.0, "given", "--rate"), [2]).scaling
+    )
     # 100 seq/s measured on 2 nodes is 100 / (2 x 0.984032) = 50.8113 for one node
     assert est.per_node(100.0, 2, "cpu") == pytest.approx(50.8113, abs=1e-4)
 
@@ -115,7 +139,9 @@ def test_rows_that_do_not_run_or_run_below_the_published_batch() -> None:
     assert [by[n].below_published for n in (1, 2, 32)] == [False, True, True]  # < 2,048 / worker
 
 
-@pytest.mark.parametrize(("text", "expected"), [("64,2,2", [2, 64]), ("16", [16]), (" 4, 8 ", [4, 8])])
+@pytest.mark.parametrize(
+    ("text", "expected"), [("64,2,2", [2, 64]), ("16", [16]), (" 4, 8 ", [4, 8])]
+)
 def test_node_lists(text: str, expected: list[int]) -> None:
     assert est.parse_nodes(text) == expected
 
@@ -126,12 +152,19 @@ def test_bad_node_lists(text: str) -> None:
         est.parse_nodes(text)
 
 
-@pytest.mark.parametrize(("preset", "sets", "says"), [
-    ("p5-bert-large", [], "no published training rate for p5.48xlarge"),
-    ("trn1-bert-large", ["model.preset=\"bert-base\""], "trains bert-base at seq 128"),
-    ("trn1-bert-large", ["train.precision=\"fp32\""], "is for bf16 training; this job trains in fp32"),
-    ("local-cpu", [], "no published training rate for cpu"),
-])
+@pytest.mark.parametrize(
+    ("preset", "sets", "says"),
+    [
+        ("p5-bert-large", [], "no published training rate for p5.48xlarge"),
+        ("trn1-bert-large", ['model.preset="bert-base"'], "trains bert-base at seq 128"),
+        (
+            "trn1-bert-large",
+            ['train.precision="fp32"'],
+            "is for bf16 training; this job trains in fp32",
+        ),
+        ("local-cpu", [], "no published training rate for cpu"),
+    ],
+)
 def test_no_published_rate_applies(preset: str, sets: list[str], says: str) -> None:
     with pytest.raises(UserError, match=r"^--rate: .*--from-run JOB or --measure") as info:
         est.published_rate(jobfile.preset(preset, sets))
@@ -162,11 +195,14 @@ def test_runs_whose_rate_does_not_apply(tmp_path: Path) -> None:
         est.rate_of_run(fake_run(tmp_path / "a", cfg, None), "nope", cfg)
     with pytest.raises(UserError, match=r"^--from-run: run demo has no summary.json with a rate"):
         est.rate_of_run(fake_run(tmp_path / "b", cfg, None), "demo", cfg)
-    other = jobfile.preset("local-cpu", ["model.preset=\"bert-mini\"", "train.batch_size=8"])
+    other = jobfile.preset("local-cpu", ['model.preset="bert-mini"', "train.batch_size=8"])
     store = fake_run(tmp_path / "c", other, {"avg_seq_per_s": 9.0, "world_size": 2})
-    with pytest.raises(UserError, match=r"^--from-run: run demo is shaped differently .*"
-                                        r"model \(4, 256, 4, 1024\) vs \(2, 128, 2, 512\); "
-                                        r"train.batch_size 8 vs 16"):
+    with pytest.raises(
+        UserError,
+        match=r"^--from-run: run demo is shaped differently .*"
+        r"model \(4, 256, 4, 1024\) vs \(2, 128, 2, 512\); "
+        r"train.batch_size 8 vs 16",
+    ):
         est.rate_of_run(store, "demo", cfg)
 
 
@@ -177,14 +213,16 @@ def test_measure_refuses_a_cluster_job(tmp_path: Path) -> None:
 
 # --- the command, in process (trainmaster.cli.app.main) ---
 
+
 def tutorial_file(tmp_path: Path) -> Path:
     path = tmp_path / "trn1.toml"
     path.write_text(jobfile.render(trn1(), "test"), encoding="utf-8")
     return path
 
 
-def test_command_prints_the_table_and_the_sources(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_command_prints_the_table_and_the_sources(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("COLUMNS", "250")
     assert main(["estimate", str(tutorial_file(tmp_path)), "--nodes", "16,2"]) == 0
     text = capsys.readouterr().out
@@ -198,8 +236,12 @@ def test_command_prints_the_table_and_the_sources(tmp_path: Path, capsys: pytest
 
 
 def test_command_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["estimate", str(tutorial_file(tmp_path)), "--nodes", "16", "--rate", "1000",
-                 "--json"]) == 0
+    assert (
+        main(
+            ["estimate", str(tutorial_file(tmp_path)), "--nodes", "16", "--rate", "1000", "--json"]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["rate"] == {"per_node": 1000.0, "basis": "given", "source": "--rate"}
     row = data["rows"][0]
@@ -209,18 +251,28 @@ def test_command_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert data["sequences"] == 460_800_000 and data["instance"] == "trn1.32xlarge"
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--nodes", "2,four"], "--nodes: 'four' is not a node count"),
-    (["--rate", "0"], "--rate: 0.0 is not a rate"),
-    (["--rate", "-3"], "--rate: -3.0 is not a rate"),
-    (["--rate", "inf"], "--rate: inf is not a rate"),
-    (["--rate", "5", "--measure"], "--rate: give one of --rate, --from-run and --measure"),
-    (["--from-run", "gone"], "--from-run: no job 'gone'"),
-    (["--set", "model.preset=\"bert-base\""], "--rate: the published trn1.32xlarge rate is BERT-large"),
-])
-def test_command_bad_input_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                              monkeypatch: pytest.MonkeyPatch, args: list[str],
-                                              says: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--nodes", "2,four"], "--nodes: 'four' is not a node count"),
+        (["--rate", "0"], "--rate: 0.0 is not a rate"),
+        (["--rate", "-3"], "--rate: -3.0 is not a rate"),
+        (["--rate", "inf"], "--rate: inf is not a rate"),
+        (["--rate", "5", "--measure"], "--rate: give one of --rate, --from-run and --measure"),
+        (["--from-run", "gone"], "--from-run: no job 'gone'"),
+        (
+            ["--set", 'model.preset="bert-base"'],
+            "--rate: the published trn1.32xlarge rate is BERT-large",
+        ),
+    ],
+)
+def test_command_bad_input_is_one_line_exit_2(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    says: str,
+) -> None:
     monkeypatch.setenv("TRAINMASTER_STORAGE", str(tmp_path / "store"))
     path = tutorial_file(tmp_path)
     # the job file names /data as its storage: use one that has no runs
@@ -232,11 +284,22 @@ def test_command_bad_input_is_one_line_exit_2(tmp_path: Path, capsys: pytest.Cap
 
 # --- real runs: --measure runs the job here; --from-run reads a finished one ---
 
+
 @pytest.mark.slow
 def test_measure_runs_the_job_here(pydoc_storage: Path, tmp_path: Path) -> None:
     path = job_file(tmp_path, "measured")
-    result = run_cli("estimate", str(path), "--measure", "--measure-steps", "4", "--nodes", "2,4",
-                     "--json", env={"TRAINMASTER_STORAGE": str(pydoc_storage)}, timeout=600)
+    result = run_cli(
+        "estimate",
+        str(path),
+        "--measure",
+        "--measure-steps",
+        "4",
+        "--nodes",
+        "2,4",
+        "--json",
+        env={"TRAINMASTER_STORAGE": str(pydoc_storage)},
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["rate"]["basis"] == "measured here" and data["rate"]["per_node"] > 0
@@ -250,8 +313,16 @@ def test_from_run_uses_its_summary(finished_run: tuple[Path, str], tmp_path: Pat
     store, job = finished_run
     summary = json.loads((store / "runs" / job / "summary.json").read_text())
     path = job_file(tmp_path, "next")
-    result = run_cli("estimate", str(path), "--from-run", job, "--nodes", "2", "--json",
-                     env={"TRAINMASTER_STORAGE": str(store)})
+    result = run_cli(
+        "estimate",
+        str(path),
+        "--from-run",
+        job,
+        "--nodes",
+        "2",
+        "--json",
+        env={"TRAINMASTER_STORAGE": str(store)},
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     # measured on 2 local nodes: one node's rate is avg / (2 x 0.984032); 2 nodes give avg back
@@ -259,20 +330,26 @@ def test_from_run_uses_its_summary(finished_run: tuple[Path, str], tmp_path: Pat
     assert data["rate"]["basis"] == "measured" and f"run {job}:" in data["rate"]["source"]
 
 
-def test_measure_without_shards_says_so_before_launching(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_measure_without_shards_says_so_before_launching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("TRAINMASTER_STORAGE", str(tmp_path / "empty"))
     path = tmp_path / "demo.toml"
     path.write_text(jobfile.render(jobfile.preset("local-cpu"), "test"), encoding="utf-8")
     assert main(["estimate", str(path), "--measure", "--measure-steps", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: data.dataset: no *_training_*.hdf5 shards in "
-                                               f"{tmp_path / 'empty' / 'datasets' / 'pydoc'}"), err
+    assert len(err) == 1 and err[0].startswith(
+        "error: data.dataset: no *_training_*.hdf5 shards in "
+        f"{tmp_path / 'empty' / 'datasets' / 'pydoc'}"
+    ), err
 
 
-def test_measure_of_a_job_that_cannot_start_is_one_line(tmp_path: Path, pydoc_storage: Path,
-                                                        capsys: pytest.CaptureFixture[str],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_measure_of_a_job_that_cannot_start_is_one_line(
+    tmp_path: Path,
+    pydoc_storage: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The measuring launch (a real subprocess) refuses the job (here: 2 x 3 workers need 6
     shards, the storage has 4); its one line comes back, and nothing is left running."""
     monkeypatch.setenv("TRAINMASTER_STORAGE", str(pydoc_storage))
@@ -282,5 +359,7 @@ def test_measure_of_a_job_that_cannot_start_is_one_line(tmp_path: Path, pydoc_st
     assert main(["estimate", str(path), "--measure", "--measure-steps", "3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("measuring: 3 steps of demo here")
-    assert len(err) == 2 and err[1].startswith("error: --measure: the measuring run refused the job: ")
+    assert len(err) == 2 and err[1].startswith(
+        "error: --measure: the measuring run refused the job: "
+    )
     assert "4 shards in" in err[1] and "for 6 workers" in err[1], err

@@ -15,7 +15,13 @@ def start(t: float, step: int = 0, compiles: bool = False) -> dict[str, Any]:
 
 
 def steps(t: float, end: float, first: int, last: int | None = None) -> dict[str, Any]:
-    return {"event": "steps", "t": t, "end": end, "first": first, "last": first if last is None else last}
+    return {
+        "event": "steps",
+        "t": t,
+        "end": end,
+        "first": first,
+        "last": first if last is None else last,
+    }
 
 
 def ckpt(t: float, end: float, step: int) -> dict[str, Any]:
@@ -27,10 +33,21 @@ def killed_once(compiles: bool = False) -> list[dict[str, Any]]:
     1 s), checkpoints step 4 (0.5 s), dies after step 6. The second starts at 115 from step 4,
     redoes 5-6, steps 7-8, checkpoints step 8, ends at 125; the run ends at 126."""
     return [
-        start(101, 0, compiles), steps(105, 107, 1), steps(107, 108, 2), steps(108, 109, 3),
-        steps(109, 110, 4), ckpt(110, 110.5, 4), steps(110.5, 111.5, 5), steps(111.5, 112.5, 6),
-        start(115, 4, compiles), steps(120, 121, 5), steps(121, 122, 6), steps(122, 123, 7),
-        steps(123, 124, 8), ckpt(124, 124.5, 8), {"event": "end", "t": 125, "step": 8},
+        start(101, 0, compiles),
+        steps(105, 107, 1),
+        steps(107, 108, 2),
+        steps(108, 109, 3),
+        steps(109, 110, 4),
+        ckpt(110, 110.5, 4),
+        steps(110.5, 111.5, 5),
+        steps(111.5, 112.5, 6),
+        start(115, 4, compiles),
+        steps(120, 121, 5),
+        steps(121, 122, 6),
+        steps(122, 123, 7),
+        steps(123, 124, 8),
+        ckpt(124, 124.5, 8),
+        {"event": "end", "t": 125, "step": 8},
     ]
 
 
@@ -40,8 +57,17 @@ def test_a_kill_splits_wall_time_as_worked_out_by_hand() -> None:
     # startup 100->105; steps 1-4 of the first trainer (5 s) and 5-8 of the second (4 s) are
     # productive; its steps 5-6 (2 s) were redone: lost; two checkpoints of 0.5 s; the restart
     # runs from its last step (112.5) to the next first step (120); 124.5->126 is the end.
-    assert g.seconds == pytest.approx({"startup": 5, "compile": 0, "productive": 9, "lost": 2,
-                                       "checkpoint": 1, "restart": 7.5, "other": 1.5})
+    assert g.seconds == pytest.approx(
+        {
+            "startup": 5,
+            "compile": 0,
+            "productive": 9,
+            "lost": 2,
+            "checkpoint": 1,
+            "restart": 7.5,
+            "other": 1.5,
+        }
+    )
     assert g.wall == 26 and g.ratio == pytest.approx(9 / 26)
     assert g.steps_lost == 2 and g.restarts == 1
     assert sum(g.seconds.values()) == pytest.approx(g.wall)
@@ -67,7 +93,9 @@ def test_a_window_across_the_resume_point_is_lost_pro_rata() -> None:
     events = [start(0), steps(1, 2, 1, 2), steps(2, 6, 3, 6), start(10, 4), steps(12, 14, 5, 6)]
     g = goodput.breakdown(events)
     assert g is not None and g.steps_lost == 2
-    assert g.seconds["lost"] == pytest.approx(2) and g.seconds["productive"] == pytest.approx(1 + 2 + 2)
+    assert g.seconds["lost"] == pytest.approx(2) and g.seconds["productive"] == pytest.approx(
+        1 + 2 + 2
+    )
     assert g.seconds["startup"] == pytest.approx(1) and g.seconds["restart"] == pytest.approx(6)
     assert g.wall == 14  # no launch time given: from the first start to the last event
 
@@ -79,9 +107,15 @@ def test_an_earlier_launch_of_the_job_is_not_counted() -> None:
     g = goodput.breakdown(old + new, launched_at=50, ended_at=56)
     assert g is not None and g.restarts == 0 and g.steps_lost == 0
     assert g.seconds["startup"] == pytest.approx(3) and g.seconds["productive"] == pytest.approx(2)
-    stats = goodput.save_stats([*old, {"event": "save", "t": 12, "end": 13, "bytes": 10**6},
-                                *new, {"event": "save", "t": 54, "end": 54.5, "bytes": 10**6}],
-                               launched_at=50)
+    stats = goodput.save_stats(
+        [
+            *old,
+            {"event": "save", "t": 12, "end": 13, "bytes": 10**6},
+            *new,
+            {"event": "save", "t": 54, "end": 54.5, "bytes": 10**6},
+        ],
+        launched_at=50,
+    )
     assert stats["count"] == 1 and stats["mb_per_s"] == 2.0
 
 
@@ -94,11 +128,22 @@ def test_a_run_still_starting_is_all_startup_and_one_restarting_is_restart() -> 
 
 
 def test_save_stats_sum_writes_and_stalls() -> None:
-    events = [ckpt(10, 10.2, 10), {"event": "save", "t": 10.2, "end": 12.2, "step": 10, "bytes": 40_000_000},
-              ckpt(20, 20.1, 20), {"event": "save", "t": 20.1, "end": 21.1, "step": 20, "bytes": 40_000_000}]
+    events = [
+        ckpt(10, 10.2, 10),
+        {"event": "save", "t": 10.2, "end": 12.2, "step": 10, "bytes": 40_000_000},
+        ckpt(20, 20.1, 20),
+        {"event": "save", "t": 20.1, "end": 21.1, "step": 20, "bytes": 40_000_000},
+    ]
     stats = goodput.save_stats(events)
-    assert stats == {"count": 2, "total_s": 3.0, "max_s": 2.0, "mb": 80.0, "mb_per_s": 26.7,
-                     "blocked_s": 0.3, "max_blocked_s": 0.2}
+    assert stats == {
+        "count": 2,
+        "total_s": 3.0,
+        "max_s": 2.0,
+        "mb": 80.0,
+        "mb_per_s": 26.7,
+        "blocked_s": 0.3,
+        "max_blocked_s": 0.2,
+    }
     assert goodput.save_stats([])["mb_per_s"] is None
 
 

@@ -34,13 +34,15 @@ def spine_rows(img: np.ndarray) -> list[int]:
 
 def curve_pixels(img: np.ndarray, top: int, bottom: int) -> tuple[np.ndarray, np.ndarray]:
     """(ys, xs) of C0-coloured pixels strictly inside a panel."""
-    inside = img[top + 2:bottom - 1]
+    inside = img[top + 2 : bottom - 1]
     ys, xs = np.nonzero(np.abs(inside - C0).sum(axis=2) < 60)
     return ys + top + 2, xs
 
 
-COST = re.compile(r"estimated cost\s*│\s*\$([\d,.]+)\s+\(2 x cpu at \$1\.61/node-hour "
-                  r"\(catalog\) x ([\d.]+) h\)")
+COST = re.compile(
+    r"estimated cost\s*│\s*\$([\d,.]+)\s+\(2 x cpu at \$1\.61/node-hour "
+    r"\(catalog\) x ([\d.]+) h\)"
+)
 
 
 def printed_cost(text: str) -> tuple[float, float]:
@@ -53,10 +55,21 @@ def printed_cost(text: str) -> tuple[float, float]:
 def test_printed_cost_is_parsed_numerically() -> None:
     """The cost row as Report.rows() writes it is what printed_cost reads (quick: the slow
     test below relies on this parser to compare the printed figures numerically)."""
-    rep = report.Report(job="j", phase="succeeded", steps=1, max_steps=1, wall_s=41.925,
-                        avg_seq_per_s=None, peak_seq_per_s=None, mfu=None, restarts=0,
-                        compile_cache="off", final_loss=None,
-                        price=history.Price(1.61, 2, "cpu", "catalog"), png=Path("r.png"))
+    rep = report.Report(
+        job="j",
+        phase="succeeded",
+        steps=1,
+        max_steps=1,
+        wall_s=41.925,
+        avg_seq_per_s=None,
+        peak_seq_per_s=None,
+        mfu=None,
+        restarts=0,
+        compile_cache="off",
+        final_loss=None,
+        price=history.Price(1.61, 2, "cpu", "catalog"),
+        png=Path("r.png"),
+    )
     text = "\n".join(f"{k} │ {v}" for k, v in rep.rows())
     spent, hours = printed_cost(text)
     assert rep.cost is not None and spent == round(rep.cost, 2)
@@ -96,6 +109,7 @@ def test_report_table_and_three_panels(finished_run: tuple[Path, str]) -> None:
         assert bottom - top > 100  # real plot areas, not lines
         ys, xs = curve_pixels(img, top, bottom)
         assert len(ys) > 200, "every panel has a plotted curve"
+
     # The right curve in the right panel. Loss falls: its first point is near the top of the
     # top panel. The learning rate warms up, then decays to 0: the top of its curve lies right
     # of its first point, and its last point is near the bottom of the middle panel.
@@ -116,8 +130,9 @@ def test_report_returns_the_panels_it_drew(finished_run: tuple[Path, str]) -> No
     assert len(rep.panels) == 3 and rep.timeline is not None
     frames = spine_rows(img)
     assert abs(rep.timeline[1] - frames[6]) <= 2 and abs(rep.timeline[3] - frames[7]) <= 2
-    for (x0, y0, x1, y1), (top, bottom) in zip(rep.panels, zip(frames[0:6:2], frames[1:6:2], strict=True),
-                                              strict=True):
+    for (x0, y0, x1, y1), (top, bottom) in zip(
+        rep.panels, zip(frames[0:6:2], frames[1:6:2], strict=True), strict=True
+    ):
         assert abs(y0 - top) <= 2 and abs(y1 - bottom) <= 2
         assert len(curve_pixels(img[:, x0:x1], y0, y1)[0]) > 200
     assert rep.steps == REPORT_STEPS and rep.restarts == 0 and rep.compile_cache == "off"
@@ -145,7 +160,9 @@ def test_job_without_metrics_yet(finished_run: tuple[Path, str], tmp_path: Path)
     assert not dst.report_png.exists()
 
 
-def test_kubernetes_run_folder_without_state(finished_run: tuple[Path, str], tmp_path: Path) -> None:
+def test_kubernetes_run_folder_without_state(
+    finished_run: tuple[Path, str], tmp_path: Path
+) -> None:
     """A cluster job's folder (copied from shared storage) has metrics but no state.json."""
     store, job = finished_run
     src, dst = RunPaths(Storage(store).run_dir(job)), RunPaths(Storage(tmp_path).run_dir(job))
@@ -163,12 +180,20 @@ def test_kubernetes_run_folder_without_state(finished_run: tuple[Path, str], tmp
 
 def test_plot_marks_restarts(tmp_path: Path) -> None:
     """A restarted trainer (elapsed_s starts again) is a dashed grey line in every panel."""
-    rows = [{"step": s, "loss": 9 - s / 10, "lr": 1e-3, "seq_per_s": 10.0 + s % 3,
-             "elapsed_s": float(s if s <= 10 else s - 10)} for s in range(1, 21)]
+    rows = [
+        {
+            "step": s,
+            "loss": 9 - s / 10,
+            "lr": 1e-3,
+            "seq_per_s": 10.0 + s % 3,
+            "elapsed_s": float(s if s <= 10 else s - 10),
+        }
+        for s in range(1, 21)
+    ]
     panels = report.plot(rows, tmp_path / "r.png", "restarted")
     img = np.asarray(Image.open(tmp_path / "r.png").convert("RGB")).astype(int)
     assert len(panels) == 3
     for x0, y0, x1, y1 in panels:
-        grey = np.abs(img[y0 + 2:y1 - 1, x0 + 2:x1 - 1] - 127).max(axis=2) < 12
+        grey = np.abs(img[y0 + 2 : y1 - 1, x0 + 2 : x1 - 1] - 127).max(axis=2) < 12
         columns = np.flatnonzero(grey.sum(axis=0) > (y1 - y0) / 4)  # a tall grey line
         assert columns.size, "restart marker"

@@ -34,8 +34,14 @@ pytestmark = pytest.mark.slow
 @contextlib.contextmanager
 def serving(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """Run the command in the foreground as a user would; yield its URL line; Ctrl-C it."""
-    proc = subprocess.Popen(tm_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=tm_env(env), preexec_fn=sigint_default)
+    proc = subprocess.Popen(
+        tm_cmd(*args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=tm_env(env),
+        preexec_fn=sigint_default,
+    )
     lines: queue.Queue[str] = queue.Queue()
     assert proc.stdout is not None
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
@@ -94,12 +100,16 @@ def test_bad_input(finished_run: tuple[Path, str], tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        one_line_error(tm("tensorboard", job, "--port", str(port), "--storage", str(store)),
-                       f"port {port} on 127.0.0.1 is in use")
+        one_line_error(
+            tm("tensorboard", job, "--port", str(port), "--storage", str(store)),
+            f"port {port} on 127.0.0.1 is in use",
+        )
     one_line_error(tm("tensorboard", "nope", "--storage", str(store)), "no job 'nope'")
     (tmp_path / "runs" / "fresh").mkdir(parents=True)
     (tmp_path / "runs" / "fresh" / "state.json").write_text("{}")
-    one_line_error(tm("tensorboard", "fresh", "--storage", str(tmp_path)), "no TensorBoard events yet")
+    one_line_error(
+        tm("tensorboard", "fresh", "--storage", str(tmp_path)), "no TensorBoard events yet"
+    )
     one_line_error(tm("tensorboard", "--storage", str(tmp_path / "empty")), "no runs under")
 
 
@@ -143,25 +153,44 @@ def services(fake: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> dict[str, An
     return found
 
 
-def test_kubernetes_port_forward(fake: FakeCluster, services: dict[str, Any], tmp_path: Path) -> None:
-    services[("default", "tensorboard")] = {"apiVersion": "v1", "kind": "Service",
-                                            "metadata": {"name": "tensorboard", "namespace": "default"},
-                                            "spec": {"ports": [{"port": 6006}]}}
+def test_kubernetes_port_forward(
+    fake: FakeCluster, services: dict[str, Any], tmp_path: Path
+) -> None:
+    services[("default", "tensorboard")] = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "tensorboard", "namespace": "default"},
+        "spec": {"ports": [{"port": 6006}]},
+    }
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "kubectl").write_text(KUBECTL.format(python=sys.executable))
     (bin_dir / "kubectl").chmod(0o755)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "KUBECTL_LOG": str(tmp_path / "argv.json")}
     port, kube = rendezvous.free_port(), str(fake.kubeconfig())
-    with serving("tensorboard", "--backend", "kubernetes", "--kubeconfig", kube, "--port", str(port),
-                 env=env) as line:
+    with serving(
+        "tensorboard", "--backend", "kubernetes", "--kubeconfig", kube, "--port", str(port), env=env
+    ) as line:
         assert line.startswith(f"TensorBoard: http://127.0.0.1:{port}/") and "port-forward" in line
     argv = json.loads((tmp_path / "argv.json").read_text())
-    assert argv == ["port-forward", "--namespace", "default", "--address", "127.0.0.1",
-                    "service/tensorboard", f"{port}:6006", "--kubeconfig", kube, "--context", "fake"]
+    assert argv == [
+        "port-forward",
+        "--namespace",
+        "default",
+        "--address",
+        "127.0.0.1",
+        "service/tensorboard",
+        f"{port}:6006",
+        "--kubeconfig",
+        kube,
+        "--context",
+        "fake",
+    ]
     wait_for(lambda: port_free(port), 30, "kubectl to stop")
 
 
 def test_kubernetes_without_the_addon(fake: FakeCluster, services: dict[str, Any]) -> None:
-    one_line_error(tm("tensorboard", "--backend", "kubernetes", "--kubeconfig", str(fake.kubeconfig())),
-                   "no TensorBoard Service 'tensorboard' in namespace default")
+    one_line_error(
+        tm("tensorboard", "--backend", "kubernetes", "--kubeconfig", str(fake.kubeconfig())),
+        "no TensorBoard Service 'tensorboard' in namespace default",
+    )

@@ -70,10 +70,13 @@ def test_top_unknown_job(tmp_path: Path) -> None:
 
 # --- parsers, on captured documents --------------------------------------------------------------
 
+
 def test_parse_neuron_monitor_matches_runtimes_to_ranks() -> None:
     doc = json.loads((DATA / "neuron-monitor-trn1.json").read_text())
-    workers = [{"pid": 101, "rank": 32, "local_rank": 0, "cpu_pct": 99.0, "rss": 7 * GIB},
-               {"pid": 555, "rank": 33, "local_rank": 1, "cpu_pct": None, "rss": None}]
+    workers = [
+        {"pid": 101, "rank": 32, "local_rank": 0, "cpu_pct": 99.0, "rss": 7 * GIB},
+        {"pid": 555, "rank": 33, "local_rank": 1, "cpu_pct": None, "rss": None},
+    ]
     rows = {r.device: r for r in top_k8s.parse_neuron_monitor("job-worker-1", doc, workers)}
     assert set(rows) == {"nc0", "nc1"}
     nc0, nc1 = rows["nc0"], rows["nc1"]
@@ -88,18 +91,27 @@ def test_parse_neuron_monitor_matches_runtimes_to_ranks() -> None:
 
 def test_parse_nvidia_smi_rows_per_gpu() -> None:
     text = (DATA / "nvidia-smi-p5.csv").read_text()
-    workers = [{"pid": 7, "rank": 0, "local_rank": 0, "cpu_pct": 100.0, "rss": GIB},
-               {"pid": 8, "rank": 1, "local_rank": 1, "cpu_pct": 98.0, "rss": GIB},
-               {"pid": 9, "rank": 3, "local_rank": 3, "cpu_pct": 1.0, "rss": GIB}]
+    workers = [
+        {"pid": 7, "rank": 0, "local_rank": 0, "cpu_pct": 100.0, "rss": GIB},
+        {"pid": 8, "rank": 1, "local_rank": 1, "cpu_pct": 98.0, "rss": GIB},
+        {"pid": 9, "rank": 3, "local_rank": 3, "cpu_pct": 1.0, "rss": GIB},
+    ]
     rows = {r.device: r for r in top_k8s.parse_nvidia_smi("p", text, workers)}
     assert rows["cuda:0"].rank == 0 and rows["cuda:0"].util_pct == 97
-    assert rows["cuda:0"].dev_mem_used == 61234 << 20 and rows["cuda:0"].dev_mem_total == 81559 << 20
+    assert (
+        rows["cuda:0"].dev_mem_used == 61234 << 20 and rows["cuda:0"].dev_mem_total == 81559 << 20
+    )
     assert rows["cuda:2"].rank is None and rows["cuda:2"].util_pct is None  # [N/A], no worker
     assert rows[""].rank == 3  # a worker without a GPU row still shows
 
 
 def test_parse_probe_failures_are_notes() -> None:
-    out = {"workers": [], "tool": "neuron", "output": "", "error": "neuron-monitor cannot run in the pod (No such file or directory)"}
+    out = {
+        "workers": [],
+        "tool": "neuron",
+        "output": "",
+        "error": "neuron-monitor cannot run in the pod (No such file or directory)",
+    }
     (row,) = top_k8s.parse_probe("p", json.dumps(out))
     assert "cannot run" in row.note
     (row,) = top_k8s.parse_probe("p", "python: not found")
@@ -107,6 +119,7 @@ def test_parse_probe_failures_are_notes() -> None:
 
 
 # --- kubernetes, through the real client against the fake API -------------------------------------
+
 
 def _stub(folder: Path, name: str, body: str) -> None:
     (folder / name).write_text(f"#!/bin/sh\n{body}\n")
@@ -122,17 +135,29 @@ def pods(fake: FakeCluster, tmp_path: Path) -> Iterator[dict[str, list[int]]]:
     bin_dir.mkdir()
     os.symlink(sys.executable, bin_dir / "python")
     procs, pids = [], {}
-    for job, resource, ranks in (("trn", "aws.amazon.com/neuron", (4, 5)), ("gpu", "nvidia.com/gpu", (0, 1))):
+    for job, resource, ranks in (
+        ("trn", "aws.amazon.com/neuron", (4, 5)),
+        ("gpu", "nvidia.com/gpu", (0, 1)),
+    ):
         pod = f"{job}-worker-1"
-        fake.jobs[("default", job)] = {"metadata": {"name": job, "namespace": "default", "annotations": {}},
-                                       "spec": {"tasks": [{"replicas": 2}]},
-                                       "status": {"state": {"phase": "Running"}}}
+        fake.jobs[("default", job)] = {
+            "metadata": {"name": job, "namespace": "default", "annotations": {}},
+            "spec": {"tasks": [{"replicas": 2}]},
+            "status": {"state": {"phase": "Running"}},
+        }
         fake.add_pod("default", pod, {LABEL_JOB: job})
-        fake.pods[("default", pod)]["spec"]["containers"][0]["resources"] = {"limits": {resource: "1"}}
+        fake.pods[("default", pod)]["spec"]["containers"][0]["resources"] = {
+            "limits": {resource: "1"}
+        }
         for local, rank in enumerate(ranks):
             env = {**os.environ, "POD_NAME": pod, "RANK": str(rank), "LOCAL_RANK": str(local)}
-            procs.append(subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                                          stdin=subprocess.PIPE, env=env))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", "import sys; sys.stdin.read()"],
+                    stdin=subprocess.PIPE,
+                    env=env,
+                )
+            )
         pids[job] = [p.pid for p in procs[-2:]]
     doc = json.loads((DATA / "neuron-monitor-trn1.json").read_text())
     for runtime, pid in zip(doc["neuron_runtime_data"], pids["trn"], strict=True):
@@ -150,11 +175,17 @@ def pods(fake: FakeCluster, tmp_path: Path) -> Iterator[dict[str, list[int]]]:
 
 
 def test_top_kubernetes_neuron_pod(fake: FakeCluster, pods: dict[str, list[int]]) -> None:
-    result = tm("top", "trn", "--once", "--backend", "kubernetes", "--kubeconfig", str(fake.kubeconfig()))
+    result = tm(
+        "top", "trn", "--once", "--backend", "kubernetes", "--kubeconfig", str(fake.kubeconfig())
+    )
     assert result.returncode == 0, result.stderr
     rows = {r["device"]: r for r in table_rows(result.stdout)}
     assert set(rows) == {"nc0", "nc1"}, result.stdout
-    assert (rows["nc0"]["rank"], rows["nc0"]["pid"], rows["nc0"]["util %"]) == ("4", str(pods["trn"][0]), "87")
+    assert (rows["nc0"]["rank"], rows["nc0"]["pid"], rows["nc0"]["util %"]) == (
+        "4",
+        str(pods["trn"][0]),
+        "87",
+    )
     assert (rows["nc1"]["rank"], rows["nc1"]["pid"]) == ("5", str(pods["trn"][1]))
     assert rows["nc0"]["device memory GiB"] == "10.34 / 16.00"
     assert all(r["node"] == "trn-worker-1" and float(r["memory GiB"]) > 0 for r in rows.values())
@@ -163,7 +194,9 @@ def test_top_kubernetes_neuron_pod(fake: FakeCluster, pods: dict[str, list[int]]
 
 
 def test_top_kubernetes_gpu_pod(fake: FakeCluster, pods: dict[str, list[int]]) -> None:
-    result = tm("top", "gpu", "--once", "--backend", "kubernetes", "--kubeconfig", str(fake.kubeconfig()))
+    result = tm(
+        "top", "gpu", "--once", "--backend", "kubernetes", "--kubeconfig", str(fake.kubeconfig())
+    )
     assert result.returncode == 0, result.stderr
     rows = {r["device"]: r for r in table_rows(result.stdout)}
     assert [rows[f"cuda:{i}"]["rank"] for i in range(3)] == ["0", "1", "-"]

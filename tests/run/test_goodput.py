@@ -21,7 +21,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 PARTS = ("startup", "compile", "productive", "lost", "checkpoint", "restart")
 
 
-def test_report_and_summary_account_for_a_killed_worker(pydoc_storage: Path, tmp_path: Path) -> None:
+def test_report_and_summary_account_for_a_killed_worker(
+    pydoc_storage: Path, tmp_path: Path
+) -> None:
     job = "goodput"
     path = job_file(tmp_path, job)  # 40 steps, a checkpoint every 10
     # Rank 1 dies right after step 15: steps 11-15 are redone from the step-10 checkpoint.
@@ -30,7 +32,9 @@ def test_report_and_summary_account_for_a_killed_worker(pydoc_storage: Path, tmp
     # Node preflight (issue 14.2) ran on both nodes, for real, and passed.
     assert [n["node"] for n in s["preflight"]] == [0, 1]
     assert all(c["ok"] for n in s["preflight"] for c in n["checks"])
-    assert {"device", "matmul", "all_reduce", "disk", "shm"} <= {c["name"] for c in s["preflight"][1]["checks"]}
+    assert {"device", "matmul", "all_reduce", "disk", "shm"} <= {
+        c["name"] for c in s["preflight"][1]["checks"]
+    }
 
     g = s["goodput"]
     assert g["steps_lost"] == 5 and g["restarts"] == 1
@@ -63,5 +67,5 @@ def test_report_and_summary_account_for_a_killed_worker(pydoc_storage: Path, tmp
     assert y0 > max(b[3] for b in rep.panels)
     bar = np.asarray(Image.open(rep.png).convert("RGB")).astype(int)[y0:y1, x0:x1]
     for kind in ("productive", "lost", "restart", "startup"):
-        rgb = np.array([int(report.COLOURS[kind][i:i + 2], 16) for i in (1, 3, 5)])
+        rgb = np.array([int(report.COLOURS[kind][i : i + 2], 16) for i in (1, 3, 5)])
         assert (np.abs(bar - rgb).sum(axis=2) < 12).sum() > 20, kind

@@ -23,8 +23,12 @@ def test_final_phase_is_not_overwritten(tmp_path: Path) -> None:
 
 def test_dead_supervisor_and_agents_mean_failed(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     pid = int(dead.stdout)
     _new(path, phase="running", supervisor_pid=pid, nodes=[state.NodeState(index=0, pid=pid)])
     seen = state.observed(path)
@@ -34,7 +38,9 @@ def test_dead_supervisor_and_agents_mean_failed(tmp_path: Path) -> None:
 
 def test_live_supervisor_keeps_running(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     try:
         _new(path, phase="running", supervisor_pid=proc.pid)
         assert state.observed(path).phase == "running"
@@ -47,27 +53,38 @@ def test_live_supervisor_keeps_running(tmp_path: Path) -> None:
 def test_state_files_of_older_versions_still_load(tmp_path: Path) -> None:
     """Before issue 13.4, storage and private_etcd were strings inside the rendezvous dict."""
     path = tmp_path / "state.json"
-    path.write_text('{"job": "old", "phase": "succeeded", "rendezvous": {"backend": "etcd-v2", '
-                    '"endpoint": "127.0.0.1:2379", "run_id": "old-1", "private_etcd": "true", '
-                    f'"storage": "{tmp_path}"}}}}', encoding="utf-8")
+    path.write_text(
+        '{"job": "old", "phase": "succeeded", "rendezvous": {"backend": "etcd-v2", '
+        '"endpoint": "127.0.0.1:2379", "run_id": "old-1", "private_etcd": "true", '
+        f'"storage": "{tmp_path}"}}}}',
+        encoding="utf-8",
+    )
     st = state.read(path)
     assert st.storage == str(tmp_path) and st.private_etcd is True
     assert st.rendezvous == {"backend": "etcd-v2", "endpoint": "127.0.0.1:2379", "run_id": "old-1"}
     state.update(path, message="read again")  # written back in the new layout, still loads
     again = state.read(path)
-    assert again.storage == str(tmp_path) and again.private_etcd and "storage" not in again.rendezvous
+    assert (
+        again.storage == str(tmp_path) and again.private_etcd and "storage" not in again.rendezvous
+    )
 
 
 def test_new_state_files_keep_storage_out_of_the_rendezvous(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
-    _new(path, rendezvous={"backend": "c10d", "endpoint": "127.0.0.1:1"}, storage="/data",
-         private_etcd=False)
+    _new(
+        path,
+        rendezvous={"backend": "c10d", "endpoint": "127.0.0.1:1"},
+        storage="/data",
+        private_etcd=False,
+    )
     raw = path.read_text(encoding="utf-8")
     assert '"storage": "/data"' in raw and '"private_etcd": false' in raw
     assert state.read(path).rendezvous == {"backend": "c10d", "endpoint": "127.0.0.1:1"}
 
 
-def test_the_supervisors_cancel_watch_parses_state_json_only_when_it_changed(tmp_path: Path) -> None:
+def test_the_supervisors_cancel_watch_parses_state_json_only_when_it_changed(
+    tmp_path: Path,
+) -> None:
     """Starting n agents looked for a cancel n times; parsing every time was O(n^2) in nodes."""
     import pytest
 

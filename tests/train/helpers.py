@@ -29,10 +29,18 @@ RUN_ENV = {"OMP_NUM_THREADS": "1", "TRAINMASTER_DIST_TIMEOUT_S": "60", "PYTHONUN
 
 def make_job(storage: Path, name: str, *sets: str, nnodes: int = 1, nproc: int = 2) -> Path:
     """STORAGE/runs/NAME/job.toml: the local-cpu preset (bert-tiny on pydoc) with overrides."""
-    base = [f'job.name="{name}"', f"job.nnodes={nnodes}", f"job.nproc_per_node={nproc}",
-            "job.max_restarts=0",
-            "train.batch_size=4", "train.global_batch_size=16", "train.warmup_steps=5",
-            "train.max_steps=60", "train.checkpoint_every=25", "train.keep_checkpoints=2"]
+    base = [
+        f'job.name="{name}"',
+        f"job.nnodes={nnodes}",
+        f"job.nproc_per_node={nproc}",
+        "job.max_restarts=0",
+        "train.batch_size=4",
+        "train.global_batch_size=16",
+        "train.warmup_steps=5",
+        "train.max_steps=60",
+        "train.checkpoint_every=25",
+        "train.keep_checkpoints=2",
+    ]
     cfg = jobfile.preset("local-cpu", [*base, *sets])
     path = storage / "runs" / name / "job.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -51,20 +59,32 @@ class Result:
 
     def error_lines(self) -> list[str]:
         """The trainer's `error: ...` lines (torchrun's --tee prefixes them with the rank)."""
-        return [line.split("]:", 1)[-1] if "]:" in line else line
-                for line in self.output.splitlines() if "error: " in line]
+        return [
+            line.split("]:", 1)[-1] if "]:" in line else line
+            for line in self.output.splitlines()
+            if "error: " in line
+        ]
 
 
-def torchrun(job: Path, storage: Path, *, timeout: float = 180, env: dict[str, str] | None = None
-             ) -> Result:
+def torchrun(
+    job: Path, storage: Path, *, timeout: float = 180, env: dict[str, str] | None = None
+) -> Result:
     """Run the job's torchrun agents (one per node, c10d on a free loopback port) to the end."""
     cfg = jobfile.load(job)
     rdzv = Rendezvous("c10d", f"{rendezvous.LOOPBACK}:{rendezvous.free_port()}")
     cmd = command(cfg, rdzv, job_file=str(job), storage=str(storage), python=sys.executable)
     full_env = {**os.environ, **RUN_ENV, **(env or {})}
-    agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=full_env, start_new_session=True)
-              for _ in range(cfg.job.nnodes)]
+    agents = [
+        subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=full_env,
+            start_new_session=True,
+        )
+        for _ in range(cfg.job.nnodes)
+    ]
     outputs = []
     try:
         for agent in agents:
@@ -81,15 +101,37 @@ def torchrun(job: Path, storage: Path, *, timeout: float = 180, env: dict[str, s
     return Result([a.returncode for a in agents], "\n".join(outputs))
 
 
-def trainer(job: Path, storage: Path, *, timeout: float = 120, env: dict[str, str] | None = None,
-            extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def trainer(
+    job: Path,
+    storage: Path,
+    *,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    extra: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess[str]:
     """One worker started by hand (no torchrun): a world of 1."""
-    full_env = {k: v for k, v in os.environ.items()
-                if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    full_env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    }
     full_env |= {**RUN_ENV, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "trainmaster.train", "--job", str(job),
-                           "--storage", str(storage), *extra], capture_output=True, text=True,
-                          env=full_env, timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainmaster.train",
+            "--job",
+            str(job),
+            "--storage",
+            str(storage),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+    )
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -117,8 +159,9 @@ def summary(job: Path) -> dict[str, Any]:
     return json.loads((job.parent / "summary.json").read_text())
 
 
-def copy_dataset(src: Path, dst: Path, shards: list[int] | None = None,
-                 rows: int | None = None) -> Path:
+def copy_dataset(
+    src: Path, dst: Path, shards: list[int] | None = None, rows: int | None = None
+) -> Path:
     """A copy of a dataset that a test may damage: some of its shards (renumbered), and only
     their first `rows` sequences if given (small shards reach the next file round sooner)."""
     dst.mkdir(parents=True)

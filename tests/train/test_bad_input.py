@@ -43,6 +43,7 @@ def assert_all_gone(job: Path) -> None:
 
 # --- one worker -----------------------------------------------------------------------------
 
+
 def test_seq_len_other_than_the_shards(pydoc_storage: Path) -> None:
     job = make_job(pydoc_storage, "bad-seq-len", "data.seq_len=64", nproc=1)
     result = trainer(job, pydoc_storage)
@@ -87,7 +88,9 @@ def test_checkpoint_of_another_configuration(pydoc_storage: Path) -> None:
     job = make_job(pydoc_storage, "bad-owner", nproc=1)
     step = job.parent / "checkpoints" / "step_5"
     step.mkdir(parents=True)
-    (step / "meta.json").write_text('{"step": 5, "job": "bad-owner", "config_hash": "feedfacefeedface"}')
+    (step / "meta.json").write_text(
+        '{"step": 5, "job": "bad-owner", "config_hash": "feedfacefeedface"}'
+    )
     result = trainer(job, pydoc_storage)
     assert result.returncode == 2
     line = only_error_line(result.stderr)
@@ -95,6 +98,7 @@ def test_checkpoint_of_another_configuration(pydoc_storage: Path) -> None:
 
 
 # --- under torchrun, 2 workers --------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_fewer_shards_than_workers(pydoc_storage: Path, tmp_path: Path) -> None:
@@ -130,8 +134,14 @@ def test_corrupt_shard_found_mid_run(pydoc_storage: Path, tmp_path: Path) -> Non
     """Damage inside a shard's compressed data passes the header check; the worker that loads
     it (in its second file round, after training has begun) names it, and all workers end."""
     data = copy_dataset(pydoc_storage / PYDOC, tmp_path / "corrupt", rows=24)
-    job = make_job(pydoc_storage, "bad-corrupt", f'data.dataset="{data}"', "train.batch_size=8",
-                   "train.global_batch_size=16", "train.max_steps=100")
+    job = make_job(
+        pydoc_storage,
+        "bad-corrupt",
+        f'data.dataset="{data}"',
+        "train.batch_size=8",
+        "train.global_batch_size=16",
+        "train.max_steps=100",
+    )
     cfg = jobfile.load(job)
     files = sorted(data.glob("*_training_*.hdf5"))
     victim = dataset.file_for(files, seed=cfg.train.seed, epoch=0, rnd=1, rank=0, world=2)
@@ -152,13 +162,29 @@ def test_corrupt_shard_found_mid_run(pydoc_storage: Path, tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_world_size_the_job_does_not_allow(pydoc_storage: Path) -> None:
     job = make_job(pydoc_storage, "bad-world", nproc=1)  # a 1-worker job started with 2
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "--max-restarts=0", "--monitor-interval=1", "--tee=3", "-m", "trainmaster.train",
-           "--job", str(job), "--storage", str(pydoc_storage)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, **RUN_ENV})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts=0",
+        "--monitor-interval=1",
+        "--tee=3",
+        "-m",
+        "trainmaster.train",
+        "--job",
+        str(job),
+        "--storage",
+        str(pydoc_storage),
+    ]
+    run = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, env={**os.environ, **RUN_ENV}
+    )
     result = Result([run.returncode], run.stdout + run.stderr)
     assert result.codes == [1]
     lines = result.error_lines()
-    assert len(lines) == 2 and all("WORLD_SIZE: torchrun started 2 workers" in line for line in lines)
+    assert len(lines) == 2 and all(
+        "WORLD_SIZE: torchrun started 2 workers" in line for line in lines
+    )
     assert_all_gone(job)

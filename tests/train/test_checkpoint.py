@@ -39,8 +39,17 @@ def one_step(bert, opt, sched) -> None:  # type: ignore[no-untyped-def]
 
 
 def save(folder: Path, step: int, rt, bert, opt, sched, keep: int = 3) -> Path:  # type: ignore[no-untyped-def]
-    path = checkpoint.save(folder, step=step, rt=rt, model=bert, optimizer=opt, scheduler=sched,
-                           position=Position(1, 2, 12), meta=META, keep=keep)
+    path = checkpoint.save(
+        folder,
+        step=step,
+        rt=rt,
+        model=bert,
+        optimizer=opt,
+        scheduler=sched,
+        position=Position(1, 2, 12),
+        meta=META,
+        keep=keep,
+    )
     assert path is not None
     return path
 
@@ -94,7 +103,10 @@ def test_a_half_written_checkpoint_is_ignored_and_the_previous_one_loads(tmp_pat
     assert latest is not None and latest.step == 10
     _, _, bert2, _, _ = setup()
     checkpoint.load_model(latest.path, bert2)
-    assert all(torch.equal(a, b) for a, b in zip(bert.state_dict().values(), bert2.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(bert.state_dict().values(), bert2.state_dict().values(), strict=True)
+    )
     save(tmp_path, 50, rt, bert, opt, sched)  # the next save clears temporaries
     assert not tmp.exists()
     assert [c.step for c in ckptdir.complete(tmp_path)] == [10, 50]
@@ -115,18 +127,28 @@ def test_a_checkpoint_of_another_configuration_is_refused(pydoc_storage: Path) -
     step = job.parent / "checkpoints" / "step_5"
     step.mkdir(parents=True)
     cfg = jobfile.load(job)
-    (step / "meta.json").write_text(json.dumps({**META, "step": 5, "job": "owned",
-                                                "config_hash": "0123456789abcdef"}))
+    (step / "meta.json").write_text(
+        json.dumps({**META, "step": 5, "job": "owned", "config_hash": "0123456789abcdef"})
+    )
     with pytest.raises(UserError) as err:
         preflight.make_plan(job, str(pydoc_storage), environ={})
     message = str(err.value)
     assert "step_5" in message and "0123456789abcdef" in message
     assert cfg.derived.config_hash in message and "job.name" in message and "delete" in message
-    (step / "meta.json").write_text(json.dumps({**META, "step": 5, "job": "owned",
-                                                "config_hash": cfg.derived.config_hash,
-                                                "world_size": 1, "positions": [[0, 1, 8]],
-                                                "files": [f"pydoc_training_{k}.hdf5" for k in range(4)],
-                                                "vocab_size": 4096}))
+    (step / "meta.json").write_text(
+        json.dumps(
+            {
+                **META,
+                "step": 5,
+                "job": "owned",
+                "config_hash": cfg.derived.config_hash,
+                "world_size": 1,
+                "positions": [[0, 1, 8]],
+                "files": [f"pydoc_training_{k}.hdf5" for k in range(4)],
+                "vocab_size": 4096,
+            }
+        )
+    )
     plan = preflight.make_plan(job, str(pydoc_storage), environ={})
     assert plan.resume is not None and plan.resume.step == 5 and plan.position == Position(0, 1, 8)
     # The plan is frozen: rank 0's other choice (checkpoint.agree_on_resume) is a new plan.
@@ -144,7 +166,8 @@ class _Crash(Exception):
 
 
 def test_a_mid_save_hook_runs_half_way_and_a_crash_there_keeps_the_previous(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """checkpoint.save knows no faults: it calls its hooks half-way (model written, the rest not)."""
     _, rt, bert, opt, sched = setup()
     save(tmp_path, 10, rt, bert, opt, sched)
@@ -162,7 +185,9 @@ def test_a_mid_save_hook_runs_half_way_and_a_crash_there_keeps_the_previous(
     assert latest is not None and latest.step == 10
 
 
-def test_the_fault_hook_is_installed_only_when_a_test_asks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_fault_hook_is_installed_only_when_a_test_asks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from trainmaster.train import faults
 
     monkeypatch.setattr(checkpoint, "mid_save_hooks", [])

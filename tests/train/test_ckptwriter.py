@@ -18,8 +18,15 @@ from trainmaster.train.dataset import Position
 
 
 def stage(step: int, rt, bert, opt, sched) -> checkpoint.Staged:  # type: ignore[no-untyped-def]
-    staged = checkpoint.stage(step=step, rt=rt, model=bert, optimizer=opt, scheduler=sched,
-                              position=Position(1, 2, 12), meta=META)
+    staged = checkpoint.stage(
+        step=step,
+        rt=rt,
+        model=bert,
+        optimizer=opt,
+        scheduler=sched,
+        position=Position(1, 2, 12),
+        meta=META,
+    )
     assert staged is not None
     return staged
 
@@ -28,8 +35,9 @@ class _Crash(Exception):
     pass
 
 
-def test_a_staged_copy_is_private_and_the_write_loads_back(tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_staged_copy_is_private_and_the_write_loads_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Training updates the weights and optimizer state in place while the write runs: what is
     written is the state at the save, not whatever training reached meanwhile."""
     _, rt, bert, opt, sched = setup()
@@ -80,8 +88,9 @@ def test_a_second_save_waits_for_the_first(tmp_path: Path, monkeypatch: pytest.M
     assert not list(tmp_path.glob(f"{ckptdir.TMP_PREFIX}*"))
 
 
-def test_a_failed_background_write_fails_the_next_wait(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_background_write_fails_the_next_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, rt, bert, opt, sched = setup()
     writer = ckptwriter.BackgroundWriter(tmp_path, keep=3)
     writer.submit(stage(10, rt, bert, opt, sched))
@@ -133,11 +142,15 @@ def test_a_kill_during_a_background_write_leaves_the_previous_checkpoint(tmp_pat
     training thread has gone on three steps: step 10 is the newest checkpoint, and loads."""
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(folder)], cwd=ROOT,
-                             stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(folder)], cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
     try:
-        wait_for(lambda: (tmp_path / "trained").exists() or child.poll() is not None, 120,
-                 "the child to train on during the write")
+        wait_for(
+            lambda: (tmp_path / "trained").exists() or child.poll() is not None,
+            120,
+            "the child to train on during the write",
+        )
         assert child.poll() is None, child.stderr.read() if child.stderr else ""
         assert (tmp_path / "in-write").read_text() == "20"
         assert (tmp_path / "trained").read_text() == "True"  # the write was still in flight

@@ -13,9 +13,13 @@ import pytest
 
 from tests.train.helpers import make_job, metrics, summary, trainer
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.environ.get("TRAINMASTER_TEST_COMPILE") != "1",
-                                 reason="slow (~3 min): set TRAINMASTER_TEST_COMPILE=1")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("TRAINMASTER_TEST_COMPILE") != "1",
+        reason="slow (~3 min): set TRAINMASTER_TEST_COMPILE=1",
+    ),
+]
 STEPS = ("train.max_steps=4", "train.warmup_steps=2")
 
 

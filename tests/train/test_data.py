@@ -14,8 +14,14 @@ from trainmaster.train import dataset
 from trainmaster.train.data import ShardLoader
 from trainmaster.train.dataset import IGNORE, Position
 
-NVIDIA = {"input_ids": np.int32, "input_mask": np.int8, "segment_ids": np.int8,
-          "masked_lm_positions": np.int32, "masked_lm_ids": np.int32, "next_sentence_labels": np.int8}
+NVIDIA = {
+    "input_ids": np.int32,
+    "input_mask": np.int8,
+    "segment_ids": np.int8,
+    "masked_lm_positions": np.int32,
+    "masked_lm_ids": np.int32,
+    "next_sentence_labels": np.int8,
+}
 TUTORIAL = dict.fromkeys(NVIDIA, np.int64)  # the AWS tutorial's shards: int64 everywhere
 
 
@@ -27,11 +33,14 @@ def rows(n: int, seq: int = 16, pred: int = 4, seed: int = 0) -> dict[str, np.nd
         k = 1 + i % pred
         positions[i, :k] = np.sort(rng.choice(np.arange(1, seq - 1), size=k, replace=False))
         ids[i, :k] = rng.integers(5, 100, size=k)
-    return {"input_ids": rng.integers(5, 100, size=(n, seq)),
-            "input_mask": np.ones((n, seq), dtype=np.int64),
-            "segment_ids": np.repeat([[0] * (seq // 2) + [1] * (seq - seq // 2)], n, axis=0),
-            "masked_lm_positions": positions, "masked_lm_ids": ids,
-            "next_sentence_labels": rng.integers(0, 2, size=n)}
+    return {
+        "input_ids": rng.integers(5, 100, size=(n, seq)),
+        "input_mask": np.ones((n, seq), dtype=np.int64),
+        "segment_ids": np.repeat([[0] * (seq // 2) + [1] * (seq - seq // 2)], n, axis=0),
+        "masked_lm_positions": positions,
+        "masked_lm_ids": ids,
+        "next_sentence_labels": rng.integers(0, 2, size=n),
+    }
 
 
 def write(path: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, type]) -> Path:
@@ -52,7 +61,9 @@ def test_any_integer_dtype_reads_the_same(tmp_path: Path, dtypes: dict) -> None:
     np.testing.assert_array_equal(got["token_type_ids"], arrays["segment_ids"])
     np.testing.assert_array_equal(got["nsp_labels"], arrays["next_sentence_labels"])
     valid = arrays["masked_lm_positions"] != 0
-    np.testing.assert_array_equal(got["mlm_labels"], np.where(valid, arrays["masked_lm_ids"], IGNORE))
+    np.testing.assert_array_equal(
+        got["mlm_labels"], np.where(valid, arrays["masked_lm_ids"], IGNORE)
+    )
 
 
 def test_slots_count_up_to_the_first_zero_position(tmp_path: Path) -> None:
@@ -71,7 +82,9 @@ def test_bad_shards_are_named(tmp_path: Path) -> None:
     arrays = rows(8)
     arrays["input_ids"][5, 2] = 100
     path = write(tmp_path / "x_training_0.hdf5", arrays, NVIDIA)
-    with pytest.raises(DataError, match=r"x_training_0\.hdf5.*token id 100 \(row 5\).*vocabulary of 100"):
+    with pytest.raises(
+        DataError, match=r"x_training_0\.hdf5.*token id 100 \(row 5\).*vocabulary of 100"
+    ):
         dataset.load_shard(path, 100)
     with pytest.raises(ConfigError, match=r"data\.seq_len: 32.*sequences of 16 tokens"):
         dataset.check_header(path, 32, 4)
@@ -90,19 +103,26 @@ def test_bad_shards_are_named(tmp_path: Path) -> None:
 def test_every_shard_once_per_epoch_and_ranks_never_share() -> None:
     files = [Path(f"s_training_{k}.hdf5") for k in range(6)]
     for epoch in range(3):
-        seen = [dataset.file_for(files, seed=1, epoch=epoch, rnd=r, rank=k, world=3)
-                for r in range(dataset.rounds_per_epoch(6, 3)) for k in range(3)]
+        seen = [
+            dataset.file_for(files, seed=1, epoch=epoch, rnd=r, rank=k, world=3)
+            for r in range(dataset.rounds_per_epoch(6, 3))
+            for k in range(3)
+        ]
         assert sorted(seen) == sorted(files)
     orders = [[dataset.file_for(files, seed=1, epoch=e, rnd=0, rank=0, world=3)] for e in range(4)]
     assert len({str(o) for o in orders}) > 1  # reshuffled every epoch
 
 
 def loader_for(files: list[Path], start: Position, batch: int = 4) -> ShardLoader:
-    return ShardLoader(files, rank=1, world=2, batch_size=batch, seed=7, vocab_size=100, start=start)
+    return ShardLoader(
+        files, rank=1, world=2, batch_size=batch, seed=7, vocab_size=100, start=start
+    )
 
 
 def test_a_loader_started_at_a_saved_position_continues_exactly(tmp_path: Path) -> None:
-    files = [write(tmp_path / f"d_training_{k}.hdf5", rows(10 + k, seed=k), NVIDIA) for k in range(4)]
+    files = [
+        write(tmp_path / f"d_training_{k}.hdf5", rows(10 + k, seed=k), NVIDIA) for k in range(4)
+    ]
     straight = loader_for(files, Position())
     it = iter(straight)
     batches, positions = [], []

@@ -42,7 +42,9 @@ def test_xla_keeps_its_own_path() -> None:
     assert not (o.pin_memory or o.non_blocking or o.tf32) and o.sync_every == 1
 
 
-@pytest.mark.parametrize(("kind", "flag"), [("cuda", "fused"), ("cpu", "fused"), ("xla", "foreach")])
+@pytest.mark.parametrize(
+    ("kind", "flag"), [("cuda", "fused"), ("cpu", "fused"), ("xla", "foreach")]
+)
 def test_optimizer_follows_the_device_kind(kind: str, flag: str) -> None:
     cfg = jobfile.preset("local-cpu", [])
     opt = optim.make_optimizer(cfg, model.build(cfg, 300), kind)
@@ -62,12 +64,16 @@ def test_cpu_batches_are_passed_through_untouched() -> None:
     assert out["input_ids"] is batch["input_ids"] and not out["input_ids"].is_pinned()
 
 
-def _run(storage: Path, name: str, every: int, monkeypatch: pytest.MonkeyPatch
-         ) -> tuple[list[dict[str, Any]], int]:
+def _run(
+    storage: Path, name: str, every: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[dict[str, Any]], int]:
     """bert-tiny, 1 worker, in this process, with the host reading the loss every `every` steps."""
     real = device.options_for
-    monkeypatch.setattr(device, "options_for", lambda kind, *, bf16: dataclasses.replace(
-        real(kind, bf16=bf16), sync_every=every))
+    monkeypatch.setattr(
+        device,
+        "options_for",
+        lambda kind, *, bf16: dataclasses.replace(real(kind, bf16=bf16), sync_every=every),
+    )
     reads = {"n": 0}
     real_log = loop.Trainer._log
 
@@ -76,13 +82,21 @@ def _run(storage: Path, name: str, every: int, monkeypatch: pytest.MonkeyPatch
         real_log(self, pending, *since)
 
     monkeypatch.setattr(loop.Trainer, "_log", counting)
-    job = make_job(storage, name, "train.max_steps=9", "train.checkpoint_every=100",
-                   "train.global_batch_size=4", "train.warmup_steps=2", nproc=1)
+    job = make_job(
+        storage,
+        name,
+        "train.max_steps=9",
+        "train.checkpoint_every=100",
+        "train.global_batch_size=4",
+        "train.warmup_steps=2",
+        nproc=1,
+    )
     plan = preflight.make_plan(job, str(storage), environ={})
     loop.train(plan, 0.0)
-    rows = [{k: v for k, v in row.items() if k not in ("seq_per_s", "tokens_per_s", "mfu",
-                                                        "elapsed_s")}
-            for row in _rows(job)]
+    rows = [
+        {k: v for k, v in row.items() if k not in ("seq_per_s", "tokens_per_s", "mfu", "elapsed_s")}
+        for row in _rows(job)
+    ]
     return rows, reads["n"]
 
 
@@ -90,8 +104,9 @@ def _rows(job: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (job.parent / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_batched_host_reads_write_the_same_rows(pydoc_storage: Path, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batched_host_reads_write_the_same_rows(
+    pydoc_storage: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     storage = tmp_path / "storage"
     (storage / "datasets").mkdir(parents=True)
     (storage / "datasets" / "pydoc").symlink_to(pydoc_storage / "datasets" / "pydoc")

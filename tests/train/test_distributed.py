@@ -61,8 +61,18 @@ def test_loss_falls_and_ranks_agree(straight: Path) -> None:
 
 def test_metrics_rows_and_schedule(straight: Path) -> None:
     rows = metrics(straight)
-    keys = {"step", "loss", "mlm_loss", "nsp_loss", "lr", "grad_norm", "seq_per_s",
-            "tokens_per_s", "mfu", "elapsed_s"}
+    keys = {
+        "step",
+        "loss",
+        "mlm_loss",
+        "nsp_loss",
+        "lr",
+        "grad_norm",
+        "seq_per_s",
+        "tokens_per_s",
+        "mfu",
+        "elapsed_s",
+    }
     assert all(keys <= set(r) for r in rows)
     assert all(math.isclose(r["loss"], r["mlm_loss"] + r["nsp_loss"], rel_tol=1e-5) for r in rows)
     assert all(r["mfu"] is None for r in rows)  # a generic CPU host has no catalog peak
@@ -79,7 +89,9 @@ def test_tensorboard_events_hold_every_step(straight: Path) -> None:
 
     events = EventAccumulator(str(straight.parent / "tensorboard"))
     events.Reload()
-    assert {"loss", "mlm_loss", "nsp_loss", "lr", "grad_norm", "seq_per_s"} <= set(events.Tags()["scalars"])
+    assert {"loss", "mlm_loss", "nsp_loss", "lr", "grad_norm", "seq_per_s"} <= set(
+        events.Tags()["scalars"]
+    )
     loss = events.Scalars("loss")
     assert [e.step for e in loss] == list(range(1, STEPS + 1))
     assert loss[-1].value == pytest.approx(metrics(straight)[-1]["loss"], rel=1e-6)

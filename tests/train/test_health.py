@@ -36,32 +36,92 @@ def _fake_node(tmp_path: Path, neuron: int, efa: int, other_ib: int = 0) -> tupl
 def test_a_trn1_node_needs_its_neuron_and_efa_devices(tmp_path: Path) -> None:
     trn1 = CATALOG["trn1.32xlarge"]  # 16 devices x 2 cores, 8 EFA interfaces
     dev, ib = _fake_node(tmp_path, neuron=16, efa=8)
-    ok = _by_name(health.node_checks(kind="xla", inst=trn1, local_workers=32, checkpoints=tmp_path,
-                                     checkpoint_mb=1, keep=2, dev=dev, sys_ib=ib, on_aws=True))
+    ok = _by_name(
+        health.node_checks(
+            kind="xla",
+            inst=trn1,
+            local_workers=32,
+            checkpoints=tmp_path,
+            checkpoint_mb=1,
+            keep=2,
+            dev=dev,
+            sys_ib=ib,
+            on_aws=True,
+        )
+    )
     assert ok["neuron"].ok and ok["efa"].ok and ok["disk"].ok and "shm" in ok
     dev, ib = _fake_node(tmp_path / "bad", neuron=15, efa=7, other_ib=2)  # non-EFA RDMA not counted
-    bad = _by_name(health.node_checks(kind="xla", inst=trn1, local_workers=32, checkpoints=tmp_path,
-                                      checkpoint_mb=1, keep=2, dev=dev, sys_ib=ib, on_aws=True))
-    assert not bad["neuron"].ok and "15 Neuron device(s)" in bad["neuron"].detail and "need 16" in bad["neuron"].detail
-    assert not bad["efa"].ok and bad["efa"].detail.startswith("7 EFA device(s)") and "need 8" in bad["efa"].detail
+    bad = _by_name(
+        health.node_checks(
+            kind="xla",
+            inst=trn1,
+            local_workers=32,
+            checkpoints=tmp_path,
+            checkpoint_mb=1,
+            keep=2,
+            dev=dev,
+            sys_ib=ib,
+            on_aws=True,
+        )
+    )
+    assert (
+        not bad["neuron"].ok
+        and "15 Neuron device(s)" in bad["neuron"].detail
+        and "need 16" in bad["neuron"].detail
+    )
+    assert (
+        not bad["efa"].ok
+        and bad["efa"].detail.startswith("7 EFA device(s)")
+        and "need 8" in bad["efa"].detail
+    )
 
 
-def test_a_cpu_host_is_not_asked_for_accelerators_and_disk_is_sized_by_checkpoints(tmp_path: Path) -> None:
+def test_a_cpu_host_is_not_asked_for_accelerators_and_disk_is_sized_by_checkpoints(
+    tmp_path: Path,
+) -> None:
     dev, ib = _fake_node(tmp_path, neuron=0, efa=0)
-    checks = _by_name(health.node_checks(kind="cpu", inst=CATALOG["cpu"], local_workers=2,
-                                         checkpoints=tmp_path, checkpoint_mb=10, keep=2, dev=dev,
-                                         sys_ib=ib, on_aws=True))
+    checks = _by_name(
+        health.node_checks(
+            kind="cpu",
+            inst=CATALOG["cpu"],
+            local_workers=2,
+            checkpoints=tmp_path,
+            checkpoint_mb=10,
+            keep=2,
+            dev=dev,
+            sys_ib=ib,
+            on_aws=True,
+        )
+    )
     assert set(checks) == {"disk", "shm"}
-    huge = _by_name(health.node_checks(kind="cpu", inst=CATALOG["cpu"], local_workers=2,
-                                       checkpoints=tmp_path, checkpoint_mb=1e12, keep=2, dev=dev,
-                                       sys_ib=ib))
+    huge = _by_name(
+        health.node_checks(
+            kind="cpu",
+            inst=CATALOG["cpu"],
+            local_workers=2,
+            checkpoints=tmp_path,
+            checkpoint_mb=1e12,
+            keep=2,
+            dev=dev,
+            sys_ib=ib,
+        )
+    )
     assert not huge["disk"].ok and "3 checkpoints of" in huge["disk"].detail
 
 
 def test_device_checks_run_for_real_on_this_cpu(tmp_path: Path) -> None:
     rt = Runtime(Env(), "cpu", bf16=False)
-    every = health.run(rt, inst=CATALOG["cpu"], node=0, local_rank=0, local_workers=1,
-                       checkpoints=tmp_path, params=1000, keep=2, on_aws=False)
+    every = health.run(
+        rt,
+        inst=CATALOG["cpu"],
+        node=0,
+        local_rank=0,
+        local_workers=1,
+        checkpoints=tmp_path,
+        params=1000,
+        keep=2,
+        on_aws=False,
+    )
     [node] = health.per_node(every)
     names = [c["name"] for c in node["checks"]]
     assert names[:3] == ["device", "matmul", "all_reduce"] and "disk" in names
@@ -70,11 +130,21 @@ def test_device_checks_run_for_real_on_this_cpu(tmp_path: Path) -> None:
 
 
 def test_a_device_computing_wrong_numbers_fails_naming_node_and_check(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(health, "matmul_hooks", [lambda rank, out: out * 1.01])
     rt = Runtime(Env(), "cpu", bf16=False)
     with pytest.raises(UserError) as err:
-        health.run(rt, inst=CATALOG["cpu"], node=0, local_rank=0, local_workers=1,
-                   checkpoints=tmp_path, params=1000, keep=2, on_aws=False)
+        health.run(
+            rt,
+            inst=CATALOG["cpu"],
+            node=0,
+            local_rank=0,
+            local_workers=1,
+            checkpoints=tmp_path,
+            params=1000,
+            keep=2,
+            on_aws=False,
+        )
     assert str(err.value).startswith("node 0: preflight check matmul failed on ")
     assert "relative error 1.0e-02" in str(err.value)

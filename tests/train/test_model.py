@@ -39,11 +39,16 @@ def test_masked_head_loss_and_gradients_equal_bert_for_pretraining(shard: dict) 
     our_grads = {n: p.grad.clone() for n, p in bert.named_parameters()}
     bert.zero_grad()
 
-    labels = torch.from_numpy(dataset.full_labels(shard["mlm_positions"][:16],
-                                                  shard["mlm_labels"][:16], 128))
-    hf = bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-              token_type_ids=batch["token_type_ids"], labels=labels,
-              next_sentence_label=batch["nsp_labels"])
+    labels = torch.from_numpy(
+        dataset.full_labels(shard["mlm_positions"][:16], shard["mlm_labels"][:16], 128)
+    )
+    hf = bert(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        token_type_ids=batch["token_type_ids"],
+        labels=labels,
+        next_sentence_label=batch["nsp_labels"],
+    )
     hf.loss.backward()
     assert loss.item() == pytest.approx(hf.loss.item(), abs=1e-5)
     assert (mlm + nsp).item() == pytest.approx(loss.item(), abs=1e-6)
@@ -58,10 +63,12 @@ def test_unused_slots_do_not_count(shard: dict) -> None:
     with torch.no_grad():
         base = model.Pretraining(bert)(**batch)[0]
     padded = dict(batch)
-    padded["mlm_positions"] = torch.cat([batch["mlm_positions"],
-                                         torch.full((8, 5), 7, dtype=torch.long)], dim=1)
-    padded["mlm_labels"] = torch.cat([batch["mlm_labels"],
-                                      torch.full((8, 5), dataset.IGNORE, dtype=torch.long)], dim=1)
+    padded["mlm_positions"] = torch.cat(
+        [batch["mlm_positions"], torch.full((8, 5), 7, dtype=torch.long)], dim=1
+    )
+    padded["mlm_labels"] = torch.cat(
+        [batch["mlm_labels"], torch.full((8, 5), dataset.IGNORE, dtype=torch.long)], dim=1
+    )
     with torch.no_grad():
         again = model.Pretraining(bert)(**padded)[0]
     assert again.item() == pytest.approx(base.item(), abs=1e-6)
@@ -70,7 +77,10 @@ def test_unused_slots_do_not_count(shard: dict) -> None:
 def test_weights_are_tied_and_the_same_on_every_rank() -> None:
     a, b = model.build(tiny_cfg(), 512), model.build(tiny_cfg(), 512)
     assert a.cls.predictions.decoder.weight is a.bert.embeddings.word_embeddings.weight
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(x, y)
+        for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
     assert a.config.vocab_size == 512 and a.config.num_hidden_layers == 2
 
 
@@ -80,20 +90,40 @@ def test_encoder_parameter_count_matches_the_model() -> None:
     assert model.encoder_params(2, 128, 512) == counted
 
 
-@pytest.mark.parametrize(("sizes", "n_enc", "gflop_per_seq"), [
-    ((24, 1024, 4096), 302.3e6, 241.0),  # bert-large: performance-anchors 4.2
-    ((12, 768, 3072), 85.1e6, 70.0),  # bert-base
-])
-def test_flops_match_the_published_derivation(sizes: tuple, n_enc: float, gflop_per_seq: float) -> None:
+@pytest.mark.parametrize(
+    ("sizes", "n_enc", "gflop_per_seq"),
+    [
+        ((24, 1024, 4096), 302.3e6, 241.0),  # bert-large: performance-anchors 4.2
+        ((12, 768, 3072), 85.1e6, 70.0),  # bert-base
+    ],
+)
+def test_flops_match_the_published_derivation(
+    sizes: tuple, n_enc: float, gflop_per_seq: float
+) -> None:
     layers, d, inter = sizes
     assert model.encoder_params(layers, d, inter) == pytest.approx(n_enc, rel=2e-3)
-    masked = model.flops_per_seq(num_layers=layers, hidden=d, intermediate=inter, vocab=30522,
-                                 seq_len=128, predictions=20)
+    masked = model.flops_per_seq(
+        num_layers=layers, hidden=d, intermediate=inter, vocab=30522, seq_len=128, predictions=20
+    )
     assert masked / 1e9 == pytest.approx(gflop_per_seq, rel=0.01)
-    none = model.flops_per_seq(num_layers=layers, hidden=d, intermediate=inter, vocab=30522,
-                               seq_len=128, predictions=20, head="none")
-    full = model.flops_per_seq(num_layers=layers, hidden=d, intermediate=inter, vocab=30522,
-                               seq_len=128, predictions=20, head="full")
+    none = model.flops_per_seq(
+        num_layers=layers,
+        hidden=d,
+        intermediate=inter,
+        vocab=30522,
+        seq_len=128,
+        predictions=20,
+        head="none",
+    )
+    full = model.flops_per_seq(
+        num_layers=layers,
+        hidden=d,
+        intermediate=inter,
+        vocab=30522,
+        seq_len=128,
+        predictions=20,
+        head="full",
+    )
     assert none < masked < full
     if layers == 24:  # AWS's convention: 6 N_enc + 12 L s d per token = 1.849 GFLOP per token
         assert none / 128 / 1e9 == pytest.approx(1.849, rel=0.01)

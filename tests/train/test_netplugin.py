@@ -22,9 +22,12 @@ MAPS = """\
 def test_the_loaded_ofi_plugin_is_reported_once_and_the_tuner_is_not(tmp_path: Path) -> None:
     maps = tmp_path / "maps"
     maps.write_text(MAPS)
-    assert netplugin.loaded_plugins(MAPS) == ["/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net-ofi.so"]
+    assert netplugin.loaded_plugins(MAPS) == [
+        "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net-ofi.so"
+    ]
     assert netplugin.describe("cuda", maps=maps, environ={}) == (
-        "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net-ofi.so")
+        "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net-ofi.so"
+    )
 
 
 def test_no_plugin_loaded_says_so_and_names_a_configured_one(tmp_path: Path) -> None:

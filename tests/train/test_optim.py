@@ -12,8 +12,16 @@ from trainmaster import jobfile
 from trainmaster.train import checkpoint, dataset, model, optim
 
 
-def lamb_reference(params: list[np.ndarray], grads: list[list[np.ndarray]], *, lr: float,
-                   wd: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6) -> list[np.ndarray]:
+def lamb_reference(
+    params: list[np.ndarray],
+    grads: list[list[np.ndarray]],
+    *,
+    lr: float,
+    wd: float,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-6,
+) -> list[np.ndarray]:
     """The LAMB rule, step by step, in float64."""
     p = [x.astype(np.float64) for x in params]
     m = [np.zeros_like(x) for x in p]
@@ -40,8 +48,9 @@ def test_lamb_matches_the_numpy_reference() -> None:
         for t, g in zip(tensors, step_grads, strict=True):
             t.grad = torch.tensor(g, dtype=torch.float32)
         opt.step()
-    expected = lamb_reference(start, [[g.astype(np.float64) for g in s] for s in grads],
-                              lr=0.01, wd=0.01)
+    expected = lamb_reference(
+        start, [[g.astype(np.float64) for g in s] for s in grads], lr=0.01, wd=0.01
+    )
     for t, e in zip(tensors, expected, strict=True):
         np.testing.assert_allclose(t.detach().numpy(), e, rtol=1e-5, atol=1e-6)
     # the trust ratio matters: plain Adam would have moved the first tensor differently
@@ -66,7 +75,9 @@ def test_no_weight_decay_on_bias_and_layer_norm() -> None:
     names = {id(p): n for n, p in bert.named_parameters()}
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
     assert all("bias" in names[id(p)] or "LayerNorm" in names[id(p)] for p in no_decay["params"])
-    assert all("bias" not in names[id(p)] and "LayerNorm" not in names[id(p)] for p in decay["params"])
+    assert all(
+        "bias" not in names[id(p)] and "LayerNorm" not in names[id(p)] for p in decay["params"]
+    )
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(bert.parameters()))
 
 
@@ -96,7 +107,9 @@ def _one_step(opt_name: str, p0: list[float], wd: float) -> list[float]:
     cfg = jobfile.preset("local-cpu", [f'train.optimizer="{opt_name}"'])
     p = torch.nn.Parameter(torch.tensor(p0, dtype=torch.float32))
     opt = optim.Lamb([{"params": [p], "weight_decay": wd}], lr=0.1, nvlamb=opt_name == "nvlamb")
-    assert optim.make_optimizer(cfg, torch.nn.Linear(2, 2), "cpu").defaults["nvlamb"] is (opt_name == "nvlamb")
+    assert optim.make_optimizer(cfg, torch.nn.Linear(2, 2), "cpu").defaults["nvlamb"] is (
+        opt_name == "nvlamb"
+    )
     p.grad = torch.tensor([1.0, 1.0])
     opt.step()
     return p.detach().tolist()
@@ -131,7 +144,9 @@ def shard(pydoc_storage: Path) -> dict[str, np.ndarray]:
     return dataset.load_shard(path, 4096)
 
 
-def _train(shard: dict[str, np.ndarray], dtype: torch.dtype, steps: int) -> tuple[list[float], torch.optim.Optimizer]:
+def _train(
+    shard: dict[str, np.ndarray], dtype: torch.dtype, steps: int
+) -> tuple[list[float], torch.optim.Optimizer]:
     cfg = jobfile.preset("local-cpu", ['model.preset="bert-tiny"', "train.lr=0.002"])
     torch.manual_seed(0)
     bert = model.build(cfg, 4096).eval()  # no dropout: both runs see the same network
@@ -149,7 +164,9 @@ def _train(shard: dict[str, np.ndarray], dtype: torch.dtype, steps: int) -> tupl
     return losses, opt
 
 
-def test_bf16_parameters_keep_fp32_adamw_state_and_train_like_fp32(shard: dict[str, np.ndarray]) -> None:
+def test_bf16_parameters_keep_fp32_adamw_state_and_train_like_fp32(
+    shard: dict[str, np.ndarray],
+) -> None:
     """Issue 12.5: bf16 weights (XLA) with fp32 moments and master weights track the fp32 run.
 
     Tolerance: over 40 steps on 4 repeated batches the loss falls from 9.0 to 4.3; the bf16
@@ -171,9 +188,15 @@ def test_adamw_with_fp32_state_is_torch_adamw_on_fp32() -> None:
     torch.manual_seed(1)
     a = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(3))]
     b = [torch.nn.Parameter(x.detach().clone()) for x in a]
-    ours = optim.Fp32AdamW([{"params": a[:1], "weight_decay": 0.01}, {"params": a[1:], "weight_decay": 0.0}], lr=0.01)
-    theirs = torch.optim.AdamW([{"params": b[:1], "weight_decay": 0.01}, {"params": b[1:], "weight_decay": 0.0}],
-                               lr=0.01, betas=optim.BETAS, eps=optim.EPS)
+    ours = optim.Fp32AdamW(
+        [{"params": a[:1], "weight_decay": 0.01}, {"params": a[1:], "weight_decay": 0.0}], lr=0.01
+    )
+    theirs = torch.optim.AdamW(
+        [{"params": b[:1], "weight_decay": 0.01}, {"params": b[1:], "weight_decay": 0.0}],
+        lr=0.01,
+        betas=optim.BETAS,
+        eps=optim.EPS,
+    )
     for _ in range(5):
         grads = [torch.randn_like(x) for x in a]
         for x, y, g in zip(a, b, grads, strict=True):
@@ -189,6 +212,7 @@ def test_state_after_load_is_where_a_fresh_run_has_it(name: str) -> None:
     """Issue 17.12: torch's load_state_dict leaves `step` on the checkpoint's device (the CPU)
     and casts the moments to the parameter's dtype (bf16); the fresh run has both fp32 on the
     parameter's device. Checked on the meta device (a stand-in for XLA's) with bf16 weights."""
+
     def make(device: str) -> tuple[torch.nn.Parameter, torch.optim.Optimizer]:
         p = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16, device=device))
         cls = optim.Lamb if name == "lamb" else optim.Fp32AdamW
@@ -210,5 +234,6 @@ def test_state_after_load_is_where_a_fresh_run_has_it(name: str) -> None:
     # and the values survive exactly (no round trip through bf16)
     cpu_q, again = make("cpu")
     again.load_state_dict(saved)
-    torch.testing.assert_close(again.state[cpu_q]["exp_avg_sq"], saved["state"][0]["exp_avg_sq"],
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        again.state[cpu_q]["exp_avg_sq"], saved["state"][0]["exp_avg_sq"], rtol=0, atol=0
+    )

@@ -17,7 +17,9 @@ def test_sigterm_is_noted_not_obeyed_and_the_old_handler_comes_back() -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # delivered to this (main) thread before kill returns
         assert p.flag == 1.0 and p.requested_at is not None
         first = p.requested_at
-        os.kill(os.getpid(), signal.SIGTERM)  # a second SIGTERM (torchrun forwards one) changes nothing
+        os.kill(
+            os.getpid(), signal.SIGTERM
+        )  # a second SIGTERM (torchrun forwards one) changes nothing
         assert p.requested_at == first
     finally:
         p.uninstall()

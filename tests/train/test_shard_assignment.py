@@ -37,16 +37,24 @@ def shards(n: int) -> list[Path]:
 def epoch_reads(files: list[Path], epoch: int) -> list[list[Path]]:
     """reads[round][rank]: the file each rank opens in each round of one epoch."""
     rounds = dataset.rounds_per_epoch(len(files), WORLD)
-    return [[dataset.file_for(files, seed=SEED, epoch=epoch, rnd=r, rank=k, world=WORLD)
-             for k in range(WORLD)] for r in range(rounds)]
+    return [
+        [
+            dataset.file_for(files, seed=SEED, epoch=epoch, rnd=r, rank=k, world=WORLD)
+            for k in range(WORLD)
+        ]
+        for r in range(rounds)
+    ]
 
 
-@pytest.mark.parametrize("n", [
-    WORLD,  # as many shards as workers
-    2 * WORLD,  # a multiple
-    WORLD + 1,  # one more: the second round wraps almost entirely
-    1536,  # more than the workers, not a multiple
-])
+@pytest.mark.parametrize(
+    "n",
+    [
+        WORLD,  # as many shards as workers
+        2 * WORLD,  # a multiple
+        WORLD + 1,  # one more: the second round wraps almost entirely
+        1536,  # more than the workers, not a multiple
+    ],
+)
 def test_every_rank_reads_its_own_file_every_round_and_every_shard_is_read(n: int) -> None:
     files = shards(n)
     reads = epoch_reads(files, epoch=0)
@@ -65,7 +73,9 @@ def test_every_rank_reads_its_own_file_every_round_and_every_shard_is_read(n: in
     # takes position f * world + r
     order = list(files)
     random.Random(SEED + 0).shuffle(order)
-    assert all(reads[r][k] == order[(r * WORLD + k) % n] for r in range(rounds) for k in range(WORLD))
+    assert all(
+        reads[r][k] == order[(r * WORLD + k) % n] for r in range(rounds) for k in range(WORLD)
+    )
 
 
 @pytest.mark.parametrize("n", [WORLD, 1536])

@@ -30,8 +30,15 @@ def test_stuck_worker_is_dumped_recorded_and_ended(tmp_path: Path) -> None:
         exited.append(code)
         fired.set()
 
-    wd = Watchdog(logs=tmp_path / "logs", hangs=tmp_path / "hangs.jsonl", rank=3, node=1,
-                  configured=0.3, exit_fn=exit_fn, poll_s=0.05)
+    wd = Watchdog(
+        logs=tmp_path / "logs",
+        hangs=tmp_path / "hangs.jsonl",
+        rank=3,
+        node=1,
+        configured=0.3,
+        exit_fn=exit_fn,
+        poll_s=0.05,
+    )
     assert wd.timeout is None  # not armed: nothing fires during start-up and compilation
     wd.start()
     wd.beat(7, 0.01)
@@ -55,8 +62,15 @@ def test_stuck_worker_is_dumped_recorded_and_ended(tmp_path: Path) -> None:
 
 def test_beats_keep_it_quiet_and_stop_disarms_it(tmp_path: Path) -> None:
     exited: list[int] = []
-    wd = Watchdog(logs=tmp_path / "logs", hangs=tmp_path / "hangs.jsonl", rank=0, node=0,
-                  configured=2.0, exit_fn=exited.append, poll_s=0.02)
+    wd = Watchdog(
+        logs=tmp_path / "logs",
+        hangs=tmp_path / "hangs.jsonl",
+        rank=0,
+        node=0,
+        configured=2.0,
+        exit_fn=exited.append,
+        poll_s=0.02,
+    )
     wd.start()
     # 3 s of beats 0.05 s apart: longer than the timeout, each beat well within it.
     for step in range(1, 61):

@@ -34,16 +34,28 @@ def test_xla_losses_are_the_cpu_losses(pydoc_storage: Path) -> None:
     assert (xla.parent / "checkpoints" / "step_6" / "model.pt").exists()
 
 
-@pytest.mark.parametrize("sets", [(), ('train.precision="bf16"', 'train.optimizer="lamb"'),
-                                  ('train.precision="bf16"',)], ids=["fp32", "bf16-lamb", "bf16-adamw"])
+@pytest.mark.parametrize(
+    "sets",
+    [(), ('train.precision="bf16"', 'train.optimizer="lamb"'), ('train.precision="bf16"',)],
+    ids=["fp32", "bf16-lamb", "bf16-adamw"],
+)
 def test_xla_resumes_from_its_checkpoint(pydoc_storage: Path, sets: tuple[str, ...]) -> None:
     """bf16 weights use the fp32-state optimizers (issues 12.5, 17.12) through a resume."""
-    job = make_job(pydoc_storage, f"xla-resume-{len(sets)}", 'train.device="xla"', *STEPS,
-                   "train.steps_this_run=3", *sets, nproc=1)
+    job = make_job(
+        pydoc_storage,
+        f"xla-resume-{len(sets)}",
+        'train.device="xla"',
+        *STEPS,
+        "train.steps_this_run=3",
+        *sets,
+        nproc=1,
+    )
     for _ in range(2):
         result = trainer(job, pydoc_storage, timeout=600, env=XLA_ENV)
         assert result.returncode == 0, result.stderr[-3000:]
-    assert summary(job)["resumed_from"] == 3 and [r["step"] for r in metrics(job)] == list(range(1, 7))
+    assert summary(job)["resumed_from"] == 3 and [r["step"] for r in metrics(job)] == list(
+        range(1, 7)
+    )
 
 
 def test_more_than_one_xla_worker_on_a_cpu_is_refused(pydoc_storage: Path) -> None:
@@ -93,7 +105,8 @@ def test_a_resumed_optimizer_step_is_the_fresh_runs_graph(name: str) -> None:
     resumed = make([q], lr=0.1)
     resumed.load_state_dict(saved)
     assert {k: (v.device, v.dtype) for k, v in resumed.state[q].items()} == {
-        k: (v.device, v.dtype) for k, v in fresh.state[p].items()}
+        k: (v.device, v.dtype) for k, v in fresh.state[p].items()
+    }
     assert resumed.state[q]["step"].device == q.device
     loaded = compiled()
     steps(resumed, q, 3)

@@ -105,7 +105,9 @@ class JobStatus:
     cost_so_far_usd: float | None = None
     cost_to_finish_usd: float | None = None
     hangs: tuple[str, ...] = ()  # the newest hangs the watchdogs reported, one line each
-    details: dict[str, str] = field(default_factory=dict)  # backend words: rendezvous, namespace, ...
+    details: dict[str, str] = field(
+        default_factory=dict
+    )  # backend words: rendezvous, namespace, ...
     metrics: dict[str, Any] = field(default_factory=dict)  # the newest metrics.jsonl row
     summary: dict[str, Any] | None = None  # summary.json once the workers wrote it
     notes: tuple[str, ...] = ()
@@ -163,14 +165,21 @@ class Backend(Protocol):
         """The job's handle: `local://JOB`, `kubernetes://NAMESPACE/JOB`."""
         ...
 
-    def plan(self, cfg: JobConfig, *, wait_lock_s: float = 0.0,
-             precompile_steps: int | None = None) -> DryRun:
+    def plan(
+        self, cfg: JobConfig, *, wait_lock_s: float = 0.0, precompile_steps: int | None = None
+    ) -> DryRun:
         """Every check that needs no side effect (UserError naming the field); precompile_steps:
         the job's precompile job (compile/precompile.py) instead of the job."""
         ...
 
-    def submit(self, dry_run: DryRun, *, server_dry_run: bool = False, on_wait: Waiting | None = None,
-               on_start: Callable[[str], None] | None = None) -> Submitted:
+    def submit(
+        self,
+        dry_run: DryRun,
+        *,
+        server_dry_run: bool = False,
+        on_wait: Waiting | None = None,
+        on_start: Callable[[str], None] | None = None,
+    ) -> Submitted:
         """Start what plan() checked. server_dry_run: have the backend's server check it, start
         nothing. A precompile plan is awaited where the backend can (local), else submitted."""
         ...
@@ -192,8 +201,9 @@ class Backend(Protocol):
 class SupportsTop(Protocol):
     """A backend that can sample its workers' CPU, memory and accelerator use (`top`)."""
 
-    def top(self, job: str, *, interval_s: float, say: Callable[[str], None]
-            ) -> tuple[Callable[[], Any], float]:
+    def top(
+        self, job: str, *, interval_s: float, say: Callable[[str], None]
+    ) -> tuple[Callable[[], Any], float]:
         """(a sampler returning a rich table, or None once the job ended; the pause between samples)."""
         ...
 
@@ -202,10 +212,13 @@ class SupportsTop(Protocol):
 class SupportsTensorBoard(Protocol):
     """A backend that can serve its runs' TensorBoard events (`tensorboard`)."""
 
-    def tensorboard(self, job: str | None, *, host: str, port: int, announce: Callable[[str], None]) -> None: ...
+    def tensorboard(
+        self, job: str | None, *, host: str, port: int, announce: Callable[[str], None]
+    ) -> None: ...
 
 
 # --- job handles: BACKEND://[NAMESPACE/]JOB -----------------------------------------------------
+
 
 @dataclass(frozen=True)
 class JobRef:
@@ -222,12 +235,16 @@ def parse_job(text: str) -> JobRef:
     if not sep:
         return JobRef(text)
     if scheme not in BACKEND_NAMES:
-        raise UserError(f"{text!r}: unknown backend {scheme!r} in the handle; use local://JOB or "
-                        "kubernetes://NAMESPACE/JOB", where="JOB")
+        raise UserError(
+            f"{text!r}: unknown backend {scheme!r} in the handle; use local://JOB or "
+            "kubernetes://NAMESPACE/JOB",
+            where="JOB",
+        )
     parts = rest.split("/")
     if scheme == "local" and len(parts) == 1 and parts[0]:
         return JobRef(parts[0], "local")
     if scheme == "kubernetes" and len(parts) in (1, 2) and all(parts):
         return JobRef(parts[-1], "kubernetes", parts[0] if len(parts) == 2 else None)
-    raise UserError(f"{text!r} is not a job handle; use local://JOB or kubernetes://NAMESPACE/JOB",
-                    where="JOB")
+    raise UserError(
+        f"{text!r} is not a job handle; use local://JOB or kubernetes://NAMESPACE/JOB", where="JOB"
+    )

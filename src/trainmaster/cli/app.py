@@ -29,7 +29,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     epilog="The options above (--storage, --backend, --kubeconfig, --context, --namespace) apply "
-           "to every command and may also follow it: trainmaster status demo --storage ./data",
+    "to every command and may also follow it: trainmaster status demo --storage ./data",
 )
 app.command()(demo)
 app.command()(init)
@@ -59,8 +59,9 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     ctx: typer.Context,
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit"),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit"
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors"),
     storage: StorageOpt = None,
     backend: BackendOpt = None,
@@ -73,8 +74,13 @@ def _root(
     --storage, --backend, --kubeconfig, --context and --namespace apply to every command and
     may stand before or after it: `trainmaster status demo --storage ./data`.
     """
-    ctx.obj = api.Target(storage=storage, backend=backend, kubeconfig=kubeconfig, context=context,
-                         namespace=namespace)
+    ctx.obj = api.Target(
+        storage=storage,
+        backend=backend,
+        kubeconfig=kubeconfig,
+        context=context,
+        namespace=namespace,
+    )
 
 
 # The root's options that may also be written after the command (where users put them).
@@ -110,8 +116,14 @@ def _err(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     # `--dry-run=server` (kubectl's spelling) selects the API server's dry run.
-    args = ["--dry-run-server" if a == "--dry-run=server" else "--dry-run" if a == "--dry-run=client" else a
-            for a in args]
+    args = [
+        "--dry-run-server"
+        if a == "--dry-run=server"
+        else "--dry-run"
+        if a == "--dry-run=client"
+        else a
+        for a in args
+    ]
     args = hoist_global_options(args)
     debug = "--debug" in args
     try:

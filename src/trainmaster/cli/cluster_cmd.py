@@ -24,14 +24,18 @@ cluster_app = typer.Typer(
     help="Plan, create, inspect, resize and delete the EKS cluster that kubernetes jobs run on.",
     no_args_is_help=True,
 )
-PlanDir = Annotated[str, typer.Option("--plan", metavar="DIR", help="Folder written by `cluster plan`")]
+PlanDir = Annotated[
+    str, typer.Option("--plan", metavar="DIR", help="Folder written by `cluster plan`")
+]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the commands; run nothing")]
 
 
 @cluster_app.command("plan")
 def plan_cmd(
     file: JobFileArg,
-    out_dir: Annotated[str, typer.Option("--out", metavar="DIR", help="Folder to write the plan to")] = DEFAULT_DIR,
+    out_dir: Annotated[
+        str, typer.Option("--out", metavar="DIR", help="Folder to write the plan to")
+    ] = DEFAULT_DIR,
     overrides: SetOpt = None,
 ) -> None:
     """Write the cluster's files from the job file's cluster section: eksctl configs, CloudFormation template, add-on manifests, Helm values, Dockerfiles, runbook.sh. Creates nothing."""
@@ -44,26 +48,37 @@ def plan_cmd(
     except ConfigError as exc:  # name the job file, as jobfile.load does
         raise ConfigError(str(exc), where=Path(file).name) from exc
     s = written.spec
-    out.print(f"wrote {written.dir}/ for cluster {s.name}: {s.nodes} x {s.instance.name} in "
-              f"{s.region} ({s.accelerator_zone}; cluster zones {', '.join(s.zones)}), "
-              f"Kubernetes {s.kubernetes_version}", markup=False)
+    out.print(
+        f"wrote {written.dir}/ for cluster {s.name}: {s.nodes} x {s.instance.name} in "
+        f"{s.region} ({s.accelerator_zone}; cluster zones {', '.join(s.zones)}), "
+        f"Kubernetes {s.kubernetes_version}",
+        markup=False,
+    )
     for rel in written.files:
         out.print(f"  {rel}", markup=False)
     if s.endpoint_note:  # who can reach the API endpoint (12.9): the user must know before `up`
         out.print(f"note: {s.endpoint_note}", markup=False)
-    out.print(f"next: review them, then `trainmaster cluster up --plan {written.dir}` "
-              "(`--dry-run` prints every command first)", markup=False)
+    out.print(
+        f"next: review them, then `trainmaster cluster up --plan {written.dir}` "
+        "(`--dry-run` prints every command first)",
+        markup=False,
+    )
     # the tag is pushed again by every build; jobs should name the image by digest (17.10)
-    out.print(f"the training image is tagged {s.image_repository}:{s.image_tag} and rebuilt under that "
-              "tag; launch with the digest that `cluster up` and `cluster status` print "
-              "(kubernetes.image=REPO@sha256:...)", markup=False)
+    out.print(
+        f"the training image is tagged {s.image_repository}:{s.image_tag} and rebuilt under that "
+        "tag; launch with the digest that `cluster up` and `cluster status` print "
+        "(kubernetes.image=REPO@sha256:...)",
+        markup=False,
+    )
 
 
 @cluster_app.command()
 def up(
     plan_dir: PlanDir = DEFAULT_DIR,
     dry_run: DryRun = False,
-    fresh: Annotated[bool, typer.Option("--fresh", help="Forget recorded progress; check every step again")] = False,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Forget recorded progress; check every step again")
+    ] = False,
 ) -> None:
     """Create everything in the plan, step by step: skips what exists, resumes after a failure."""
     from trainmaster.cluster import up as up_mod
@@ -72,15 +87,23 @@ def up(
     plan = load_plan(plan_dir)
     up_mod.up(plan, out, dry_run=dry_run, fresh=fresh)
     if not dry_run:
-        out.print(f"cluster {plan.cluster['name']} is ready; `trainmaster cluster status --plan {plan_dir}`",
-                  markup=False)
+        out.print(
+            f"cluster {plan.cluster['name']} is ready; `trainmaster cluster status --plan {plan_dir}`",
+            markup=False,
+        )
 
 
 @cluster_app.command()
 def status(
     plan_dir: PlanDir = DEFAULT_DIR,
-    kubeconfig: Annotated[str | None, typer.Option(metavar="PATH", help="kubeconfig (default $KUBECONFIG, ~/.kube/config)")] = None,
-    context: Annotated[str | None, typer.Option(metavar="NAME", help="kubeconfig context (default: the current one)")] = None,
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(metavar="PATH", help="kubeconfig (default $KUBECONFIG, ~/.kube/config)"),
+    ] = None,
+    context: Annotated[
+        str | None,
+        typer.Option(metavar="NAME", help="kubeconfig context (default: the current one)"),
+    ] = None,
 ) -> None:
     """What of the plan exists in AWS and in the cluster; per node, allocatable Neuron/GPU/EFA."""
     from trainmaster.backends.kubernetes import clusterinfo
@@ -92,21 +115,47 @@ def status(
     c = plan.cluster
     rows: list[tuple[str, str]] = []
     cl = st.cluster
-    rows.append(("cluster", f"{c['name']}: {cl['status']}, Kubernetes {cl.get('version')}" if cl else
-                 f"{c['name']}: not created"))
+    rows.append(
+        (
+            "cluster",
+            f"{c['name']}: {cl['status']}, Kubernetes {cl.get('version')}"
+            if cl
+            else f"{c['name']}: not created",
+        )
+    )
     for ng in st.nodegroups:
         size = ng.get("scalingConfig", {})
-        rows.append((f"node group {ng['nodegroupName']}",
-                     f"{ng.get('status')}, {size.get('desiredSize')} node(s)"))
+        rows.append(
+            (
+                f"node group {ng['nodegroupName']}",
+                f"{ng.get('status')}, {size.get('desiredSize')} node(s)",
+            )
+        )
     rows.append(("node stack", f"{c['stack']}: {st.stack_status or 'not created'}"))
-    rows.append(("image repository", f"{st.repository} (tags: {', '.join(st.image_tags) or 'none'})"
-                 if st.repository else f"{c['image_repository']}: not created"))
+    rows.append(
+        (
+            "image repository",
+            f"{st.repository} (tags: {', '.join(st.image_tags) or 'none'})"
+            if st.repository
+            else f"{c['image_repository']}: not created",
+        )
+    )
     if st.repository:  # the tag is pushed again on every build: jobs pin the digest
-        rows.append(("training image", f"{st.image} (tag {c['image_tag']}; launch with --set "
-                     f"kubernetes.image={st.image})" if st.image else f"tag {c['image_tag']} not pushed"))
+        rows.append(
+            (
+                "training image",
+                f"{st.image} (tag {c['image_tag']}; launch with --set kubernetes.image={st.image})"
+                if st.image
+                else f"tag {c['image_tag']} not pushed",
+            )
+        )
     for fs in st.file_systems:
-        rows.append((f"file system {fs.get('FileSystemId')}",
-                     f"{fs.get('Lifecycle')}, {fs.get('StorageCapacity')} GiB"))
+        rows.append(
+            (
+                f"file system {fs.get('FileSystemId')}",
+                f"{fs.get('Lifecycle')}, {fs.get('StorageCapacity')} GiB",
+            )
+        )
     if st.queue is not None:
         rows.append((f"queue {c['queue']}", "exists" if st.queue else "missing"))
     if st.claim_phase is not None:
@@ -120,19 +169,36 @@ def status(
         table = [("NODE", "ROLE", "TYPE", "ZONE", "READY", "NEURON", "CORES", "GPU", "EFA")]
         for n in st.nodes:
             a = n.allocatable
-            table.append((n.name, n.role, n.instance_type, n.zone, "yes" if n.ready else "NO",
-                          a.get("aws.amazon.com/neuron", "-"), a.get("aws.amazon.com/neuroncore", "-"),
-                          a.get("nvidia.com/gpu", "-"), a.get("vpc.amazonaws.com/efa", "-")))
+            table.append(
+                (
+                    n.name,
+                    n.role,
+                    n.instance_type,
+                    n.zone,
+                    "yes" if n.ready else "NO",
+                    a.get("aws.amazon.com/neuron", "-"),
+                    a.get("aws.amazon.com/neuroncore", "-"),
+                    a.get("nvidia.com/gpu", "-"),
+                    a.get("vpc.amazonaws.com/efa", "-"),
+                )
+            )
         widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
         out.print("")
         for row in table:
-            out.print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(),
-                      markup=False)
+            out.print(
+                "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip(),
+                markup=False,
+            )
 
 
 @cluster_app.command()
 def scale(
-    nodes: Annotated[int, typer.Option("--nodes", metavar="N", help="Accelerator nodes wanted (0 pauses the node group)")],
+    nodes: Annotated[
+        int,
+        typer.Option(
+            "--nodes", metavar="N", help="Accelerator nodes wanted (0 pauses the node group)"
+        ),
+    ],
     plan_dir: PlanDir = DEFAULT_DIR,
     dry_run: DryRun = False,
 ) -> None:
@@ -148,7 +214,9 @@ def down(
     plan_dir: PlanDir = DEFAULT_DIR,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation")] = False,
     dry_run: DryRun = False,
-    fresh: Annotated[bool, typer.Option("--fresh", help="Forget recorded progress; check every step again")] = False,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Forget recorded progress; check every step again")
+    ] = False,
 ) -> None:
     """Delete everything the plan created, in the tutorial's clean-up order (asks first)."""
     from trainmaster.cluster import up as up_mod
@@ -173,12 +241,19 @@ def down(
 def wait_fsx(
     region: Annotated[str, typer.Option("--region")],
     cluster: Annotated[str, typer.Option("--cluster")],
-    file_system_id: Annotated[list[str] | None, typer.Option("--file-system-id", metavar="ID")] = None,
+    file_system_id: Annotated[
+        list[str] | None, typer.Option("--file-system-id", metavar="ID")
+    ] = None,
     timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS")] = 1800,
 ) -> None:
     """Wait until the FSx file systems are deleted (runbook.sh's down-claim step calls this)."""
     from trainmaster.cluster import aws
 
-    aws.wait_file_systems_deleted(region, cluster, file_system_id or [], timeout_s=timeout,
-                                  progress=lambda line: out.print(line, markup=False))
+    aws.wait_file_systems_deleted(
+        region,
+        cluster,
+        file_system_id or [],
+        timeout_s=timeout,
+        progress=lambda line: out.print(line, markup=False),
+    )
     out.print("FSx file systems deleted", markup=False)

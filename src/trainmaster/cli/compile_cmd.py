@@ -28,8 +28,9 @@ from trainmaster.errors import UserError
 from trainmaster.storage import Storage
 
 out = Console()
-cache_app = typer.Typer(help="Look at and clear the shared compile caches (STORAGE/cache/).",
-                        no_args_is_help=True)
+cache_app = typer.Typer(
+    help="Look at and clear the shared compile caches (STORAGE/cache/).", no_args_is_help=True
+)
 CachesetArg = Annotated[str, typer.Argument(metavar="CACHESET", help="A cacheset (train.cacheset)")]
 
 
@@ -39,8 +40,12 @@ def _say(text: str) -> None:
 
 def lock_waiting(cacheset: str, wait_s: float) -> Callable[[lock.Holder], None]:
     """What `launch` and `precompile` say while another job holds the cacheset's lock."""
+
     def say(holder: lock.Holder) -> None:
-        _say(f"waiting up to {wait_s:g} s: compile cache {cacheset} is in use by {holder.describe()}")
+        _say(
+            f"waiting up to {wait_s:g} s: compile cache {cacheset} is in use by {holder.describe()}"
+        )
+
     return say
 
 
@@ -48,18 +53,33 @@ def precompile(
     ctx: typer.Context,
     file: JobFileArg,
     overrides: SetOpt = None,
-    steps: Annotated[int, typer.Option(help="Steps of the precompile run (train.steps_this_run)")] = pre_mod.DEFAULT_STEPS,
+    steps: Annotated[
+        int, typer.Option(help="Steps of the precompile run (train.steps_this_run)")
+    ] = pre_mod.DEFAULT_STEPS,
     wait_lock: WaitLockOpt = 0.0,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would run (local: the commands; kubernetes: the objects as YAML)")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="A precompile awaited to its end (local): print the outcome as JSON")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print what would run (local: the commands; kubernetes: the objects as YAML)",
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="A precompile awaited to its end (local): print the outcome as JSON"
+        ),
+    ] = False,
     image: ImageOpt = None,
 ) -> None:
     """Fill the job's compile cache: the same job, a few steps, in compile mode, on its backend."""
     where = target(ctx)
     cfg = api.load_job_for(file, overrides, where)
     if not cfg.train.compile:
-        _say(f"note: train.compile is off in {file}: `launch` uses this cache only with "
-             "--set train.compile=true (or compile = true in [train])")
+        _say(
+            f"note: train.compile is off in {file}: `launch` uses this cache only with "
+            "--set train.compile=true (or compile = true in [train])"
+        )
     backend = api.backend(where, cfg, api.LaunchOptions(image=image))
     dry = backend.plan(cfg, wait_lock_s=wait_lock, precompile_steps=steps)
     for note in dry.notes:
@@ -79,16 +99,21 @@ def precompile(
     counts = result["compile_counters"]
     entries = ", ".join(f"{k} {v}" for k, v in result["entries"].items()) or "none"
     first = result["time_to_first_step_s"]
-    typer.echo(f"compile cache warm ({cfg.train.cacheset}) for {cfg.job.name}: fingerprint "
-               f"written, entries {entries}"
-               + (f"; first step after {first:.1f} s" if isinstance(first, (int, float)) else ""))
+    typer.echo(
+        f"compile cache warm ({cfg.train.cacheset}) for {cfg.job.name}: fingerprint "
+        f"written, entries {entries}"
+        + (f"; first step after {first:.1f} s" if isinstance(first, (int, float)) else "")
+    )
     if counts:
-        typer.echo(f"  compiler: {counts.get('fxgraph_cache_miss', 0)} FX graph(s) compiled, "
-                   f"{counts.get('fxgraph_cache_hit', 0)} found in the cache")
+        typer.echo(
+            f"  compiler: {counts.get('fxgraph_cache_miss', 0)} FX graph(s) compiled, "
+            f"{counts.get('fxgraph_cache_hit', 0)} found in the cache"
+        )
     typer.echo(f"  next: trainmaster launch {file} (with train.compile = true)")
 
 
 # --- cache list | show | clear ------------------------------------------------------------------
+
 
 def _root(storage: str | None) -> Path:
     return Storage.at(storage).root / "cache"
@@ -97,10 +122,16 @@ def _root(storage: str | None) -> Path:
 def _folder(storage: str | None, name: str) -> Path:
     folder = Storage.at(storage).cache_dir(name)
     if not folder.is_dir():
-        known = sorted(p.name for p in _root(storage).iterdir() if p.is_dir()) if _root(storage).is_dir() else []
-        raise UserError(f"no cacheset {name!r} under {_root(storage)}"
-                        f"{'; cachesets: ' + ', '.join(known) if known else ' (no cachesets yet)'}",
-                        where="CACHESET")
+        known = (
+            sorted(p.name for p in _root(storage).iterdir() if p.is_dir())
+            if _root(storage).is_dir()
+            else []
+        )
+        raise UserError(
+            f"no cacheset {name!r} under {_root(storage)}"
+            f"{'; cachesets: ' + ', '.join(known) if known else ' (no cachesets yet)'}",
+            where="CACHESET",
+        )
     return folder
 
 
@@ -136,25 +167,39 @@ def list_caches(ctx: typer.Context) -> None:
             continue
         saved = fingerprint.read(folder)
         entries = ", ".join(f"{k} {v}" for k, v in cache.entries(folder).items()) or "-"
-        table.add_row(folder.name, _size(cache.size_bytes(folder)), entries,
-                      f"{saved.job} ({_when(saved.written_at)})" if saved else "-", _lock_text(folder))
+        table.add_row(
+            folder.name,
+            _size(cache.size_bytes(folder)),
+            entries,
+            f"{saved.job} ({_when(saved.written_at)})" if saved else "-",
+            _lock_text(folder),
+        )
     out.print(table)
 
 
 @cache_app.command()
-def show(ctx: typer.Context, name: CachesetArg,
-         as_json: Annotated[bool, typer.Option("--json", help="Print as JSON")] = False) -> None:
+def show(
+    ctx: typer.Context,
+    name: CachesetArg,
+    as_json: Annotated[bool, typer.Option("--json", help="Print as JSON")] = False,
+) -> None:
     """A cacheset: where, size, entries per compiler, its fingerprint, its lock."""
     folder = _folder(target(ctx).storage, name)
     saved = fingerprint.read(folder)
     current = lock.read(folder)
     data: dict[str, Any] = {
-        "cacheset": name, "path": str(folder), "size_bytes": cache.size_bytes(folder),
+        "cacheset": name,
+        "path": str(folder),
+        "size_bytes": cache.size_bytes(folder),
         "entries": cache.entries(folder),
         "fingerprint": saved.to_json() if saved else None,
-        "lock": None if current is None else {
-            "holder": dataclasses.asdict(current[0]), "heartbeat": current[1],
-            "stale": lock.stale_reason(*current)},
+        "lock": None
+        if current is None
+        else {
+            "holder": dataclasses.asdict(current[0]),
+            "heartbeat": current[1],
+            "stale": lock.stale_reason(*current),
+        },
     }
     if as_json:
         typer.echo(json.dumps(data, indent=2))
@@ -165,8 +210,11 @@ def show(ctx: typer.Context, name: CachesetArg,
     if saved is None:
         out.print("  fingerprint: none (nothing compiled by a trainmaster job yet)")
         return
-    out.print(f"  fingerprint: written by job {saved.job} on {saved.host}, {_when(saved.written_at)}",
-              markup=False, highlight=False)
+    out.print(
+        f"  fingerprint: written by job {saved.job} on {saved.host}, {_when(saved.written_at)}",
+        markup=False,
+        highlight=False,
+    )
     table = Table("field", "value")
     for key, value in saved.fields.items():
         table.add_row(key, "-" if value is None else str(value))
@@ -174,8 +222,11 @@ def show(ctx: typer.Context, name: CachesetArg,
 
 
 @cache_app.command()
-def clear(ctx: typer.Context, name: CachesetArg,
-          yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask")] = False) -> None:
+def clear(
+    ctx: typer.Context,
+    name: CachesetArg,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask")] = False,
+) -> None:
     """Delete a cacheset (refused while a job uses it)."""
     folder = _folder(target(ctx).storage, name)
     if not yes:
@@ -185,8 +236,10 @@ def clear(ctx: typer.Context, name: CachesetArg,
     try:
         held = lock.acquire(folder, job="cache-clear", purpose="clear")
     except UserError as exc:
-        raise UserError(f"compile cache {name} is {_lock_text(folder)}; clear it after that job "
-                        "has ended", where="CACHESET") from exc
+        raise UserError(
+            f"compile cache {name} is {_lock_text(folder)}; clear it after that job has ended",
+            where="CACHESET",
+        ) from exc
     try:
         for entry in folder.iterdir():
             if entry.name == lock.FILE:

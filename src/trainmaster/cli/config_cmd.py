@@ -16,15 +16,19 @@ from trainmaster.backends.kubernetes.volcano import ETCD_VERSIONS
 from trainmaster.cli.options import JobFileArg, SetOpt, target
 from trainmaster.errors import UserError
 
-config_app = typer.Typer(help="Check a job file and show its resolved and derived values.",
-                         no_args_is_help=True)
+config_app = typer.Typer(
+    help="Check a job file and show its resolved and derived values.", no_args_is_help=True
+)
 out = Console()
 
 
 def init(
-    preset: Annotated[str, typer.Option(help=f"One of: {', '.join(api.JOB_PRESETS)}")] = "local-cpu",
-    out_file: Annotated[Path | None, typer.Option("--out", metavar="FILE",
-                                                  help="Write here instead of stdout")] = None,
+    preset: Annotated[
+        str, typer.Option(help=f"One of: {', '.join(api.JOB_PRESETS)}")
+    ] = "local-cpu",
+    out_file: Annotated[
+        Path | None, typer.Option("--out", metavar="FILE", help="Write here instead of stdout")
+    ] = None,
     force: Annotated[bool, typer.Option(help="Replace FILE if it exists")] = False,
     overrides: SetOpt = None,
 ) -> None:
@@ -36,7 +40,9 @@ def init(
     if out_file.exists() and not force:
         raise UserError("exists; pass --force to replace it", where=str(out_file))
     out_file.write_text(text, encoding="utf-8")
-    typer.echo(f"wrote {out_file} (preset {preset}); next: trainmaster config show {out_file}", err=True)
+    typer.echo(
+        f"wrote {out_file} (preset {preset}); next: trainmaster config show {out_file}", err=True
+    )
 
 
 @config_app.command()
@@ -44,13 +50,17 @@ def validate(file: JobFileArg, overrides: SetOpt = None) -> None:
     """Check a job file; exit 0 when it is valid, 2 with the field and the fix when not."""
     cfg = api.load_job(file, overrides)
     d = cfg.derived
-    typer.echo(f"{file}: valid (world size {d.world_size}, gradient accumulation {d.grad_accum}, "
-               f"hash {d.config_hash})")
+    typer.echo(
+        f"{file}: valid (world size {d.world_size}, gradient accumulation {d.grad_accum}, "
+        f"hash {d.config_hash})"
+    )
     if cfg.rendezvous.backend in ("etcd", "etcd-v2"):
         # Said at validation, not found at the first rendezvous: torch's etcd rendezvous speaks
         # etcd's v2 API, which etcd 3.6 removed (pytorch/pytorch issues 158326 and 170707).
-        typer.echo(f"note: rendezvous.backend = {cfg.rendezvous.backend} works with {ETCD_VERSIONS}; "
-                   "rendezvous.backend = c10d needs no etcd")
+        typer.echo(
+            f"note: rendezvous.backend = {cfg.rendezvous.backend} works with {ETCD_VERSIONS}; "
+            "rendezvous.backend = c10d needs no etcd"
+        )
 
 
 @config_app.command()
@@ -66,7 +76,9 @@ def show(
         typer.echo(json.dumps(info, indent=2))
         return
     for section, values in info["config"].items():
-        table = Table(title=escape(f"[{section}]"), title_justify="left", show_header=False, box=None)
+        table = Table(
+            title=escape(f"[{section}]"), title_justify="left", show_header=False, box=None
+        )
         for key, value in values.items():
             table.add_row(key, "[dim]unset[/dim]" if value is None else json.dumps(value))
         out.print(table)
@@ -74,14 +86,23 @@ def show(
     inst = d["instance"]
     table = Table(title="derived", title_justify="left", show_header=False, box=None)
     rows = [
-        ("world size", f"{d['world_size']} ({info['config']['job']['nnodes']} nodes x "
-                       f"{info['config']['job']['nproc_per_node']} workers)"),
+        (
+            "world size",
+            f"{d['world_size']} ({info['config']['job']['nnodes']} nodes x "
+            f"{info['config']['job']['nproc_per_node']} workers)",
+        ),
         ("gradient accumulation", str(d["grad_accum"])),
-        ("global batch", f"{info['config']['train']['global_batch_size']} sequences, "
-                         f"{d['tokens_per_step']} tokens per step"),
+        (
+            "global batch",
+            f"{info['config']['train']['global_batch_size']} sequences, "
+            f"{d['tokens_per_step']} tokens per step",
+        ),
         ("model", ", ".join(f"{k} {v}" for k, v in d["model"].items())),
-        ("node type", f"{inst['name']}: {inst['devices']} x {inst['accelerator']}, "
-                      f"{inst['vcpu']} vCPU, {inst['memory_gib']} GiB, ${inst['price_per_hour']}/h"),
+        (
+            "node type",
+            f"{inst['name']}: {inst['devices']} x {inst['accelerator']}, "
+            f"{inst['vcpu']} vCPU, {inst['memory_gib']} GiB, ${inst['price_per_hour']}/h",
+        ),
         ("storage", d["storage"]),
         ("dataset", d["dataset_path"]),
         ("config hash", d["config_hash"]),

@@ -21,51 +21,95 @@ if TYPE_CHECKING:
 
 # trainmaster.data (numpy, h5py, tokenizers) is imported inside the commands: `trainmaster
 # --help` and every other command must not pay ~0.5 s for it.
-data_app = typer.Typer(help="Make, check and look at BERT pretraining shards.", no_args_is_help=True)
+data_app = typer.Typer(
+    help="Make, check and look at BERT pretraining shards.", no_args_is_help=True
+)
 out = Console()
 PER_KIND = 10  # violation lines printed per rule; the total is always printed
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
-DirArg = Annotated[str, typer.Argument(metavar="DIR", help="A folder of shards, or a dataset name "
-                                                            "under STORAGE/datasets")]
+DirArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="DIR", help="A folder of shards, or a dataset name under STORAGE/datasets"
+    ),
+]
 
 
 @data_app.command()
 def prepare(
     ctx: typer.Context,
-    inputs: Annotated[list[Path] | None, typer.Argument(
-        metavar="[INPUT]...", help="Text files (.gz too) or folders of them: one sentence per "
-                                   "line, documents separated by blank lines")] = None,
-    builtin: Annotated[str | None, typer.Option(help="Use a built-in corpus: pydoc (Python's "
-                                                     "reference docs, ~100k tokens)")] = None,
-    output: Annotated[Path | None, typer.Option(help="Folder to write the shards to (default: "
-                                                     "STORAGE/datasets/NAME)")] = None,
-    name: Annotated[str | None, typer.Option(help="Dataset name under STORAGE/datasets (default "
-                                                  "'pydoc' with --builtin pydoc)")] = None,
-    vocab: Annotated[Path | None, typer.Option(help="An existing BERT WordPiece vocab.txt "
-                                                    "(default: train one on the input)")] = None,
-    vocab_size: Annotated[int | None, typer.Option(help="Size of the vocabulary to train "
-                                                        "(default 8192)")] = None,
-    lower_case: Annotated[bool, typer.Option("--lower-case/--no-lower-case", help="Lower-case "
-                                             "and strip accents, as bert-*-uncased")] = True,
-    seq_len: Annotated[int, typer.Option(help="Tokens per example, [CLS] and [SEP]s included")] = 128,
+    inputs: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            metavar="[INPUT]...",
+            help="Text files (.gz too) or folders of them: one sentence per "
+            "line, documents separated by blank lines",
+        ),
+    ] = None,
+    builtin: Annotated[
+        str | None,
+        typer.Option(help="Use a built-in corpus: pydoc (Python's reference docs, ~100k tokens)"),
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option(help="Folder to write the shards to (default: STORAGE/datasets/NAME)"),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            help="Dataset name under STORAGE/datasets (default 'pydoc' with --builtin pydoc)"
+        ),
+    ] = None,
+    vocab: Annotated[
+        Path | None,
+        typer.Option(help="An existing BERT WordPiece vocab.txt (default: train one on the input)"),
+    ] = None,
+    vocab_size: Annotated[
+        int | None, typer.Option(help="Size of the vocabulary to train (default 8192)")
+    ] = None,
+    lower_case: Annotated[
+        bool,
+        typer.Option(
+            "--lower-case/--no-lower-case", help="Lower-case and strip accents, as bert-*-uncased"
+        ),
+    ] = True,
+    seq_len: Annotated[
+        int, typer.Option(help="Tokens per example, [CLS] and [SEP]s included")
+    ] = 128,
     max_pred: Annotated[int, typer.Option(help="Most masked tokens per example")] = 20,
     masked_lm_prob: Annotated[float, typer.Option(help="Fraction of tokens to mask")] = 0.15,
-    short_seq_prob: Annotated[float, typer.Option(help="Fraction of examples made shorter than "
-                                                       "--seq-len on purpose")] = 0.1,
-    dupe_factor: Annotated[int, typer.Option(help="Passes over the input, each masked "
-                                                  "differently")] = 5,
-    whole_word_mask: Annotated[bool, typer.Option("--whole-word-mask", help="Mask all pieces of "
-                                                  "a word together")] = False,
-    shards: Annotated[int, typer.Option(help="Number of shard files (at least the number of "
-                                             "training workers)")] = 8,
-    workers: Annotated[int | None, typer.Option(help="Processes to use (default: all cores); "
-                                                     "the output does not depend on it")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed: the same seed and input give the same "
-                                           "bytes")] = 12345,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a dataset already in "
-                                            "the output folder (once the new one is complete)")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress, only the summary")] = False,
+    short_seq_prob: Annotated[
+        float, typer.Option(help="Fraction of examples made shorter than --seq-len on purpose")
+    ] = 0.1,
+    dupe_factor: Annotated[
+        int, typer.Option(help="Passes over the input, each masked differently")
+    ] = 5,
+    whole_word_mask: Annotated[
+        bool, typer.Option("--whole-word-mask", help="Mask all pieces of a word together")
+    ] = False,
+    shards: Annotated[
+        int, typer.Option(help="Number of shard files (at least the number of training workers)")
+    ] = 8,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Processes to use (default: all cores); the output does not depend on it"
+        ),
+    ] = None,
+    seed: Annotated[
+        int, typer.Option(help="Random seed: the same seed and input give the same bytes")
+    ] = 12345,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace a dataset already in the output folder (once the new one is complete)",
+        ),
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress, only the summary")
+    ] = False,
 ) -> None:
     """Turn text into shuffled, masked BERT pretraining shards (+ vocab.txt, dataset.json)."""
     storage = target(ctx).storage
@@ -74,38 +118,65 @@ def prepare(
     folder = _output(output, name, storage, builtin)
     try:
         result = data.prepare(
-            inputs or [], output=folder, builtin=builtin, vocab=vocab, vocab_size=vocab_size,
-            lower_case=lower_case, seq_len=seq_len, max_pred=max_pred,
-            masked_lm_prob=masked_lm_prob, short_seq_prob=short_seq_prob,
-            dupe_factor=dupe_factor, whole_word_mask=whole_word_mask, shards=shards,
-            workers=workers, seed=seed, overwrite=overwrite, quiet=quiet)
+            inputs or [],
+            output=folder,
+            builtin=builtin,
+            vocab=vocab,
+            vocab_size=vocab_size,
+            lower_case=lower_case,
+            seq_len=seq_len,
+            max_pred=max_pred,
+            masked_lm_prob=masked_lm_prob,
+            short_seq_prob=short_seq_prob,
+            dupe_factor=dupe_factor,
+            whole_word_mask=whole_word_mask,
+            shards=shards,
+            workers=workers,
+            seed=seed,
+            overwrite=overwrite,
+            quiet=quiet,
+        )
     except KeyboardInterrupt as exc:
         # typer turns Ctrl-C into a silent exit 130; say what became of the output.
-        typer.echo(f"error: interrupted; nothing was written to {folder} (partial files "
-                   "removed)", err=True)
+        typer.echo(
+            f"error: interrupted; nothing was written to {folder} (partial files removed)", err=True
+        )
         raise typer.Exit(EXIT_INTERRUPTED) from exc
     t = result.timings
-    table = Table(title=f"prepared {escape(str(result.output))}", title_justify="left",
-                  show_header=False, box=None)
-    table.add_row("examples", f"{result.examples:,} in {len(result.shards)} shards "
-                              f"({min(result.counts):,}-{max(result.counts):,} each)")
+    table = Table(
+        title=f"prepared {escape(str(result.output))}",
+        title_justify="left",
+        show_header=False,
+        box=None,
+    )
+    table.add_row(
+        "examples",
+        f"{result.examples:,} in {len(result.shards)} shards "
+        f"({min(result.counts):,}-{max(result.counts):,} each)",
+    )
     table.add_row("input", f"{result.input_tokens:,} tokens, vocabulary of {result.vocab_size:,}")
-    table.add_row("speed", f"{result.tokens_per_s:,.0f} tokens/s with {result.workers} worker(s) "
-                           f"({result.seconds:.1f} s: read {t.get('read', 0):.1f}, vocab "
-                           f"{t.get('vocab', 0):.1f}, examples {t.get('examples', 0):.1f}, write "
-                           f"{t.get('write', 0):.1f})")
+    table.add_row(
+        "speed",
+        f"{result.tokens_per_s:,.0f} tokens/s with {result.workers} worker(s) "
+        f"({result.seconds:.1f} s: read {t.get('read', 0):.1f}, vocab "
+        f"{t.get('vocab', 0):.1f}, examples {t.get('examples', 0):.1f}, write "
+        f"{t.get('write', 0):.1f})",
+    )
     table.add_row("next", f"trainmaster data verify {escape(str(result.output))}")
     out.print(table)
 
 
-def _output(output: Path | None, name: str | None, storage: str | None, builtin: str | None) -> Path:
+def _output(
+    output: Path | None, name: str | None, storage: str | None, builtin: str | None
+) -> Path:
     if output is not None and name is not None:
         raise UserError("give --output DIR or --name NAME, not both")
     if output is not None:
         return output
     if name is None and builtin is None:
-        raise UserError("where to? pass --output DIR or --name NAME (a dataset under "
-                        "STORAGE/datasets)")
+        raise UserError(
+            "where to? pass --output DIR or --name NAME (a dataset under STORAGE/datasets)"
+        )
     return Storage.at(storage).dataset_dir(name or str(builtin))
 
 
@@ -141,8 +212,11 @@ def verify(
             if len(items) > PER_KIND:
                 typer.echo(f"... and {len(items) - PER_KIND} more '{kind}' violation(s)")
     files = len({v.file for v in violations})
-    typer.echo(f"FAILED: {len(violations)} violation(s) in {files} file(s) of {folder} "
-               f"({', '.join(f'{k}: {len(i)}' for k, i in by_kind.items())})", err=True)
+    typer.echo(
+        f"FAILED: {len(violations)} violation(s) in {files} file(s) of {folder} "
+        f"({', '.join(f'{k}: {len(i)}' for k, i in by_kind.items())})",
+        err=True,
+    )
     raise typer.Exit(EXIT_FAILED)
 
 
@@ -163,14 +237,22 @@ def inspect(
         return
     table = Table(title=escape(st.folder), title_justify="left", show_header=False, box=None)
     rows = [
-        ("shards", f"{st.shards} ({min(st.per_shard.values()):,}-{max(st.per_shard.values()):,} "
-                   "examples each)"),
+        (
+            "shards",
+            f"{st.shards} ({min(st.per_shard.values()):,}-{max(st.per_shard.values()):,} "
+            "examples each)",
+        ),
         ("examples", f"{st.examples:,} x {st.seq_len} tokens, up to {st.max_pred} masked"),
         ("real tokens", f"{st.real_tokens:,} (padding {st.padding_ratio:.1%})"),
-        ("masked", f"{st.masked:,} = {st.mask_ratio:.2%} of real tokens: {st.masked_as_mask:.1%} "
-                   f"[MASK], {st.masked_as_random:.1%} random, {st.masked_as_kept:.1%} kept"),
-        ("next sentence", f"{st.next_sentence_random:.1%} random, "
-                          f"{1 - st.next_sentence_random:.1%} actual"),
+        (
+            "masked",
+            f"{st.masked:,} = {st.mask_ratio:.2%} of real tokens: {st.masked_as_mask:.1%} "
+            f"[MASK], {st.masked_as_random:.1%} random, {st.masked_as_kept:.1%} kept",
+        ),
+        (
+            "next sentence",
+            f"{st.next_sentence_random:.1%} random, {1 - st.next_sentence_random:.1%} actual",
+        ),
         ("ids read with", st.vocab),
     ]
     for key, value in rows:
@@ -186,13 +268,31 @@ def inspect(
 @data_app.command()
 def stage(
     ctx: typer.Context,
-    src: Annotated[str, typer.Argument(metavar="SRC", help="s3://bucket/prefix/, s3://.../data.tar, or a local folder")],
+    src: Annotated[
+        str,
+        typer.Argument(
+            metavar="SRC", help="s3://bucket/prefix/, s3://.../data.tar, or a local folder"
+        ),
+    ],
     name: Annotated[str, typer.Option("--name", help="Dataset name: lands in MOUNT/datasets/NAME")],
-    job: Annotated[str, typer.Option("--job", metavar="FILE", help="Job file giving the cluster side (image, PVC, mount, namespace)")],
+    job: Annotated[
+        str,
+        typer.Option(
+            "--job",
+            metavar="FILE",
+            help="Job file giving the cluster side (image, PVC, mount, namespace)",
+        ),
+    ],
     overrides: SetOpt = None,
-    image: Annotated[str | None, typer.Option(help="Image of the stage pod (else kubernetes.image)")] = None,
-    no_sign_request: Annotated[bool, typer.Option(help="Public S3 data (the tutorial's bucket)")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the stage pod; create nothing")] = False,
+    image: Annotated[
+        str | None, typer.Option(help="Image of the stage pod (else kubernetes.image)")
+    ] = None,
+    no_sign_request: Annotated[
+        bool, typer.Option(help="Public S3 data (the tutorial's bucket)")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the stage pod; create nothing")
+    ] = False,
 ) -> None:
     """Copy a dataset onto the cluster's shared storage through a short-lived pod, verify it there."""
     where = target(ctx)

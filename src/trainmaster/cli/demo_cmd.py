@@ -23,7 +23,12 @@ err = Console(stderr=True)
 
 
 def demo(
-    folder: Annotated[Path, typer.Option("--dir", help="Folder to work in (made if missing; must hold no earlier demo)")] = Path("."),
+    folder: Annotated[
+        Path,
+        typer.Option(
+            "--dir", help="Folder to work in (made if missing; must hold no earlier demo)"
+        ),
+    ] = Path("."),
     steps: Annotated[int, typer.Option(min=20, help="Optimizer steps to train")] = 200,
 ) -> None:
     """Prepare the built-in corpus, train bert-tiny on 2 local nodes, and summarise the run."""
@@ -34,18 +39,27 @@ def demo(
     store.ensure_writable()
     from trainmaster.data import prepare  # numpy/h5py/tokenizers only when the demo runs
 
-    err.print(f"[bold]1/3[/bold] preparing shards from Python's reference docs into {store.dataset_dir('pydoc')}")
+    err.print(
+        f"[bold]1/3[/bold] preparing shards from Python's reference docs into {store.dataset_dir('pydoc')}"
+    )
     result = prepare(output=store.dataset_dir("pydoc"), builtin="pydoc", shards=4, quiet=False)
-    err.print(f"    {result.examples} examples in {len(result.shards)} shards, "
-              f"{result.tokens_per_s:,.0f} input tokens/s")
-    job_toml.write_text(api.init_job("local-cpu", [f"train.max_steps={steps}",
-                                                   f'job.storage="{store.root.resolve()}"']))
+    err.print(
+        f"    {result.examples} examples in {len(result.shards)} shards, "
+        f"{result.tokens_per_s:,.0f} input tokens/s"
+    )
+    job_toml.write_text(
+        api.init_job(
+            "local-cpu", [f"train.max_steps={steps}", f'job.storage="{store.root.resolve()}"']
+        )
+    )
     err.print(f"[bold]2/3[/bold] wrote {job_toml} (bert-tiny, 2 nodes x 1 worker, c10d)")
     cfg = api.load_job(job_toml)
     backend = api.backend(api.Target(storage=str(store.root), backend="local"), cfg)
     backend.submit(backend.plan(cfg))
-    err.print(f"[bold]3/3[/bold] training (`trainmaster status demo --storage {store.root}` "
-              "from another shell)")
+    err.print(
+        f"[bold]3/3[/bold] training (`trainmaster status demo --storage {store.root}` "
+        "from another shell)"
+    )
     follow_job(backend, "demo")
     _summary(RunPaths(store.run_dir("demo")), store)
 

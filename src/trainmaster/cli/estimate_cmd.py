@@ -30,11 +30,42 @@ out = Console()
 def estimate(
     ctx: typer.Context,
     file: JobFileArg,
-    nodes: Annotated[str, typer.Option("--nodes", metavar="N,N,...", help="Node counts to estimate, comma-separated")] = est.DEFAULT_NODES,
-    rate: Annotated[float | None, typer.Option("--rate", metavar="SEQ_PER_S_PER_NODE", help="One node's training rate (sequences/s), e.g. measured elsewhere; default: the catalog's published figure for the instance type")] = None,
-    from_run: Annotated[str | None, typer.Option("--from-run", metavar="JOB", help="Use the rate a finished run of the same shape measured (its summary.json, under the storage root: --storage, job.storage, $TRAINMASTER_STORAGE)")] = None,
-    measure: Annotated[bool, typer.Option("--measure", help="Run the job here for --measure-steps steps (local jobs) and use the rate it measures")] = False,
-    measure_steps: Annotated[int, typer.Option("--measure-steps", min=3, max=100_000, help="Steps of the --measure run (the first is left out of the rate)")] = 20,
+    nodes: Annotated[
+        str,
+        typer.Option("--nodes", metavar="N,N,...", help="Node counts to estimate, comma-separated"),
+    ] = est.DEFAULT_NODES,
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            "--rate",
+            metavar="SEQ_PER_S_PER_NODE",
+            help="One node's training rate (sequences/s), e.g. measured elsewhere; default: the catalog's published figure for the instance type",
+        ),
+    ] = None,
+    from_run: Annotated[
+        str | None,
+        typer.Option(
+            "--from-run",
+            metavar="JOB",
+            help="Use the rate a finished run of the same shape measured (its summary.json, under the storage root: --storage, job.storage, $TRAINMASTER_STORAGE)",
+        ),
+    ] = None,
+    measure: Annotated[
+        bool,
+        typer.Option(
+            "--measure",
+            help="Run the job here for --measure-steps steps (local jobs) and use the rate it measures",
+        ),
+    ] = False,
+    measure_steps: Annotated[
+        int,
+        typer.Option(
+            "--measure-steps",
+            min=3,
+            max=100_000,
+            help="Steps of the --measure run (the first is left out of the rate)",
+        ),
+    ] = 20,
     overrides: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON")] = False,
 ) -> None:
@@ -43,8 +74,9 @@ def estimate(
     if sum((rate is not None, from_run is not None, measure)) > 1:
         raise UserError("give one of --rate, --from-run and --measure", where="--rate")
     if rate is not None and not 0 < rate < math.inf:
-        raise UserError(f"{rate} is not a rate; give one node's sequences per second, above 0",
-                        where="--rate")
+        raise UserError(
+            f"{rate} is not a rate; give one node's sequences per second, above 0", where="--rate"
+        )
     cfg = api.load_job(file, overrides)
     store = Storage.at(target(ctx).storage, cfg.job.storage)
     if rate is not None:
@@ -52,8 +84,14 @@ def estimate(
     elif from_run is not None:
         one = est.rate_of_run(store, from_run, cfg)
     elif measure:
-        one = est.measure(Path(file), list(overrides or []), cfg, store, measure_steps,
-                          lambda line: typer.echo(line, err=True))
+        one = est.measure(
+            Path(file),
+            list(overrides or []),
+            cfg,
+            store,
+            measure_steps,
+            lambda line: typer.echo(line, err=True),
+        )
     else:
         one = est.published_rate(cfg)
     result = est.estimate(cfg, one, counts)
@@ -63,23 +101,41 @@ def estimate(
     out.print(table(result))
     out.print(f"one node: {one.per_node:,.2f} seq/s, {one.basis} ({one.source})", soft_wrap=True)
     out.print(f"scaling: {result.scaling}", soft_wrap=True)
-    out.print(f"price: {cost.money(result.price_per_node_hour)}/node-hour ({result.price_source})",
-              soft_wrap=True)
+    out.print(
+        f"price: {cost.money(result.price_per_node_hour)}/node-hour ({result.price_source})",
+        soft_wrap=True,
+    )
     for line in result.assumptions:
         out.print(f"assumed: {line}", soft_wrap=True)
 
 
 def table(e: est.Estimate) -> Table:
-    t = Table("nodes", "workers", "accum", "seq/worker/step", "efficiency", "seq/s",
-              "time to train", "node-hours", "cost", "notes",
-              title=f"estimate {e.job}: {e.sequences:,} sequences on {e.instance} "
-                    f"(rate: {e.rate.basis})")
+    t = Table(
+        "nodes",
+        "workers",
+        "accum",
+        "seq/worker/step",
+        "efficiency",
+        "seq/s",
+        "time to train",
+        "node-hours",
+        "cost",
+        "notes",
+        title=f"estimate {e.job}: {e.sequences:,} sequences on {e.instance} (rate: {e.rate.basis})",
+    )
     for r in e.rows:
-        t.add_row(f"{r.nodes:,}", f"{r.workers:,}", "-" if r.grad_accum is None else str(r.grad_accum),
-                  _num(r.per_worker) + (" *" if r.below_published else ""),
-                  f"{r.efficiency:.1%} ({r.efficiency_basis})", f"{r.seq_per_s:,.1f}",
-                  cost.duration(r.time_s), _num(r.node_hours), cost.money(r.cost),
-                  "; ".join(r.notes))
+        t.add_row(
+            f"{r.nodes:,}",
+            f"{r.workers:,}",
+            "-" if r.grad_accum is None else str(r.grad_accum),
+            _num(r.per_worker) + (" *" if r.below_published else ""),
+            f"{r.efficiency:.1%} ({r.efficiency_basis})",
+            f"{r.seq_per_s:,.1f}",
+            cost.duration(r.time_s),
+            _num(r.node_hours),
+            cost.money(r.cost),
+            "; ".join(r.notes),
+        )
     return t
 
 

@@ -20,7 +20,12 @@ def torchx_component(
     file: JobFileArg,
     overrides: SetOpt = None,
     image: ImageOpt = None,
-    out: Annotated[Path | None, typer.Option("--out", metavar="FILE.py", help="Write the component here (default: print it)")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", metavar="FILE.py", help="Write the component here (default: print it)"
+        ),
+    ] = None,
 ) -> None:
     """A TorchX component (a Python file) whose role runs what the job's Volcano pods run: `torchx run -s kubernetes FILE.py:JOB`."""
     cfg = api.load_job_for(file, overrides, target(ctx))
@@ -30,5 +35,7 @@ def torchx_component(
         return
     out.write_text(text, encoding="utf-8")
     fn = cfg.job.name.replace("-", "_")
-    typer.echo(f"wrote {out}; run it with `torchx run -s kubernetes -cfg queue={cfg.kubernetes.queue} "
-               f"{out}:{fn} --image IMAGE`")
+    typer.echo(
+        f"wrote {out}; run it with `torchx run -s kubernetes -cfg queue={cfg.kubernetes.queue} "
+        f"{out}:{fn} --image IMAGE`"
+    )

@@ -34,10 +34,20 @@ def launch(
     ctx: typer.Context,
     file: JobFileArg,
     overrides: SetOpt = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would run (local: the commands; kubernetes: every object as YAML); --dry-run=server has the API server check the objects")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print what would run (local: the commands; kubernetes: every object as YAML); --dry-run=server has the API server check the objects",
+        ),
+    ] = False,
     dry_run_server: Annotated[bool, typer.Option("--dry-run-server", hidden=True)] = False,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Show progress until the job ends")] = False,
-    resume: Annotated[bool, typer.Option(help="Continue an existing job from its last checkpoint")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Show progress until the job ends")
+    ] = False,
+    resume: Annotated[
+        bool, typer.Option(help="Continue an existing job from its last checkpoint")
+    ] = False,
     wait_lock: WaitLockOpt = 0.0,
     image: ImageOpt = None,
 ) -> None:
@@ -49,8 +59,9 @@ def launch(
     if dry_run and not dry_run_server:
         typer.echo(dry.render(), nl=False)
         return
-    sub = backend.submit(dry, server_dry_run=dry_run_server,
-                         on_wait=lock_waiting(cfg.train.cacheset, wait_lock))
+    sub = backend.submit(
+        dry, server_dry_run=dry_run_server, on_wait=lock_waiting(cfg.train.cacheset, wait_lock)
+    )
     for note in sub.notes:  # e.g. train.compile: is the cacheset warm (after precompile) or cold
         typer.echo(note, err=True)
     for line in sub.lines:
@@ -61,13 +72,25 @@ def launch(
 
 def follow_job(backend: Backend, job: str) -> None:
     """A progress bar until the job ends; JobFailed (exit 1) unless it succeeded."""
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[steps]}"),
-                  TextColumn("{task.fields[info]}"), TimeRemainingColumn(), console=Console(stderr=True),
-                  transient=False) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[steps]}"),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    ) as bar:
         task = bar.add_task(job, total=None, steps="", info="starting")
         while True:
             v = backend.status(job)
-            steps = "" if v.step is None else f"{v.step}/{v.max_steps} steps" if v.max_steps else f"step {v.step}"
+            steps = (
+                ""
+                if v.step is None
+                else f"{v.step}/{v.max_steps} steps"
+                if v.max_steps
+                else f"step {v.step}"
+            )
             bar.update(task, total=v.max_steps, completed=v.step or 0, steps=steps, info=v.info)
             if v.phase.final:
                 break
@@ -92,7 +115,9 @@ def logs(
     job: JobArg,
     rank: Annotated[int | None, typer.Option(help="Global rank (default 0)")] = None,
     node: Annotated[int | None, typer.Option(help="A node's agent log instead of a rank's")] = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the job ends")
+    ] = False,
 ) -> None:
     """Print a rank's log (rank 0 by default), or a node agent's (kubernetes: a pod's)."""
     backend, name = api.backend_for_job(target(ctx), job)

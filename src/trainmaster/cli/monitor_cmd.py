@@ -29,7 +29,9 @@ def top(
     ctx: typer.Context,
     job: JobArg,
     once: Annotated[bool, typer.Option("--once", help="Print one table and exit")] = False,
-    interval: Annotated[float, typer.Option(help="Seconds per refresh (the CPU % sampling window, locally)")] = 1.0,
+    interval: Annotated[
+        float, typer.Option(help="Seconds per refresh (the CPU % sampling window, locally)")
+    ] = 1.0,
 ) -> None:
     """A live table per node and rank: CPU, memory and accelerator use (GPU via NVML / nvidia-smi, NeuronCores via neuron-monitor)."""
     if not 0.1 <= interval <= 3600:
@@ -43,15 +45,25 @@ def top(
 
 def tensorboard(
     ctx: typer.Context,
-    job: Annotated[str | None, typer.Argument(metavar="[JOB]", help="One job's events (default: every run)")] = None,
+    job: Annotated[
+        str | None, typer.Argument(metavar="[JOB]", help="One job's events (default: every run)")
+    ] = None,
     port: Annotated[int, typer.Option(help="Local port")] = tb.DEFAULT_PORT,
-    host: Annotated[str, typer.Option(help="Address to listen on (local backend); 0.0.0.0 exposes it to the network")] = "127.0.0.1",
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Address to listen on (local backend); 0.0.0.0 exposes it to the network"
+        ),
+    ] = "127.0.0.1",
 ) -> None:
     """Serve TensorBoard on a run's (or every run's) events until Ctrl-C; kubernetes: port-forward to the cluster's TensorBoard."""
+
     def announce(url: str) -> None:
         typer.echo(f"TensorBoard: {url}")
 
-    backend, name = api.backend_for_job(target(ctx), job) if job else (api.backend(target(ctx)), None)
+    backend, name = (
+        api.backend_for_job(target(ctx), job) if job else (api.backend(target(ctx)), None)
+    )
     if not isinstance(backend, SupportsTensorBoard):
         raise UserError(f"the {backend.name} backend has no TensorBoard", where="tensorboard")
     backend.tensorboard(name, host=host, port=port, announce=announce)

@@ -14,32 +14,64 @@ from trainmaster import api
 
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", metavar="SECTION.KEY=VALUE",
-                 help="Override a job-file value, typed as TOML (repeatable), e.g. --set train.batch_size=8"),
+    typer.Option(
+        "--set",
+        metavar="SECTION.KEY=VALUE",
+        help="Override a job-file value, typed as TOML (repeatable), e.g. --set train.batch_size=8",
+    ),
 ]
 StorageOpt = Annotated[
     str | None,
-    typer.Option("--storage", metavar="PATH",
-                 help="Storage root; else job.storage, else $TRAINMASTER_STORAGE, else ./trainmaster-data"),
+    typer.Option(
+        "--storage",
+        metavar="PATH",
+        help="Storage root; else job.storage, else $TRAINMASTER_STORAGE, else ./trainmaster-data",
+    ),
 ]
-JobArg = Annotated[str, typer.Argument(metavar="JOB", help="Job name (job.name of its job file), or the handle `launch` printed: local://JOB, kubernetes://NAMESPACE/JOB")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print it as JSON (the fields of backends/base.py JobStatus)")]
-JobFileArg = Annotated[str, typer.Argument(metavar="FILE", help="A job file (TOML); make one with `trainmaster init`")]
+JobArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="JOB",
+        help="Job name (job.name of its job file), or the handle `launch` printed: local://JOB, kubernetes://NAMESPACE/JOB",
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print it as JSON (the fields of backends/base.py JobStatus)")
+]
+JobFileArg = Annotated[
+    str, typer.Argument(metavar="FILE", help="A job file (TOML); make one with `trainmaster init`")
+]
 BackendOpt = Annotated[
     str | None,
-    typer.Option("--backend", metavar="local|kubernetes",
-                 help="Where the job runs (default: job.backend for commands that read a job file; $TRAINMASTER_BACKEND or local otherwise)"),
+    typer.Option(
+        "--backend",
+        metavar="local|kubernetes",
+        help="Where the job runs (default: job.backend for commands that read a job file; $TRAINMASTER_BACKEND or local otherwise)",
+    ),
 ]
-KubeconfigOpt = Annotated[str | None, typer.Option(help="kubernetes: kubeconfig file (else $KUBECONFIG, ~/.kube/config)")]
-ContextOpt = Annotated[str | None, typer.Option(help="kubernetes: kubeconfig context (else the current one)")]
-NamespaceOpt = Annotated[str | None, typer.Option(help="kubernetes: namespace (else kubernetes.namespace / the context's)")]
+KubeconfigOpt = Annotated[
+    str | None, typer.Option(help="kubernetes: kubeconfig file (else $KUBECONFIG, ~/.kube/config)")
+]
+ContextOpt = Annotated[
+    str | None, typer.Option(help="kubernetes: kubeconfig context (else the current one)")
+]
+NamespaceOpt = Annotated[
+    str | None,
+    typer.Option(help="kubernetes: namespace (else kubernetes.namespace / the context's)"),
+]
 WaitLockOpt = Annotated[
     float,
-    typer.Option("--wait-lock", metavar="SECONDS", min=0,
-                 help="Compile jobs: how long to wait while another job uses the cacheset (then fail)"),
+    typer.Option(
+        "--wait-lock",
+        metavar="SECONDS",
+        min=0,
+        help="Compile jobs: how long to wait while another job uses the cacheset (then fail)",
+    ),
 ]
 
-ImageOpt = Annotated[str | None, typer.Option(help="kubernetes: training image (else kubernetes.image)")]
+ImageOpt = Annotated[
+    str | None, typer.Option(help="kubernetes: training image (else kubernetes.image)")
+]
 
 
 def target(ctx: typer.Context) -> api.Target:

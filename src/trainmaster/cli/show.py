@@ -37,8 +37,11 @@ def _table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 def nodes(items: tuple[NodeStatus, ...]) -> None:
     cells = [[cell(n) for _, cell in NODE_COLUMNS] for n in items]
-    keep = [i for i, (title, _) in enumerate(NODE_COLUMNS)
-            if title in ("node", "state", "exit code") or any(row[i] for row in cells)]
+    keep = [
+        i
+        for i, (title, _) in enumerate(NODE_COLUMNS)
+        if title in ("node", "state", "exit code") or any(row[i] for row in cells)
+    ]
     _table(tuple(NODE_COLUMNS[i][0] for i in keep), [tuple(row[i] for i in keep) for row in cells])
 
 
@@ -47,7 +50,9 @@ def status(s: JobStatus, as_json: bool = False) -> None:
         typer.echo(json.dumps(s.to_json(), indent=2))
         return
     words = "  ".join(f"{k} {escape(v)}" for k, v in s.details.items())
-    out.print(f"[bold]{escape(s.job)}[/bold]  phase [bold]{s.phase}[/bold]  backend {s.backend}  {words}")
+    out.print(
+        f"[bold]{escape(s.job)}[/bold]  phase [bold]{s.phase}[/bold]  backend {s.backend}  {words}"
+    )
     out.print(f"  {s.handle}", markup=False, highlight=False)
     if s.message:
         out.print(f"  {s.message}", markup=False, highlight=False)
@@ -56,15 +61,29 @@ def status(s: JobStatus, as_json: bool = False) -> None:
     if s.nodes:
         nodes(s.nodes)
     if s.workers:
-        _table(("rank", "node", "local rank", "pid"),
-               [(str(w.rank), str(w.node), str(w.local_rank), str(w.pid)) for w in s.workers])
+        _table(
+            ("rank", "node", "local rank", "pid"),
+            [(str(w.rank), str(w.node), str(w.local_rank), str(w.pid)) for w in s.workers],
+        )
 
 
 def jobs(items: list[JobStatus], as_json: bool = False) -> None:
     if as_json:
         typer.echo(json.dumps([s.to_json() for s in items], indent=2))
         return
-    _table(("job", "phase", "backend", "nodes", "created", "step", "loss", "handle"), [
-        (s.job, str(s.phase), s.backend, f"{s.nnodes}x{s.nproc_per_node}" if s.nproc_per_node else str(s.nnodes),
-         s.created.replace("T", " ")[:16], "-" if s.step is None else str(s.step),
-         "-" if s.loss is None else f"{s.loss:.3f}", s.handle) for s in items])
+    _table(
+        ("job", "phase", "backend", "nodes", "created", "step", "loss", "handle"),
+        [
+            (
+                s.job,
+                str(s.phase),
+                s.backend,
+                f"{s.nnodes}x{s.nproc_per_node}" if s.nproc_per_node else str(s.nnodes),
+                s.created.replace("T", " ")[:16],
+                "-" if s.step is None else str(s.step),
+                "-" if s.loss is None else f"{s.loss:.3f}",
+                s.handle,
+            )
+            for s in items
+        ],
+    )

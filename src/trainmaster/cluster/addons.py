@@ -26,7 +26,9 @@ SYSTEM_SELECTOR = {ROLE_LABEL: "system"}
 MANAGED = {"app.kubernetes.io/managed-by": "trainmaster"}
 NEURON_PLUGIN = "neuron-device-plugin"
 ETCD = "etcd-server"
-ETCD_NAMESPACE = "trainmaster-etcd"  # backends/kubernetes/volcano.py DEFAULT_ETCD names this namespace too
+ETCD_NAMESPACE = (
+    "trainmaster-etcd"  # backends/kubernetes/volcano.py DEFAULT_ETCD names this namespace too
+)
 
 
 def _meta(name: str, namespace: str | None = None, **labels: str) -> dict[str, Any]:
@@ -37,8 +39,10 @@ def _meta(name: str, namespace: str | None = None, **labels: str) -> dict[str, A
 
 
 def accelerator_tolerations(spec: ClusterSpec) -> list[dict[str, str]]:
-    tols = [{"key": "CriticalAddonsOnly", "operator": "Exists"},
-            {"key": spec.taint_key, "operator": "Exists", "effect": "NoSchedule"}]
+    tols = [
+        {"key": "CriticalAddonsOnly", "operator": "Exists"},
+        {"key": spec.taint_key, "operator": "Exists", "effect": "NoSchedule"},
+    ]
     if spec.efa:
         tols.append({"key": catalog.EFA, "operator": "Exists", "effect": "NoSchedule"})
     return tols
@@ -46,13 +50,18 @@ def accelerator_tolerations(spec: ClusterSpec) -> list[dict[str, str]]:
 
 # --- device plugins ---------------------------------------------------------------------------
 
+
 def neuron_device_plugin(spec: ClusterSpec) -> list[dict[str, Any]]:
     """neuron-device-plugin with its RBAC (the rules of the Neuron Helm chart)."""
     ns = "kube-system"
     rules = [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["update", "patch", "get", "list", "watch"]},
+        {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "verbs": ["update", "patch", "get", "list", "watch"],
+        },
         {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch", "update"]},
     ]
     labels = {"name": NEURON_PLUGIN}
@@ -60,15 +69,20 @@ def neuron_device_plugin(spec: ClusterSpec) -> list[dict[str, Any]]:
         "name": NEURON_PLUGIN,
         "image": versions.NEURON_DEVICE_PLUGIN_IMAGE,
         "imagePullPolicy": "IfNotPresent",
-        "env": [{"name": "KUBECONFIG", "value": "/etc/kubernetes/kubelet.conf"},
-                {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        "env": [
+            {"name": "KUBECONFIG", "value": "/etc/kubernetes/kubelet.conf"},
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        ],
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
-        "volumeMounts": [{"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
-                         {"name": "infa-map", "mountPath": "/run"}],
+        "volumeMounts": [
+            {"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
+            {"name": "infa-map", "mountPath": "/run"},
+        ],
     }
     daemonset = {
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
         "metadata": _meta(NEURON_PLUGIN, ns),
         "spec": {
             "selector": {"matchLabels": labels},
@@ -79,97 +93,180 @@ def neuron_device_plugin(spec: ClusterSpec) -> list[dict[str, Any]]:
                     "serviceAccountName": NEURON_PLUGIN,
                     "priorityClassName": "system-node-critical",
                     "tolerations": accelerator_tolerations(spec),
-                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [{"matchExpressions": [{
-                            "key": "node.kubernetes.io/instance-type", "operator": "In",
-                            "values": [spec.instance.name]}]}]}}},
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {
+                                        "matchExpressions": [
+                                            {
+                                                "key": "node.kubernetes.io/instance-type",
+                                                "operator": "In",
+                                                "values": [spec.instance.name],
+                                            }
+                                        ]
+                                    }
+                                ]
+                            }
+                        }
+                    },
                     "containers": [container],
                     "volumes": [
-                        {"name": "device-plugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}},
-                        {"name": "infa-map", "hostPath": {"path": "/run"}}],
+                        {
+                            "name": "device-plugin",
+                            "hostPath": {"path": "/var/lib/kubelet/device-plugins"},
+                        },
+                        {"name": "infa-map", "hostPath": {"path": "/run"}},
+                    ],
                 },
             },
         },
     }
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(NEURON_PLUGIN, ns)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": _meta(NEURON_PLUGIN), "rules": rules},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": _meta(NEURON_PLUGIN),
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NEURON_PLUGIN},
-         "subjects": [{"kind": "ServiceAccount", "name": NEURON_PLUGIN, "namespace": ns}]},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": _meta(NEURON_PLUGIN),
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": _meta(NEURON_PLUGIN),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": NEURON_PLUGIN,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": NEURON_PLUGIN, "namespace": ns}],
+        },
         daemonset,
     ]
 
 
 def efa_values(spec: ClusterSpec) -> dict[str, Any]:
     """Values of eks/aws-efa-k8s-device-plugin: tolerate the accelerator taint."""
-    return {"tolerations": accelerator_tolerations(spec),
-            "nodeSelector": {ROLE_LABEL: "accelerator"}}
+    return {
+        "tolerations": accelerator_tolerations(spec),
+        "nodeSelector": {ROLE_LABEL: "accelerator"},
+    }
 
 
 def nvidia_values(spec: ClusterSpec) -> dict[str, Any]:
     """Values of nvdp/nvidia-device-plugin (its default affinity wants nvidia.com/gpu.present)."""
-    return {"tolerations": accelerator_tolerations(spec),
-            "nodeSelector": {ROLE_LABEL: "accelerator"}}
+    return {
+        "tolerations": accelerator_tolerations(spec),
+        "nodeSelector": {ROLE_LABEL: "accelerator"},
+    }
 
 
 # --- Volcano queue, etcd -----------------------------------------------------------------------
 
+
 def queue(spec: ClusterSpec) -> dict[str, Any]:
-    return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue",
-            "metadata": _meta(spec.queue),
-            "spec": {"weight": 1, "reclaimable": False}}
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "Queue",
+        "metadata": _meta(spec.queue),
+        "spec": {"weight": 1, "reclaimable": False},
+    }
 
 
 def etcd(spec: ClusterSpec) -> list[dict[str, Any]]:
     ns, labels = ETCD_NAMESPACE, {"app": "etcd", "etcd_node": ETCD}
-    args = ["--name", ETCD, "--data-dir", "/var/lib/etcd", "--enable-v2",
-            "--listen-client-urls", "http://0.0.0.0:2379",
-            "--advertise-client-urls", f"http://{ETCD}:2379",
-            "--listen-peer-urls", "http://0.0.0.0:2380",
-            "--initial-advertise-peer-urls", f"http://{ETCD}:2380",
-            "--initial-cluster", f"{ETCD}=http://{ETCD}:2380",
-            "--initial-cluster-state", "new"]
+    args = [
+        "--name",
+        ETCD,
+        "--data-dir",
+        "/var/lib/etcd",
+        "--enable-v2",
+        "--listen-client-urls",
+        "http://0.0.0.0:2379",
+        "--advertise-client-urls",
+        f"http://{ETCD}:2379",
+        "--listen-peer-urls",
+        "http://0.0.0.0:2380",
+        "--initial-advertise-peer-urls",
+        f"http://{ETCD}:2380",
+        "--initial-cluster",
+        f"{ETCD}=http://{ETCD}:2380",
+        "--initial-cluster-state",
+        "new",
+    ]
     container = {
-        "name": "etcd", "image": versions.ETCD_IMAGE,
+        "name": "etcd",
+        "image": versions.ETCD_IMAGE,
         "command": ["/usr/local/bin/etcd", *args],
-        "ports": [{"name": "client", "containerPort": 2379}, {"name": "peer", "containerPort": 2380}],
+        "ports": [
+            {"name": "client", "containerPort": 2379},
+            {"name": "peer", "containerPort": 2380},
+        ],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "readinessProbe": {"httpGet": {"path": "/health", "port": 2379}, "periodSeconds": 10},
         "volumeMounts": [{"name": "data", "mountPath": "/var/lib/etcd"}],
     }
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(ETCD, ns),
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(ETCD, ns),
         "spec": {
-            "replicas": 1, "strategy": {"type": "Recreate"},
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {
-                "nodeSelector": SYSTEM_SELECTOR, "containers": [container],
-                "volumes": [{"name": "data", "emptyDir": {}}]}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": SYSTEM_SELECTOR,
+                    "containers": [container],
+                    "volumes": [{"name": "data", "emptyDir": {}}],
+                },
+            },
         },
     }
 
     def service(name: str, ports: list[tuple[str, int]]) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, ns),
-                "spec": {"type": "ClusterIP", "selector": labels,
-                         "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"}
-                                   for n, p in ports]}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _meta(name, ns),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": labels,
+                "ports": [
+                    {"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in ports
+                ],
+            },
+        }
 
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(ns)}
     # One `from` entry holding both selectors: pods with the label in ANY namespace (an empty
     # namespaceSelector matches every namespace). Nothing else may open 2379; the single member
     # has no peers, so 2380 stays closed too.
     policy = {
-        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
         "metadata": _meta("etcd-clients", ns),
-        "spec": {"podSelector": {"matchLabels": labels}, "policyTypes": ["Ingress"],
-                 "ingress": [{"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(MANAGED)}}],
-                              "ports": [{"protocol": "TCP", "port": 2379}]}]},
+        "spec": {
+            "podSelector": {"matchLabels": labels},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [
+                        {"namespaceSelector": {}, "podSelector": {"matchLabels": dict(MANAGED)}}
+                    ],
+                    "ports": [{"protocol": "TCP", "port": 2379}],
+                }
+            ],
+        },
     }
-    return [namespace, deployment, service(ETCD, [("client", 2379), ("peer", 2380)]),
-            service("etcd-client", [("client", 2379)]), policy]
+    return [
+        namespace,
+        deployment,
+        service(ETCD, [("client", 2379), ("peer", 2380)]),
+        service("etcd-client", [("client", 2379)]),
+        policy,
+    ]
 
 
 # --- TensorBoard ------------------------------------------------------------------------------
@@ -186,9 +283,19 @@ def tensorboard(spec: ClusterSpec) -> list[dict[str, Any]]:
     ns, labels = spec.namespace, {"app": TENSORBOARD}
     logdir = f"{spec.mount.rstrip('/')}/runs"
     container = {
-        "name": TENSORBOARD, "image": IMAGE,
-        "command": ["tensorboard", "--logdir", logdir, "--host", "0.0.0.0",
-                    "--port", str(TENSORBOARD_PORT), "--reload_interval", "60"],
+        "name": TENSORBOARD,
+        "image": IMAGE,
+        "command": [
+            "tensorboard",
+            "--logdir",
+            logdir,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(TENSORBOARD_PORT),
+            "--reload_interval",
+            "60",
+        ],
         "ports": [{"name": "http", "containerPort": TENSORBOARD_PORT}],
         "resources": {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         "readinessProbe": {"httpGet": {"path": "/", "port": TENSORBOARD_PORT}, "periodSeconds": 15},
@@ -196,17 +303,42 @@ def tensorboard(spec: ClusterSpec) -> list[dict[str, Any]]:
         "volumeMounts": [{"name": "storage", "mountPath": spec.mount, "readOnly": True}],
     }
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(TENSORBOARD, ns),
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(TENSORBOARD, ns),
         "spec": {
-            "replicas": 1, "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {
-                "nodeSelector": SYSTEM_SELECTOR, "containers": [container],
-                "volumes": [{"name": "storage", "persistentVolumeClaim": {
-                    "claimName": spec.pvc, "readOnly": True}}]}},
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": SYSTEM_SELECTOR,
+                    "containers": [container],
+                    "volumes": [
+                        {
+                            "name": "storage",
+                            "persistentVolumeClaim": {"claimName": spec.pvc, "readOnly": True},
+                        }
+                    ],
+                },
+            },
         },
     }
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(TENSORBOARD, ns),
-               "spec": {"type": "ClusterIP", "selector": labels,
-                        "ports": [{"name": "http", "port": TENSORBOARD_PORT,
-                                   "targetPort": TENSORBOARD_PORT, "protocol": "TCP"}]}}
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(TENSORBOARD, ns),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": labels,
+            "ports": [
+                {
+                    "name": "http",
+                    "port": TENSORBOARD_PORT,
+                    "targetPort": TENSORBOARD_PORT,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
     return [deployment, service]

@@ -28,13 +28,26 @@ from trainmaster.errors import UserError
 
 T = TypeVar("T")
 DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "UnauthorizedAccess"}
-BAD_CREDENTIALS = {"UnrecognizedClientException", "InvalidClientTokenId", "ExpiredToken",
-                   "ExpiredTokenException", "AuthFailure", "SignatureDoesNotMatch"}
-NOT_FOUND = {"ResourceNotFoundException", "RepositoryNotFoundException", "ImageNotFoundException",
-             "FileSystemNotFound",
-             "ValidationError", "ParameterNotFound"}
-FIX_CREDENTIALS = ("configure credentials: `aws configure sso` (or `aws configure`), or set "
-                   "AWS_PROFILE; no administrator user's static keys are needed")
+BAD_CREDENTIALS = {
+    "UnrecognizedClientException",
+    "InvalidClientTokenId",
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "AuthFailure",
+    "SignatureDoesNotMatch",
+}
+NOT_FOUND = {
+    "ResourceNotFoundException",
+    "RepositoryNotFoundException",
+    "ImageNotFoundException",
+    "FileSystemNotFound",
+    "ValidationError",
+    "ParameterNotFound",
+}
+FIX_CREDENTIALS = (
+    "configure credentials: `aws configure sso` (or `aws configure`), or set "
+    "AWS_PROFILE; no administrator user's static keys are needed"
+)
 CLUSTER_TAG = "trainmaster.io/cluster"
 # eksctl's list of zones whose EKS control plane capacity is exhausted (pkg/az/az.go).
 AVOID_ZONE_IDS = {"use1-az3", "usw1-az2", "cac1-az3"}
@@ -43,8 +56,9 @@ AVOID_ZONE_IDS = {"use1-az3", "usw1-az2", "cac1-az3"}
 def client(service: str, region: str) -> Any:
     """A client from boto3's default session (its service models load once per process)."""
     factory = cast(Any, boto3.client)  # the stubs want a literal service name
-    return factory(service, region_name=region,
-                   config=Config(retries={"max_attempts": 5, "mode": "standard"}))
+    return factory(
+        service, region_name=region, config=Config(retries={"max_attempts": 5, "mode": "standard"})
+    )
 
 
 def call(action: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
@@ -56,17 +70,22 @@ def call(action: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
     except NoRegionError as exc:
         raise UserError("no AWS region; set cluster.region in the job file", where="aws") from exc
     except EndpointConnectionError as exc:
-        raise UserError(f"cannot reach AWS ({exc}); check the network and cluster.region",
-                        where="aws") from exc
+        raise UserError(
+            f"cannot reach AWS ({exc}); check the network and cluster.region", where="aws"
+        ) from exc
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         message = exc.response.get("Error", {}).get("Message", "")
         if code in DENIED:
-            raise UserError(f"permission denied: the IAM principal may not call {action}; "
-                            f"allow {action} in its policy ({code})", where="aws") from exc
+            raise UserError(
+                f"permission denied: the IAM principal may not call {action}; "
+                f"allow {action} in its policy ({code})",
+                where="aws",
+            ) from exc
         if code in BAD_CREDENTIALS:
-            raise UserError(f"AWS refused the credentials ({code}: {message}); {FIX_CREDENTIALS}",
-                            where="aws") from exc
+            raise UserError(
+                f"AWS refused the credentials ({code}: {message}); {FIX_CREDENTIALS}", where="aws"
+            ) from exc
         raise
     except BotoCoreError as exc:
         raise UserError(f"{action} failed: {exc}", where="aws") from exc
@@ -78,14 +97,19 @@ def _missing(exc: ClientError) -> bool:
 
 # --- zones -------------------------------------------------------------------------------------
 
+
 def offered_zones(region: str, instance_type: str) -> list[str]:
     """Zone names of the region where the instance type is offered (sorted)."""
     ec2 = client("ec2", region)
     zones: set[str] = set()
-    kwargs: dict[str, Any] = {"LocationType": "availability-zone",
-                              "Filters": [{"Name": "instance-type", "Values": [instance_type]}]}
+    kwargs: dict[str, Any] = {
+        "LocationType": "availability-zone",
+        "Filters": [{"Name": "instance-type", "Values": [instance_type]}],
+    }
     while True:
-        page = call("ec2:DescribeInstanceTypeOfferings", ec2.describe_instance_type_offerings, **kwargs)
+        page = call(
+            "ec2:DescribeInstanceTypeOfferings", ec2.describe_instance_type_offerings, **kwargs
+        )
         zones.update(o["Location"] for o in page.get("InstanceTypeOfferings", []))
         if not page.get("NextToken"):
             return sorted(zones)
@@ -95,14 +119,23 @@ def offered_zones(region: str, instance_type: str) -> list[str]:
 def usable_zones(region: str) -> list[str]:
     """Available zones of the region that can host an EKS control plane (sorted by name)."""
     ec2 = client("ec2", region)
-    page = call("ec2:DescribeAvailabilityZones", ec2.describe_availability_zones,
-                Filters=[{"Name": "state", "Values": ["available"]},
-                         {"Name": "zone-type", "Values": ["availability-zone"]}])
-    return sorted(z["ZoneName"] for z in page.get("AvailabilityZones", [])
-                  if z.get("ZoneId") not in AVOID_ZONE_IDS)
+    page = call(
+        "ec2:DescribeAvailabilityZones",
+        ec2.describe_availability_zones,
+        Filters=[
+            {"Name": "state", "Values": ["available"]},
+            {"Name": "zone-type", "Values": ["availability-zone"]},
+        ],
+    )
+    return sorted(
+        z["ZoneName"]
+        for z in page.get("AvailabilityZones", [])
+        if z.get("ZoneId") not in AVOID_ZONE_IDS
+    )
 
 
 # --- ECR -----------------------------------------------------------------------------------------
+
 
 def ecr_repository(region: str, name: str, *, create: bool = False) -> str | None:
     """The repository's URI; created (scan on push, immutable tags off) when asked and missing."""
@@ -115,8 +148,12 @@ def ecr_repository(region: str, name: str, *, create: bool = False) -> str | Non
             raise
     if not create:
         return None
-    made = call("ecr:CreateRepository", ecr.create_repository, repositoryName=name,
-                imageScanningConfiguration={"scanOnPush": True})
+    made = call(
+        "ecr:CreateRepository",
+        ecr.create_repository,
+        repositoryName=name,
+        imageScanningConfiguration={"scanOnPush": True},
+    )
     return str(made["repository"]["repositoryUri"])
 
 
@@ -141,8 +178,12 @@ def ecr_image_digest(region: str, name: str, tag: str) -> str | None:
     """
     ecr = client("ecr", region)
     try:
-        page = call("ecr:DescribeImages", ecr.describe_images, repositoryName=name,
-                    imageIds=[{"imageTag": tag}])
+        page = call(
+            "ecr:DescribeImages",
+            ecr.describe_images,
+            repositoryName=name,
+            imageIds=[{"imageTag": tag}],
+        )
     except ClientError as exc:
         if _missing(exc):
             return None
@@ -152,6 +193,7 @@ def ecr_image_digest(region: str, name: str, tag: str) -> str | None:
 
 
 # --- EKS, CloudFormation, FSx ------------------------------------------------------------------
+
 
 def eks_cluster(region: str, name: str) -> dict[str, Any] | None:
     """describe-cluster's `cluster`, or None when there is no such cluster."""
@@ -172,8 +214,17 @@ def eks_nodegroups(region: str, cluster: str) -> list[dict[str, Any]]:
         if _missing(exc):
             return []
         raise
-    return [dict(call("eks:DescribeNodegroup", eks.describe_nodegroup, clusterName=cluster,
-                      nodegroupName=n)["nodegroup"]) for n in sorted(names)]
+    return [
+        dict(
+            call(
+                "eks:DescribeNodegroup",
+                eks.describe_nodegroup,
+                clusterName=cluster,
+                nodegroupName=n,
+            )["nodegroup"]
+        )
+        for n in sorted(names)
+    ]
 
 
 def stack(region: str, name: str) -> dict[str, Any] | None:
@@ -205,11 +256,17 @@ def file_systems(region: str, cluster: str, vpc_id: str | None = None) -> list[d
         kwargs["NextToken"] = page["NextToken"]
 
 
-def wait_file_systems_deleted(region: str, cluster: str, ids: Sequence[str] = (), *,
-                              timeout_s: float = 1800, interval_s: float = 30,
-                              progress: Callable[[str], None] = print,
-                              clock: Callable[[], float] = time.monotonic,
-                              sleep: Callable[[float], None] = time.sleep) -> None:
+def wait_file_systems_deleted(
+    region: str,
+    cluster: str,
+    ids: Sequence[str] = (),
+    *,
+    timeout_s: float = 1800,
+    interval_s: float = 30,
+    progress: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """Return once the file systems `ids`, and every file system of the cluster that is DELETING,
     are gone; UserError naming them after timeout_s.
 
@@ -225,16 +282,22 @@ def wait_file_systems_deleted(region: str, cluster: str, ids: Sequence[str] = ()
     wanted = set(ids)
     deadline = clock() + timeout_s
     while True:
-        left = sorted(f"{f['FileSystemId']} ({f.get('Lifecycle', '?')})"
-                      for f in file_systems(region, cluster)
-                      if f.get("FileSystemId") in wanted or f.get("Lifecycle") == "DELETING")
+        left = sorted(
+            f"{f['FileSystemId']} ({f.get('Lifecycle', '?')})"
+            for f in file_systems(region, cluster)
+            if f.get("FileSystemId") in wanted or f.get("Lifecycle") == "DELETING"
+        )
         if not left:
             return
         remaining = deadline - clock()
         if remaining <= 0:
-            raise UserError(f"FSx file system(s) still not deleted after {timeout_s:.0f} s: "
-                            f"{', '.join(left)}; check the FSx console, then run `cluster down` again",
-                            where="aws")
-        progress(f"waiting for FSx file system(s) to be deleted: {', '.join(left)} "
-                 f"({remaining:.0f} s left)")
+            raise UserError(
+                f"FSx file system(s) still not deleted after {timeout_s:.0f} s: "
+                f"{', '.join(left)}; check the FSx console, then run `cluster down` again",
+                where="aws",
+            )
+        progress(
+            f"waiting for FSx file system(s) to be deleted: {', '.join(left)} "
+            f"({remaining:.0f} s left)"
+        )
         sleep(min(interval_s, remaining))

@@ -56,10 +56,17 @@ def sub(text: str) -> Ref:
 
 def network_interfaces(spec: ClusterSpec) -> list[dict[str, Any]]:
     groups = [ref("NodeSecurityGroup"), ref("ClusterSecurityGroup")]
-    return [{"Description": f"EFA on network card {card}",
-             "NetworkCardIndex": card, "DeviceIndex": 0 if card == 0 else 1,
-             "InterfaceType": "efa", "Groups": groups, "DeleteOnTermination": True}
-            for card in range(spec.instance.efa_interfaces)]
+    return [
+        {
+            "Description": f"EFA on network card {card}",
+            "NetworkCardIndex": card,
+            "DeviceIndex": 0 if card == 0 else 1,
+            "InterfaceType": "efa",
+            "Groups": groups,
+            "DeleteOnTermination": True,
+        }
+        for card in range(spec.instance.efa_interfaces)
+    ]
 
 
 def user_data(spec: ClusterSpec) -> str:
@@ -73,7 +80,10 @@ def user_data(spec: ClusterSpec) -> str:
     """
     labels = ",".join(f"{k}={v}" for k, v in spec.accelerator_labels.items())
     taint = f"{spec.taint_key}=true:NoSchedule"
-    efa = "" if not spec.efa else f"""--==BOUNDARY==
+    efa = (
+        ""
+        if not spec.efa
+        else f"""--==BOUNDARY==
 Content-Type: text/cloud-boothook; charset="us-ascii"
 
 #!/bin/bash
@@ -86,6 +96,7 @@ fi
 cloud-init-per once efa_info /opt/amazon/efa/bin/fi_info -p efa
 
 """
+    )
     return f"""MIME-Version: 1.0
 Content-Type: multipart/mixed; boundary="==BOUNDARY=="
 
@@ -115,23 +126,46 @@ spec:
 def _parameters(spec: ClusterSpec) -> dict[str, Any]:
     return {
         "ClusterName": {"Type": "String", "Description": "EKS cluster name"},
-        "ClusterEndpoint": {"Type": "String", "Description": "aws eks describe-cluster: cluster.endpoint"},
-        "ClusterCertificateAuthority": {"Type": "String",
-                                        "Description": "aws eks describe-cluster: cluster.certificateAuthority.data"},
-        "ClusterServiceCidr": {"Type": "String", "Default": "10.100.0.0/16",
-                               "Description": "aws eks describe-cluster: cluster.kubernetesNetworkConfig.serviceIpv4Cidr"},
-        "ClusterSecurityGroup": {"Type": "AWS::EC2::SecurityGroup::Id",
-                                 "Description": "aws eks describe-cluster: cluster.resourcesVpcConfig.clusterSecurityGroupId"},
+        "ClusterEndpoint": {
+            "Type": "String",
+            "Description": "aws eks describe-cluster: cluster.endpoint",
+        },
+        "ClusterCertificateAuthority": {
+            "Type": "String",
+            "Description": "aws eks describe-cluster: cluster.certificateAuthority.data",
+        },
+        "ClusterServiceCidr": {
+            "Type": "String",
+            "Default": "10.100.0.0/16",
+            "Description": "aws eks describe-cluster: cluster.kubernetesNetworkConfig.serviceIpv4Cidr",
+        },
+        "ClusterSecurityGroup": {
+            "Type": "AWS::EC2::SecurityGroup::Id",
+            "Description": "aws eks describe-cluster: cluster.resourcesVpcConfig.clusterSecurityGroupId",
+        },
         "VpcId": {"Type": "AWS::EC2::VPC::Id", "Description": "the cluster's VPC"},
-        "NodeImageId": {"Type": "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>",
-                        "Default": versions.ami_parameter(spec.kubernetes_version, spec.instance.device_kind),
-                        "Description": "SSM parameter of the EKS-optimised AL2023 accelerated AMI"},
+        "NodeImageId": {
+            "Type": "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>",
+            "Default": versions.ami_parameter(spec.kubernetes_version, spec.instance.device_kind),
+            "Description": "SSM parameter of the EKS-optimised AL2023 accelerated AMI",
+        },
     }
 
 
-def _sg_rule(kind: str, group: str, description: str, *, protocol: str = "-1",
-             ports: tuple[int, int] | None = None, peer: str) -> dict[str, Any]:
-    props: dict[str, Any] = {"GroupId": ref(group), "Description": description, "IpProtocol": protocol}
+def _sg_rule(
+    kind: str,
+    group: str,
+    description: str,
+    *,
+    protocol: str = "-1",
+    ports: tuple[int, int] | None = None,
+    peer: str,
+) -> dict[str, Any]:
+    props: dict[str, Any] = {
+        "GroupId": ref(group),
+        "Description": description,
+        "IpProtocol": protocol,
+    }
     if ports:
         props |= {"FromPort": ports[0], "ToPort": ports[1]}
     peer_key = "SourceSecurityGroupId" if kind == "Ingress" else "DestinationSecurityGroupId"
@@ -142,29 +176,57 @@ def _sg_rule(kind: str, group: str, description: str, *, protocol: str = "-1",
 def _security_groups(spec: ClusterSpec) -> dict[str, Any]:
     tags = [{"Key": sub("kubernetes.io/cluster/${ClusterName}"), "Value": "owned"}]
     res: dict[str, Any] = {
-        "NodeSecurityGroup": {"Type": "AWS::EC2::SecurityGroup", "Properties": {
-            "GroupDescription": "trainmaster accelerator nodes (EFA: all traffic within the group)",
-            "VpcId": ref("VpcId"), "Tags": tags}},
-        "NodeSelfIngress": _sg_rule("Ingress", "NodeSecurityGroup", "EFA and NCCL/CCOM between nodes",
-                                    peer="NodeSecurityGroup"),
-        "NodeSelfEgress": _sg_rule("Egress", "NodeSecurityGroup", "EFA between nodes (OS bypass)",
-                                   peer="NodeSecurityGroup"),
-        "LustreSecurityGroup": {"Type": "AWS::EC2::SecurityGroup", "Properties": {
-            "GroupDescription": "trainmaster FSx for Lustre (TCP 988, 1018-1023)",
-            "VpcId": ref("VpcId"), "Tags": tags}},
+        "NodeSecurityGroup": {
+            "Type": "AWS::EC2::SecurityGroup",
+            "Properties": {
+                "GroupDescription": "trainmaster accelerator nodes (EFA: all traffic within the group)",
+                "VpcId": ref("VpcId"),
+                "Tags": tags,
+            },
+        },
+        "NodeSelfIngress": _sg_rule(
+            "Ingress",
+            "NodeSecurityGroup",
+            "EFA and NCCL/CCOM between nodes",
+            peer="NodeSecurityGroup",
+        ),
+        "NodeSelfEgress": _sg_rule(
+            "Egress", "NodeSecurityGroup", "EFA between nodes (OS bypass)", peer="NodeSecurityGroup"
+        ),
+        "LustreSecurityGroup": {
+            "Type": "AWS::EC2::SecurityGroup",
+            "Properties": {
+                "GroupDescription": "trainmaster FSx for Lustre (TCP 988, 1018-1023)",
+                "VpcId": ref("VpcId"),
+                "Tags": tags,
+            },
+        },
     }
-    peers = (("Self", "LustreSecurityGroup"), ("Nodes", "NodeSecurityGroup"),
-             ("Cluster", "ClusterSecurityGroup"))
+    peers = (
+        ("Self", "LustreSecurityGroup"),
+        ("Nodes", "NodeSecurityGroup"),
+        ("Cluster", "ClusterSecurityGroup"),
+    )
     for low, high in LUSTRE_PORTS:
         suffix = f"{low}" if low == high else f"{low}to{high}"
         for label, peer in peers:
             res[f"Lustre{label}Ingress{suffix}"] = _sg_rule(
-                "Ingress", "LustreSecurityGroup", f"Lustre from {label.lower()}", protocol="tcp",
-                ports=(low, high), peer=peer)
+                "Ingress",
+                "LustreSecurityGroup",
+                f"Lustre from {label.lower()}",
+                protocol="tcp",
+                ports=(low, high),
+                peer=peer,
+            )
         for label, group in peers[1:]:
             res[f"{label}FromLustreIngress{suffix}"] = _sg_rule(
-                "Ingress", group, "Lustre servers to clients", protocol="tcp", ports=(low, high),
-                peer="LustreSecurityGroup")
+                "Ingress",
+                group,
+                "Lustre servers to clients",
+                protocol="tcp",
+                ports=(low, high),
+                peer="LustreSecurityGroup",
+            )
     return res
 
 
@@ -172,17 +234,34 @@ def _launch_template(spec: ClusterSpec) -> dict[str, Any]:
     data: dict[str, Any] = {
         "InstanceType": spec.instance.name,
         "ImageId": ref("NodeImageId"),
-        "BlockDeviceMappings": [{"DeviceName": "/dev/xvda", "Ebs": {
-            "VolumeSize": ROOT_VOLUME_GIB, "VolumeType": "gp3", "Encrypted": True,
-            "DeleteOnTermination": True}}],
+        "BlockDeviceMappings": [
+            {
+                "DeviceName": "/dev/xvda",
+                "Ebs": {
+                    "VolumeSize": ROOT_VOLUME_GIB,
+                    "VolumeType": "gp3",
+                    "Encrypted": True,
+                    "DeleteOnTermination": True,
+                },
+            }
+        ],
         # hop limit 1: IMDS answers the host only, not pods behind the VPC CNI's extra hop
         # (https://docs.aws.amazon.com/eks/latest/best-practices/identity-and-access-management.html,
         # "Restrict access to the instance profile assigned to the worker node")
-        "MetadataOptions": {"HttpEndpoint": "enabled", "HttpTokens": "required",
-                            "HttpPutResponseHopLimit": 1},
-        "TagSpecifications": [{"ResourceType": "instance", "Tags": [
-            {"Key": "Name", "Value": sub(f"${{ClusterName}}-{spec.nodegroup}")},
-            {"Key": "trainmaster.io/cluster", "Value": ref("ClusterName")}]}],
+        "MetadataOptions": {
+            "HttpEndpoint": "enabled",
+            "HttpTokens": "required",
+            "HttpPutResponseHopLimit": 1,
+        },
+        "TagSpecifications": [
+            {
+                "ResourceType": "instance",
+                "Tags": [
+                    {"Key": "Name", "Value": sub(f"${{ClusterName}}-{spec.nodegroup}")},
+                    {"Key": "trainmaster.io/cluster", "Value": ref("ClusterName")},
+                ],
+            }
+        ],
         "UserData": {"Fn::Base64": sub(user_data(spec))},
     }
     if spec.capacity_reservation_id:
@@ -191,7 +270,8 @@ def _launch_template(spec: ClusterSpec) -> dict[str, Any]:
         # AWS::EC2::LaunchTemplate LaunchTemplateData CapacityReservationSpecification,
         # InstanceMarketOptions).
         data["CapacityReservationSpecification"] = {
-            "CapacityReservationTarget": {"CapacityReservationId": spec.capacity_reservation_id}}
+            "CapacityReservationTarget": {"CapacityReservationId": spec.capacity_reservation_id}
+        }
         if spec.capacity_block:
             data["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
     if spec.efa:
@@ -205,32 +285,61 @@ def _launch_template(spec: ClusterSpec) -> dict[str, Any]:
 def template(spec: ClusterSpec) -> dict[str, Any]:
     resources: dict[str, Any] = {}
     if spec.efa:
-        resources["PlacementGroup"] = {"Type": "AWS::EC2::PlacementGroup",
-                                       "Properties": {"Strategy": "cluster"}}
+        resources["PlacementGroup"] = {
+            "Type": "AWS::EC2::PlacementGroup",
+            "Properties": {"Strategy": "cluster"},
+        }
     resources |= _security_groups(spec)
-    resources["NodeInstanceRole"] = {"Type": "AWS::IAM::Role", "Properties": {
-        "AssumeRolePolicyDocument": {"Version": "2012-10-17", "Statement": [{
-            "Effect": "Allow", "Principal": {"Service": ["ec2.amazonaws.com"]},
-            "Action": ["sts:AssumeRole"]}]},
-        "ManagedPolicyArns": [sub(f"arn:${{AWS::Partition}}:iam::aws:policy/{p}") for p in (
-            "AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy",
-            "AmazonEC2ContainerRegistryReadOnly", "AmazonSSMManagedInstanceCore")],
-        "Path": "/"}}
+    resources["NodeInstanceRole"] = {
+        "Type": "AWS::IAM::Role",
+        "Properties": {
+            "AssumeRolePolicyDocument": {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Effect": "Allow",
+                        "Principal": {"Service": ["ec2.amazonaws.com"]},
+                        "Action": ["sts:AssumeRole"],
+                    }
+                ],
+            },
+            "ManagedPolicyArns": [
+                sub(f"arn:${{AWS::Partition}}:iam::aws:policy/{p}")
+                for p in (
+                    "AmazonEKSWorkerNodePolicy",
+                    "AmazonEKS_CNI_Policy",
+                    "AmazonEC2ContainerRegistryReadOnly",
+                    "AmazonSSMManagedInstanceCore",
+                )
+            ],
+            "Path": "/",
+        },
+    }
     resources["NodeLaunchTemplate"] = _launch_template(spec)
     outputs = {
-        "LaunchTemplateId": {"Description": "launch template of the accelerator node group",
-                             "Value": ref("NodeLaunchTemplate")},
-        "NodeInstanceRoleArn": {"Description": "role of the accelerator nodes",
-                                "Value": {"Fn::GetAtt": ["NodeInstanceRole", "Arn"]}},
-        "NodeSecurityGroup": {"Description": "security group of the accelerator nodes",
-                              "Value": ref("NodeSecurityGroup")},
-        "LustreSecurityGroup": {"Description": "security group of FSx for Lustre",
-                                "Value": ref("LustreSecurityGroup")},
+        "LaunchTemplateId": {
+            "Description": "launch template of the accelerator node group",
+            "Value": ref("NodeLaunchTemplate"),
+        },
+        "NodeInstanceRoleArn": {
+            "Description": "role of the accelerator nodes",
+            "Value": {"Fn::GetAtt": ["NodeInstanceRole", "Arn"]},
+        },
+        "NodeSecurityGroup": {
+            "Description": "security group of the accelerator nodes",
+            "Value": ref("NodeSecurityGroup"),
+        },
+        "LustreSecurityGroup": {
+            "Description": "security group of FSx for Lustre",
+            "Value": ref("LustreSecurityGroup"),
+        },
     }
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
-        "Description": (f"trainmaster: {spec.nodes} x {spec.instance.name} nodes of EKS cluster "
-                        f"{spec.name} (launch template, EFA, security groups, node role)"),
+        "Description": (
+            f"trainmaster: {spec.nodes} x {spec.instance.name} nodes of EKS cluster "
+            f"{spec.name} (launch template, EFA, security groups, node role)"
+        ),
         "Parameters": _parameters(spec),
         "Resources": resources,
         "Outputs": outputs,

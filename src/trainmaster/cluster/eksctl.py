@@ -36,12 +36,23 @@ FSX_NAMESPACE = "kube-system"
 FSX_CSI_POLICY: dict[str, Any] = {
     "Version": "2012-10-17",
     "Statement": [
-        {"Effect": "Allow", "Action": "iam:CreateServiceLinkedRole", "Resource": "*",
-         "Condition": {"StringLike": {"iam:AWSServiceName": ["fsx.amazonaws.com"]}}},
-        {"Effect": "Allow",
-         "Action": ["fsx:CreateFileSystem", "fsx:DeleteFileSystem", "fsx:DescribeFileSystems",
-                    "fsx:TagResource", "fsx:UpdateFileSystem"],
-         "Resource": ["*"]},
+        {
+            "Effect": "Allow",
+            "Action": "iam:CreateServiceLinkedRole",
+            "Resource": "*",
+            "Condition": {"StringLike": {"iam:AWSServiceName": ["fsx.amazonaws.com"]}},
+        },
+        {
+            "Effect": "Allow",
+            "Action": [
+                "fsx:CreateFileSystem",
+                "fsx:DeleteFileSystem",
+                "fsx:DescribeFileSystems",
+                "fsx:TagResource",
+                "fsx:UpdateFileSystem",
+            ],
+            "Resource": ["*"],
+        },
     ],
 }
 
@@ -50,8 +61,12 @@ def _base(spec: ClusterSpec) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "ClusterConfig",
-        "metadata": {"name": spec.name, "region": spec.region, "version": spec.kubernetes_version,
-                     "tags": {"trainmaster.io/cluster": spec.name}},
+        "metadata": {
+            "name": spec.name,
+            "region": spec.region,
+            "version": spec.kubernetes_version,
+            "tags": {"trainmaster.io/cluster": spec.name},
+        },
         "iam": {"withOIDC": True},
         "availabilityZones": list(spec.zones),
     }
@@ -60,26 +75,33 @@ def _base(spec: ClusterSpec) -> dict[str, Any]:
 def cluster_config(spec: ClusterSpec) -> dict[str, Any]:
     """`eksctl create cluster -f`: control plane + the system node group."""
     cfg = _base(spec)
-    cfg["managedNodeGroups"] = [{
-        "name": spec.system_nodegroup,
-        "instanceType": SYSTEM_INSTANCE_TYPE,
-        "amiFamily": "AmazonLinux2023",
-        "minSize": SYSTEM_NODES, "desiredCapacity": SYSTEM_NODES, "maxSize": SYSTEM_NODES + 1,
-        "privateNetworking": True,
-        "volumeSize": 100, "volumeEncrypted": True,
-        "disableIMDSv1": True,
-        # no pod (but host-network ones) may use the node role: the add-ons here need no AWS
-        # credentials but the FSx CSI controller's, which come through IRSA (fsx-irsa.yaml)
-        "disablePodIMDS": True,
-        "labels": {ROLE_LABEL: "system"},
-        "tags": {"trainmaster.io/cluster": spec.name},
-    }]
+    cfg["managedNodeGroups"] = [
+        {
+            "name": spec.system_nodegroup,
+            "instanceType": SYSTEM_INSTANCE_TYPE,
+            "amiFamily": "AmazonLinux2023",
+            "minSize": SYSTEM_NODES,
+            "desiredCapacity": SYSTEM_NODES,
+            "maxSize": SYSTEM_NODES + 1,
+            "privateNetworking": True,
+            "volumeSize": 100,
+            "volumeEncrypted": True,
+            "disableIMDSv1": True,
+            # no pod (but host-network ones) may use the node role: the add-ons here need no AWS
+            # credentials but the FSx CSI controller's, which come through IRSA (fsx-irsa.yaml)
+            "disablePodIMDS": True,
+            "labels": {ROLE_LABEL: "system"},
+            "tags": {"trainmaster.io/cluster": spec.name},
+        }
+    ]
     # The API endpoint: public only to the job file's CIDRs (default: the planning machine's /32;
     # eksctl's default is 0.0.0.0/0), and private too, so nodes reach it inside the VPC. eksctl
     # cannot create a private-only one (spec.py). Fields: eksctl schema ClusterVPC.publicAccessCIDRs,
     # ClusterEndpoints (https://docs.aws.amazon.com/eks/latest/eksctl/vpc-cluster-access.html).
-    cfg["vpc"] = {"clusterEndpoints": {"privateAccess": True, "publicAccess": True},
-                  "publicAccessCIDRs": list(spec.public_access_cidrs)}
+    cfg["vpc"] = {
+        "clusterEndpoints": {"privateAccess": True, "publicAccess": True},
+        "publicAccessCIDRs": list(spec.public_access_cidrs),
+    }
     # The VPC CNI's network policy agent enforces the NetworkPolicy around etcd; without it
     # Kubernetes accepts the policy and nothing enforces it. configurationValues is a JSON string
     # (eksctl schema Addon.configurationValues); the key: "enableNetworkPolicy": "true", VPC CNI
@@ -95,18 +117,22 @@ def cluster_config(spec: ClusterSpec) -> dict[str, Any]:
 def nodegroup_config(spec: ClusterSpec) -> dict[str, Any]:
     """`eksctl create nodegroup -f` (after the placeholders are filled in)."""
     cfg = _base(spec)
-    cfg["managedNodeGroups"] = [{
-        "name": spec.nodegroup,
-        "launchTemplate": {"id": LAUNCH_TEMPLATE_ID},
-        "iam": {"instanceRoleARN": NODE_ROLE_ARN},
-        "minSize": spec.nodes, "desiredCapacity": spec.nodes, "maxSize": spec.nodes,
-        "availabilityZones": [spec.accelerator_zone],
-        "privateNetworking": True,
-        "efaEnabled": False,
-        "labels": spec.accelerator_labels,
-        "taints": [{"key": spec.taint_key, "value": "true", "effect": "NoSchedule"}],
-        "tags": {"trainmaster.io/cluster": spec.name},
-    }]
+    cfg["managedNodeGroups"] = [
+        {
+            "name": spec.nodegroup,
+            "launchTemplate": {"id": LAUNCH_TEMPLATE_ID},
+            "iam": {"instanceRoleARN": NODE_ROLE_ARN},
+            "minSize": spec.nodes,
+            "desiredCapacity": spec.nodes,
+            "maxSize": spec.nodes,
+            "availabilityZones": [spec.accelerator_zone],
+            "privateNetworking": True,
+            "efaEnabled": False,
+            "labels": spec.accelerator_labels,
+            "taints": [{"key": spec.taint_key, "value": "true", "effect": "NoSchedule"}],
+            "tags": {"trainmaster.io/cluster": spec.name},
+        }
+    ]
     if spec.capacity_block:
         # EKS creates a Capacity Block node group only with capacityType CAPACITY_BLOCK, from a
         # launch template that targets the block (cloudformation.py does); eksctl's field for it
@@ -119,9 +145,11 @@ def nodegroup_config(spec: ClusterSpec) -> dict[str, Any]:
 def fsx_irsa_config(spec: ClusterSpec) -> dict[str, Any]:
     """`eksctl create iamserviceaccount -f`: the FSx CSI controller's role (IRSA)."""
     cfg = _base(spec)
-    cfg["iam"]["serviceAccounts"] = [{
-        "metadata": {"name": FSX_SERVICE_ACCOUNT, "namespace": FSX_NAMESPACE},
-        "roleName": spec.fsx_role_name,
-        "attachPolicy": FSX_CSI_POLICY,
-    }]
+    cfg["iam"]["serviceAccounts"] = [
+        {
+            "metadata": {"name": FSX_SERVICE_ACCOUNT, "namespace": FSX_NAMESPACE},
+            "roleName": spec.fsx_role_name,
+            "attachPolicy": FSX_CSI_POLICY,
+        }
+    ]
     return cfg

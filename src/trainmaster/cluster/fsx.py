@@ -41,7 +41,8 @@ def csi_values(spec: ClusterSpec) -> dict[str, Any]:
 
 def storage_class(spec: ClusterSpec) -> dict[str, Any]:
     return {
-        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
         "metadata": {"name": STORAGE_CLASS, "labels": dict(MANAGED)},
         "provisioner": PROVISIONER,
         "reclaimPolicy": "Delete",
@@ -63,8 +64,12 @@ def storage_class(spec: ClusterSpec) -> dict[str, Any]:
 
 def claim(spec: ClusterSpec) -> dict[str, Any]:
     return {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
         "metadata": {"name": spec.pvc, "namespace": spec.namespace, "labels": dict(MANAGED)},
-        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": STORAGE_CLASS,
-                 "resources": {"requests": {"storage": CLAIM_SIZE}}},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": STORAGE_CLASS,
+            "resources": {"requests": {"storage": CLAIM_SIZE}},
+        },
     }

@@ -44,15 +44,22 @@ ENV PYTHONUNBUFFERED=1 \\
 
 
 def _header(flavour: str, base: str, note: str) -> str:
-    return (f"# syntax=docker/dockerfile:1\n"
-            f"# trainmaster training image, {flavour} flavour (written by `trainmaster cluster plan`).\n"
-            f"# {note}\n"
-            f"FROM --platform=linux/amd64 {base}\n")
+    return (
+        f"# syntax=docker/dockerfile:1\n"
+        f"# trainmaster training image, {flavour} flavour (written by `trainmaster cluster plan`).\n"
+        f"# {note}\n"
+        f"FROM --platform=linux/amd64 {base}\n"
+    )
 
 
 def neuron() -> str:
-    return _header("neuron", versions.NEURON_BASE_IMAGE,
-                   "AWS Neuron DLC: torch-neuronx, neuronx-cc, Neuron runtime and tools, EFA, libfabric.") + f"""\
+    return (
+        _header(
+            "neuron",
+            versions.NEURON_BASE_IMAGE,
+            "AWS Neuron DLC: torch-neuronx, neuronx-cc, Neuron runtime and tools, EFA, libfabric.",
+        )
+        + f"""\
 {_ENV}ENV PATH=/opt/aws/neuron/bin:$PATH \\
     FI_PROVIDER=efa \\
     FI_EFA_USE_DEVICE_RDMA=1 \\
@@ -60,6 +67,7 @@ def neuron() -> str:
 {_INSTALL}WORKDIR /workspace
 CMD ["/bin/bash"]
 """
+    )
 
 
 # Where the EFA installer puts the aws-ofi-nccl plugin on Ubuntu: a multiarch folder, not lib/
@@ -72,8 +80,13 @@ OFI_NCCL_LIB = "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu"
 
 def cuda() -> str:
     efa = versions.EFA_INSTALLER_URL
-    return _header("cuda", versions.CUDA_BASE_IMAGE,
-                   "CUDA base; torch's wheels bring cuDNN and NCCL; EFA userspace + aws-ofi-nccl from the EFA installer.") + f"""\
+    return (
+        _header(
+            "cuda",
+            versions.CUDA_BASE_IMAGE,
+            "CUDA base; torch's wheels bring cuDNN and NCCL; EFA userspace + aws-ofi-nccl from the EFA installer.",
+        )
+        + f"""\
 {_ENV}ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility \\
     FI_PROVIDER=efa \\
     FI_EFA_USE_DEVICE_RDMA=1 \\
@@ -92,15 +105,22 @@ RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --ind
 {_INSTALL}WORKDIR /workspace
 CMD ["/bin/bash"]
 """
+    )
 
 
 def cpu() -> str:
-    return _header("cpu", versions.CPU_BASE_IMAGE,
-                   "CPU only: CPU node groups, and a quick check of the image without accelerators.") + f"""\
+    return (
+        _header(
+            "cpu",
+            versions.CPU_BASE_IMAGE,
+            "CPU only: CPU node groups, and a quick check of the image without accelerators.",
+        )
+        + f"""\
 {_ENV}RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url {versions.TORCH_INDEX["cpu"]}
 {_INSTALL}WORKDIR /workspace
 CMD ["/bin/bash"]
 """
+    )
 
 
 def dockerfiles() -> dict[str, str]:
@@ -148,5 +168,7 @@ WORKDIR {WORKSPACE_DIR}
 
 
 def workspace_files(folder: str, flavour: str) -> dict[str, str]:
-    return {"Dockerfile.workspace": workspace(folder, flavour),
-            "Dockerfile.workspace.dockerignore": _WORKSPACE_IGNORE}
+    return {
+        "Dockerfile.workspace": workspace(folder, flavour),
+        "Dockerfile.workspace.dockerignore": _WORKSPACE_IGNORE,
+    }

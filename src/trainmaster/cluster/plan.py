@@ -32,8 +32,10 @@ from trainmaster.errors import UserError
 PLAN_JSON = "plan.json"
 STATE_DIR = ".state"
 RENDERED_DIR = ".rendered"
-PLACEHOLDER_NOTE = ("Names between at-signs are placeholders for IDs that exist only once an "
-                    "earlier step ran; runbook.sh fills them in (.rendered/).")
+PLACEHOLDER_NOTE = (
+    "Names between at-signs are placeholders for IDs that exist only once an "
+    "earlier step ran; runbook.sh fills them in (.rendered/)."
+)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -63,43 +65,64 @@ def build(spec: ClusterSpec) -> dict[str, str]:
     up, down = steps.up_steps(spec), steps.down_steps(spec)
     made = "Written by `trainmaster cluster plan`."
     files: dict[str, str] = {
-        "eksctl/cluster.yaml": to_yaml(eksctl.cluster_config(spec), f"{made} eksctl create cluster -f"),
-        "eksctl/nodegroup.yaml": to_yaml(eksctl.nodegroup_config(spec),
-                                         f"{made} eksctl create nodegroup -f\n{PLACEHOLDER_NOTE}"),
-        "eksctl/fsx-irsa.yaml": to_yaml(eksctl.fsx_irsa_config(spec),
-                                        f"{made} eksctl create iamserviceaccount -f"),
-        "cloudformation/accelerator-nodes.yaml": to_yaml(cloudformation.template(spec),
-                                                         f"{made} aws cloudformation deploy"),
+        "eksctl/cluster.yaml": to_yaml(
+            eksctl.cluster_config(spec), f"{made} eksctl create cluster -f"
+        ),
+        "eksctl/nodegroup.yaml": to_yaml(
+            eksctl.nodegroup_config(spec), f"{made} eksctl create nodegroup -f\n{PLACEHOLDER_NOTE}"
+        ),
+        "eksctl/fsx-irsa.yaml": to_yaml(
+            eksctl.fsx_irsa_config(spec), f"{made} eksctl create iamserviceaccount -f"
+        ),
+        "cloudformation/accelerator-nodes.yaml": to_yaml(
+            cloudformation.template(spec), f"{made} aws cloudformation deploy"
+        ),
         "k8s/queue.yaml": to_yaml(addons.queue(spec), made),
         "k8s/etcd.yaml": to_yaml(addons.etcd(spec), made),
         "k8s/storageclass.yaml": to_yaml(fsx.storage_class(spec), f"{made}\n{PLACEHOLDER_NOTE}"),
         "k8s/claim.yaml": to_yaml(fsx.claim(spec), made),
         "k8s/tensorboard.yaml": to_yaml(addons.tensorboard(spec), f"{made}\n{PLACEHOLDER_NOTE}"),
-        "helm/aws-fsx-csi-driver.yaml": to_yaml(fsx.csi_values(spec),
-                                                f"{made} {versions.FSX_CHART} {versions.FSX_CHART_VERSION}"),
+        "helm/aws-fsx-csi-driver.yaml": to_yaml(
+            fsx.csi_values(spec), f"{made} {versions.FSX_CHART} {versions.FSX_CHART_VERSION}"
+        ),
     }
     if spec.instance.device_kind == "xla":
         files["k8s/neuron-device-plugin.yaml"] = to_yaml(addons.neuron_device_plugin(spec), made)
     else:
         files["helm/nvidia-device-plugin.yaml"] = to_yaml(
-            addons.nvidia_values(spec), f"{made} {versions.NVIDIA_CHART} {versions.NVIDIA_CHART_VERSION}")
+            addons.nvidia_values(spec),
+            f"{made} {versions.NVIDIA_CHART} {versions.NVIDIA_CHART_VERSION}",
+        )
     if spec.efa:
         files["helm/efa-device-plugin.yaml"] = to_yaml(
-            addons.efa_values(spec), f"{made} {versions.EFA_CHART} {versions.EFA_CHART_VERSION}")
+            addons.efa_values(spec), f"{made} {versions.EFA_CHART} {versions.EFA_CHART_VERSION}"
+        )
     files |= {f"image/{name}": text for name, text in image.dockerfiles().items()}
     if spec.workspace:  # your code on top of the training image (issue 13.1)
-        files |= {f"image/{n}": t for n, t in image.workspace_files(spec.workspace, spec.flavour).items()}
+        files |= {
+            f"image/{n}": t for n, t in image.workspace_files(spec.workspace, spec.flavour).items()
+        }
     files["runbook.sh"] = runbook.render(spec, up, down)
     files = dict(sorted(files.items()))
     summary = {
         "trainmaster": __version__,
         "cluster": {
-            "name": spec.name, "region": spec.region, "kubernetes_version": spec.kubernetes_version,
-            "instance_type": spec.instance.name, "nodes": spec.nodes, "zones": list(spec.zones),
-            "accelerator_zone": spec.accelerator_zone, "nodegroup": spec.nodegroup,
-            "system_nodegroup": spec.system_nodegroup, "stack": spec.stack_name,
-            "namespace": spec.namespace, "queue": spec.queue, "pvc": spec.pvc, "mount": spec.mount,
-            "image_repository": spec.image_repository, "image_tag": spec.image_tag,
+            "name": spec.name,
+            "region": spec.region,
+            "kubernetes_version": spec.kubernetes_version,
+            "instance_type": spec.instance.name,
+            "nodes": spec.nodes,
+            "zones": list(spec.zones),
+            "accelerator_zone": spec.accelerator_zone,
+            "nodegroup": spec.nodegroup,
+            "system_nodegroup": spec.system_nodegroup,
+            "stack": spec.stack_name,
+            "namespace": spec.namespace,
+            "queue": spec.queue,
+            "pvc": spec.pvc,
+            "mount": spec.mount,
+            "image_repository": spec.image_repository,
+            "image_tag": spec.image_tag,
             "flavour": spec.flavour,
         },
         "pins": versions.pins(),
@@ -118,7 +141,9 @@ class WrittenPlan:
     files: list[str]
 
 
-def write_plan(cfg: JobConfig, out_dir: str | Path, zone_lookup: ZoneLookup | None = None) -> WrittenPlan:
+def write_plan(
+    cfg: JobConfig, out_dir: str | Path, zone_lookup: ZoneLookup | None = None
+) -> WrittenPlan:
     spec = resolve(cfg, zone_lookup)
     files = build(spec)
     out = Path(out_dir)
@@ -168,14 +193,23 @@ def load_plan(plan_dir: str | Path) -> LoadedPlan:
     d = Path(plan_dir).absolute()  # steps run with the plan folder as their working directory
     try:
         data = json.loads((d / PLAN_JSON).read_text(encoding="utf-8"))
-        plan = LoadedPlan(d, dict(data["cluster"]), [steps.Step.from_json(s) for s in data["steps"]],
-                          [steps.Step.from_json(s) for s in data["down"]])
+        plan = LoadedPlan(
+            d,
+            dict(data["cluster"]),
+            [steps.Step.from_json(s) for s in data["steps"]],
+            [steps.Step.from_json(s) for s in data["down"]],
+        )
     except FileNotFoundError as exc:
-        raise UserError(f"no {PLAN_JSON} here; write a plan first: trainmaster cluster plan "
-                        f"JOB.toml --out {d}", where=str(d)) from exc
+        raise UserError(
+            f"no {PLAN_JSON} here; write a plan first: trainmaster cluster plan JOB.toml --out {d}",
+            where=str(d),
+        ) from exc
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{PLAN_JSON} is unreadable ({exc}); write the plan again with "
-                        "`trainmaster cluster plan`", where=str(d)) from exc
+        raise UserError(
+            f"{PLAN_JSON} is unreadable ({exc}); write the plan again with "
+            "`trainmaster cluster plan`",
+            where=str(d),
+        ) from exc
     if not plan.runbook.is_file():
         raise UserError("runbook.sh is missing; write the plan again", where=str(d))
     return plan

@@ -160,9 +160,14 @@ def _step(step: Step) -> str:
 def render(spec: ClusterSpec, up: list[Step], down: list[Step]) -> str:
     q = shlex.quote
     variables = {
-        "CLUSTER": spec.name, "REGION": spec.region, "STACK": spec.stack_name,
-        "NODEGROUP": spec.nodegroup, "NAMESPACE": spec.namespace, "ECR_REPO": spec.image_repository,
-        "IMAGE_TAG": spec.image_tag, "ACCELERATOR_SELECTOR": f"{ROLE_LABEL}=accelerator",
+        "CLUSTER": spec.name,
+        "REGION": spec.region,
+        "STACK": spec.stack_name,
+        "NODEGROUP": spec.nodegroup,
+        "NAMESPACE": spec.namespace,
+        "ECR_REPO": spec.image_repository,
+        "IMAGE_TAG": spec.image_tag,
+        "ACCELERATOR_SELECTOR": f"{ROLE_LABEL}=accelerator",
     }
     head = [
         "#!/usr/bin/env bash",

@@ -37,9 +37,11 @@ CHECKIP_URL = "https://checkip.amazonaws.com"  # AWS's what-is-my-IP service: an
 # eksctl cannot create a cluster whose endpoint is private only ("it prevents eksctl from being
 # able to join the worker nodes to the cluster": https://docs.aws.amazon.com/eks/latest/eksctl/
 # vpc-cluster-access.html), so the plan always has a public endpoint, open to named CIDRs only.
-PRIVATE_LATER = ("to make the endpoint private only once the cluster is up, run `eksctl utils "
-                 "update-cluster-endpoints --cluster NAME --private-access=true "
-                 "--public-access=false --approve` (then kubectl works from inside the VPC only)")
+PRIVATE_LATER = (
+    "to make the endpoint private only once the cluster is up, run `eksctl utils "
+    "update-cluster-endpoints --cluster NAME --private-access=true "
+    "--public-access=false --approve` (then kubectl works from inside the VPC only)"
+)
 
 ZoneLookup = Callable[[str, str], list[str]]
 CidrLookup = Callable[[], str | None]
@@ -64,7 +66,9 @@ class ClusterSpec:
     endpoint_note: str = ""
     capacity_reservation_id: str | None = None  # an ODCR or, with capacity_block, a Capacity Block
     capacity_block: bool = False
-    workspace: str | None = None  # kubernetes.workspace: image/Dockerfile.workspace (cluster/image.py)
+    workspace: str | None = (
+        None  # kubernetes.workspace: image/Dockerfile.workspace (cluster/image.py)
+    )
 
     @property
     def accelerator_zone(self) -> str:
@@ -112,26 +116,34 @@ class ClusterSpec:
 
 def _check_name(name: str) -> None:
     if len(name) > CLUSTER_NAME_MAX:
-        raise ConfigError(f"{name!r} has {len(name)} characters; use at most {CLUSTER_NAME_MAX} "
-                          "(IAM role and CloudFormation stack names are derived from it)",
-                          where="cluster.name")
+        raise ConfigError(
+            f"{name!r} has {len(name)} characters; use at most {CLUSTER_NAME_MAX} "
+            "(IAM role and CloudFormation stack names are derived from it)",
+            where="cluster.name",
+        )
     if not _CLUSTER_NAME.match(name) or "--" in name:
-        raise ConfigError(f"{name!r} is not a valid EKS cluster name: start with a letter, then "
-                          "letters, digits and single '-', ending with a letter or digit",
-                          where="cluster.name")
+        raise ConfigError(
+            f"{name!r} is not a valid EKS cluster name: start with a letter, then "
+            "letters, digits and single '-', ending with a letter or digit",
+            where="cluster.name",
+        )
 
 
 def _check_zones(zones: list[str], region: str) -> None:
     for zone in zones:
         if not re.fullmatch(rf"{re.escape(region)}[a-z]", zone):
-            raise ConfigError(f"{zone!r} is not an availability zone of {region} "
-                              f"(e.g. {region}a)", where="cluster.zones")
+            raise ConfigError(
+                f"{zone!r} is not an availability zone of {region} (e.g. {region}a)",
+                where="cluster.zones",
+            )
     if len(set(zones)) != len(zones):
         raise ConfigError("a zone is listed twice", where="cluster.zones")
     if len(zones) < 2:
-        raise ConfigError("EKS needs at least two zones; list two or more (the first one holds "
-                          "the accelerator nodes), or leave it empty to look them up",
-                          where="cluster.zones")
+        raise ConfigError(
+            "EKS needs at least two zones; list two or more (the first one holds "
+            "the accelerator nodes), or leave it empty to look them up",
+            where="cluster.zones",
+        )
 
 
 def _check_cidrs(cidrs: list[str]) -> tuple[str, ...]:
@@ -142,11 +154,16 @@ def _check_cidrs(cidrs: list[str]) -> tuple[str, ...]:
         try:
             net = ipaddress.IPv4Network(cidr, strict=True)
         except ValueError as exc:
-            raise ConfigError(f"{cidr!r} is not an IPv4 CIDR block ({exc}), e.g. 203.0.113.7/32",
-                              where="cluster.public_access_cidrs") from exc
+            raise ConfigError(
+                f"{cidr!r} is not an IPv4 CIDR block ({exc}), e.g. 203.0.113.7/32",
+                where="cluster.public_access_cidrs",
+            ) from exc
         if net.prefixlen == 0:
-            raise ConfigError("0.0.0.0/0 opens the API endpoint to the whole internet; list the "
-                              "networks you work from", where="cluster.public_access_cidrs")
+            raise ConfigError(
+                "0.0.0.0/0 opens the API endpoint to the whole internet; list the "
+                "networks you work from",
+                where="cluster.public_access_cidrs",
+            )
         out.append(str(net))
     if len(set(out)) != len(out):
         raise ConfigError("a CIDR is listed twice", where="cluster.public_access_cidrs")
@@ -171,28 +188,42 @@ def _endpoint_access(cidrs: list[str] | None, lookup: CidrLookup) -> tuple[tuple
     if cidrs is not None:
         checked = _check_cidrs(cidrs)
         if not checked:
-            raise ConfigError("eksctl cannot create a cluster with a private-only API endpoint; "
-                              f"list the CIDRs you work from ({PRIVATE_LATER})",
-                              where="cluster.public_access_cidrs")
+            raise ConfigError(
+                "eksctl cannot create a cluster with a private-only API endpoint; "
+                f"list the CIDRs you work from ({PRIVATE_LATER})",
+                where="cluster.public_access_cidrs",
+            )
         return checked, ""
     found = lookup()
     if found is None:
-        raise ConfigError(f"could not learn this machine's public IP ({CHECKIP_URL}) to open the "
-                          "EKS API endpoint to it alone; list the CIDRs you work from, e.g. "
-                          '["203.0.113.7/32"]', where="cluster.public_access_cidrs")
-    return (found,), (f"the EKS API endpoint is public to {found} only (this machine's address); "
-                      f"set cluster.public_access_cidrs for other networks; {PRIVATE_LATER}")
+        raise ConfigError(
+            f"could not learn this machine's public IP ({CHECKIP_URL}) to open the "
+            "EKS API endpoint to it alone; list the CIDRs you work from, e.g. "
+            '["203.0.113.7/32"]',
+            where="cluster.public_access_cidrs",
+        )
+    return (found,), (
+        f"the EKS API endpoint is public to {found} only (this machine's address); "
+        f"set cluster.public_access_cidrs for other networks; {PRIVATE_LATER}"
+    )
 
 
 def _capacity(reservation: str | None, block: str | None) -> tuple[str | None, bool]:
     if reservation is not None and block is not None:
-        raise ConfigError("set either cluster.capacity_reservation_id or cluster.capacity_block_id, "
-                          "not both", where="cluster.capacity_block_id")
-    for field, value in (("cluster.capacity_reservation_id", reservation),
-                         ("cluster.capacity_block_id", block)):
+        raise ConfigError(
+            "set either cluster.capacity_reservation_id or cluster.capacity_block_id, not both",
+            where="cluster.capacity_block_id",
+        )
+    for field, value in (
+        ("cluster.capacity_reservation_id", reservation),
+        ("cluster.capacity_block_id", block),
+    ):
         if value is not None and not _CAPACITY_ID.match(value):
-            raise ConfigError(f"{value!r} is not a capacity reservation id (cr- and 17 hexadecimal "
-                              "digits, e.g. cr-0123456789abcdef0)", where=field)
+            raise ConfigError(
+                f"{value!r} is not a capacity reservation id (cr- and 17 hexadecimal "
+                "digits, e.g. cr-0123456789abcdef0)",
+                where=field,
+            )
     return (block, True) if block is not None else (reservation, False)
 
 
@@ -209,44 +240,59 @@ def lookup_zones(region: str, instance_type: str) -> list[str]:
         raise UserError(f"{exc} (or list the zones in cluster.zones to plan without AWS)") from exc
     candidates = [z for z in offered if z in usable]
     if not candidates:
-        raise ConfigError(f"{instance_type} is not offered in {region}; pick a region that offers "
-                          "it (e.g. us-east-1, us-west-2 for Trainium) or another instance type",
-                          where="cluster.region")
+        raise ConfigError(
+            f"{instance_type} is not offered in {region}; pick a region that offers "
+            "it (e.g. us-east-1, us-west-2 for Trainium) or another instance type",
+            where="cluster.region",
+        )
     first = candidates[0]
     others = [z for z in usable if z != first and z in system]
     if not others:
-        raise ConfigError(f"{region} has no second zone for the EKS control plane; pick another "
-                          "region", where="cluster.region")
+        raise ConfigError(
+            f"{region} has no second zone for the EKS control plane; pick another region",
+            where="cluster.region",
+        )
     # Prefer a second zone that also offers the type (room to move the node group later).
     others.sort(key=lambda z: (z not in offered, z))
     return [first, others[0]]
 
 
-def resolve(cfg: JobConfig, zone_lookup: ZoneLookup | None = None,
-            cidr_lookup: CidrLookup | None = None) -> ClusterSpec:
+def resolve(
+    cfg: JobConfig, zone_lookup: ZoneLookup | None = None, cidr_lookup: CidrLookup | None = None
+) -> ClusterSpec:
     """Defaults filled in, names derived, bad input refused (ConfigError naming the field)."""
     c, k = cfg.cluster, cfg.kubernetes
     _check_name(c.name)
     if c.kubernetes_version not in versions.SUPPORTED_KUBERNETES:
-        raise ConfigError(f"{c.kubernetes_version} is not supported; use one of "
-                          f"{', '.join(versions.SUPPORTED_KUBERNETES)}",
-                          where="cluster.kubernetes_version")
+        raise ConfigError(
+            f"{c.kubernetes_version} is not supported; use one of "
+            f"{', '.join(versions.SUPPORTED_KUBERNETES)}",
+            where="cluster.kubernetes_version",
+        )
     type_field = "cluster.instance_type" if c.instance_type else "kubernetes.instance_type"
     inst = catalog.get(c.instance_type or k.instance_type, where=type_field)
     if inst.device_resource is None:
-        raise ConfigError(f"{inst.name!r} is not an accelerator instance type; use one of "
-                          f"{', '.join(n for n, t in catalog.CATALOG.items() if t.devices)}",
-                          where=type_field)
+        raise ConfigError(
+            f"{inst.name!r} is not an accelerator instance type; use one of "
+            f"{', '.join(n for n, t in catalog.CATALOG.items() if t.devices)}",
+            where=type_field,
+        )
     nodes = c.nodes if c.nodes is not None else cfg.job.nnodes
     if nodes < 1:
         raise ConfigError(f"{nodes} nodes; a cluster needs at least 1", where="cluster.nodes")
     if nodes < cfg.job.nnodes:
-        raise ConfigError(f"{nodes} nodes, but the job needs job.nnodes = {cfg.job.nnodes}: "
-                          "Volcano would never schedule its gang", where="cluster.nodes")
+        raise ConfigError(
+            f"{nodes} nodes, but the job needs job.nnodes = {cfg.job.nnodes}: "
+            "Volcano would never schedule its gang",
+            where="cluster.nodes",
+        )
     for field, value in (("kubernetes.queue", k.queue), ("kubernetes.pvc", k.pvc)):
         if not is_dns1123_subdomain(value):
-            raise ConfigError(f"{value!r} is not a valid Kubernetes name (lower-case letters, "
-                              "digits, '-' and '.')", where=field)
+            raise ConfigError(
+                f"{value!r} is not a valid Kubernetes name (lower-case letters, "
+                "digits, '-' and '.')",
+                where=field,
+            )
     if not is_dns1123_label(k.namespace):
         raise ConfigError(f"{k.namespace!r} is not a valid namespace", where="kubernetes.namespace")
     if not PurePosixPath(k.mount).is_absolute():
@@ -259,12 +305,25 @@ def resolve(cfg: JobConfig, zone_lookup: ZoneLookup | None = None,
     capacity_id, block = _capacity(c.capacity_reservation_id, c.capacity_block_id)
     cidrs, note = _endpoint_access(c.public_access_cidrs, cidr_lookup or caller_cidr)
     repo, tag = image_reference(k.image, c.region, _flavour(inst))
-    return ClusterSpec(name=c.name, region=c.region, kubernetes_version=c.kubernetes_version,
-                       instance=inst, nodes=nodes, zones=tuple(zones), namespace=k.namespace,
-                       queue=k.queue, pvc=k.pvc, mount=k.mount, image_repository=repo,
-                       image_tag=tag, public_access_cidrs=cidrs, endpoint_note=note,
-                       capacity_reservation_id=capacity_id, capacity_block=block,
-                       workspace=k.workspace)
+    return ClusterSpec(
+        name=c.name,
+        region=c.region,
+        kubernetes_version=c.kubernetes_version,
+        instance=inst,
+        nodes=nodes,
+        zones=tuple(zones),
+        namespace=k.namespace,
+        queue=k.queue,
+        pvc=k.pvc,
+        mount=k.mount,
+        image_repository=repo,
+        image_tag=tag,
+        public_access_cidrs=cidrs,
+        endpoint_note=note,
+        capacity_reservation_id=capacity_id,
+        capacity_block=block,
+        workspace=k.workspace,
+    )
 
 
 def _flavour(inst: catalog.InstanceType) -> str:
@@ -277,6 +336,7 @@ def image_reference(image: str | None, region: str, flavour: str) -> tuple[str, 
     default = (ECR_REPOSITORY, f"{__version__}-{flavour}")
     if not image:
         return default
-    m = re.fullmatch(rf"\d{{12}}\.dkr\.ecr\.{re.escape(region)}\.amazonaws\.com/([a-z0-9._/-]+):([\w.-]+)",
-                     image)
+    m = re.fullmatch(
+        rf"\d{{12}}\.dkr\.ecr\.{re.escape(region)}\.amazonaws\.com/([a-z0-9._/-]+):([\w.-]+)", image
+    )
     return (m.group(1), m.group(2)) if m else default

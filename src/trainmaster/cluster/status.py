@@ -51,14 +51,19 @@ def node_of(item: dict[str, Any]) -> Node:
     """One item of GET /api/v1/nodes."""
     meta, status = item.get("metadata", {}), item.get("status", {})
     labels = meta.get("labels", {}) or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                for c in status.get("conditions", []) or [])
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions", []) or []
+    )
     alloc = status.get("allocatable", {}) or {}
-    return Node(name=meta.get("name", "?"),
-                instance_type=labels.get("node.kubernetes.io/instance-type", "?"),
-                zone=labels.get("topology.kubernetes.io/zone", "?"),
-                role=labels.get(ROLE_LABEL, "-"), ready=ready,
-                allocatable={r: str(alloc[r]) for r in RESOURCES if r in alloc})
+    return Node(
+        name=meta.get("name", "?"),
+        instance_type=labels.get("node.kubernetes.io/instance-type", "?"),
+        zone=labels.get("topology.kubernetes.io/zone", "?"),
+        role=labels.get(ROLE_LABEL, "-"),
+        ready=ready,
+        allocatable={r: str(alloc[r]) for r in RESOURCES if r in alloc},
+    )
 
 
 def gather(plan: LoadedPlan, kube: Callable[[LoadedPlan, Status], None] | None = None) -> Status:
@@ -77,7 +82,9 @@ def gather(plan: LoadedPlan, kube: Callable[[LoadedPlan, Status], None] | None =
         st.file_systems = aws.file_systems(region, c["name"])  # left behind by a cluster now gone
         return st
     st.nodegroups = aws.eks_nodegroups(region, c["name"])
-    st.file_systems = aws.file_systems(region, c["name"], st.cluster.get("resourcesVpcConfig", {}).get("vpcId"))
+    st.file_systems = aws.file_systems(
+        region, c["name"], st.cluster.get("resourcesVpcConfig", {}).get("vpcId")
+    )
     if kube is not None and st.cluster.get("status") == "ACTIVE":
         kube(plan, st)
     return st

@@ -49,11 +49,11 @@ def require_tools(tools: Sequence[str], which: Which = shutil.which) -> None:
     missing = missing_tools(["bash", *tools], which)
     if missing:
         hints = "; ".join(f"{t} - install {INSTALL_HINTS.get(t, t)}" for t in missing)
-        raise UserError(f"missing tool{'s' if len(missing) > 1 else ''}: {hints}",
-                        where="cluster")
+        raise UserError(f"missing tool{'s' if len(missing) > 1 else ''}: {hints}", where="cluster")
 
 
 # --- progress state ----------------------------------------------------------------------------
+
 
 class State:
     """Steps done so far, for one plan (cluster + region) and one direction (up or down)."""
@@ -83,7 +83,10 @@ class State:
 
 # --- running -------------------------------------------------------------------------------------
 
-def _stream(cmd: list[str], cwd: Path, log: Path, on_line: Callable[[str], None]) -> tuple[int, list[str]]:
+
+def _stream(
+    cmd: list[str], cwd: Path, log: Path, on_line: Callable[[str], None]
+) -> tuple[int, list[str]]:
     """Run cmd, appending its output to log; returns the exit code and the last lines."""
     log.parent.mkdir(parents=True, exist_ok=True)
     tail: deque[str] = deque(maxlen=TAIL_LINES)
@@ -91,8 +94,16 @@ def _stream(cmd: list[str], cwd: Path, log: Path, on_line: Callable[[str], None]
         out.write(f"$ {' '.join(cmd)}\n")
         # runbook.sh calls `trainmaster` (cluster wait-fsx): reachable even from an unactivated venv
         path = os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent)])
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", bufsize=1, env={**os.environ, "PATH": path})
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            env={**os.environ, "PATH": path},
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)
@@ -104,18 +115,30 @@ def _stream(cmd: list[str], cwd: Path, log: Path, on_line: Callable[[str], None]
 
 
 def print_steps(plan: LoadedPlan, steps: list[Step], console: Console, heading: str) -> None:
-    console.print(f"# {heading}: {len(steps)} steps of {plan.runbook} (nothing runs: --dry-run)",
-                  markup=False, highlight=False)
+    console.print(
+        f"# {heading}: {len(steps)} steps of {plan.runbook} (nothing runs: --dry-run)",
+        markup=False,
+        highlight=False,
+    )
     for i, step in enumerate(steps, 1):
-        console.print(f"\n# [{i}/{len(steps)}] {step.id}: {step.title}", markup=False, highlight=False)
+        console.print(
+            f"\n# [{i}/{len(steps)}] {step.id}: {step.title}", markup=False, highlight=False
+        )
         if step.check:
             console.print(f"#   skipped when: {step.check}", markup=False, highlight=False)
         for line in step.commands:
             console.print(line, markup=False, highlight=False)
 
 
-def run_steps(plan: LoadedPlan, steps: list[Step], kind: str, console: Console, *,
-              fresh: bool = False, which: Which = shutil.which) -> list[str]:
+def run_steps(
+    plan: LoadedPlan,
+    steps: list[Step],
+    kind: str,
+    console: Console,
+    *,
+    fresh: bool = False,
+    which: Which = shutil.which,
+) -> list[str]:
     """Run steps in order with progress; returns the ids that ran (not skipped)."""
     state = State(plan, kind)
     if fresh:
@@ -123,8 +146,10 @@ def run_steps(plan: LoadedPlan, steps: list[Step], kind: str, console: Console, 
     todo = [s for s in steps if s.id not in state.done]
     require_tools([t for s in todo for t in s.tools], which)
     if len(todo) < len(steps):
-        console.print(f"resuming: {len(steps) - len(todo)} of {len(steps)} steps done earlier "
-                      f"({state.path}; --fresh starts over)")
+        console.print(
+            f"resuming: {len(steps) - len(todo)} of {len(steps)} steps done earlier "
+            f"({state.path}; --fresh starts over)"
+        )
     ran: list[str] = []
     runbook = str(plan.runbook)
     for i, step in enumerate(steps, 1):
@@ -134,17 +159,23 @@ def run_steps(plan: LoadedPlan, steps: list[Step], kind: str, console: Console, 
             continue
         log = plan.state_dir / "logs" / f"{step.id}.log"
         if step.check:
-            code, _ = _stream(["bash", runbook, "check", step.id], plan.dir, log, lambda _line: None)
+            code, _ = _stream(
+                ["bash", runbook, "check", step.id], plan.dir, log, lambda _line: None
+            )
             if code == 0:
-                console.print(f"[green]✓[/] {label}: {escape(step.title)} [dim](exists, skipped)[/]")
+                console.print(
+                    f"[green]✓[/] {label}: {escape(step.title)} [dim](exists, skipped)[/]"
+                )
                 state.done.append(step.id)
                 state.save()
                 continue
         started = time.monotonic()
         with console.status(f"{label}: {escape(step.title)}") as status:
+
             def show(line: str, status: Any = status, label: str = label) -> None:
                 if line.strip():
                     status.update(f"{label}: [dim]{escape(line.strip()[:100])}[/]")
+
             code, tail = _stream(["bash", runbook, "run", step.id], plan.dir, log, show)
         took = time.monotonic() - started
         if code != 0:
@@ -152,8 +183,10 @@ def run_steps(plan: LoadedPlan, steps: list[Step], kind: str, console: Console, 
             console.print(f"[red]✗[/] {label}: {escape(step.title)} (exit {code}, {took:.0f}s)")
             for line in tail:
                 console.print(f"    {line}", markup=False, highlight=False)
-            raise JobFailed(f"step {step.id} failed (exit {code}); its log: {log}. Fix the cause "
-                            f"and run the same command again: it resumes at {step.id}")
+            raise JobFailed(
+                f"step {step.id} failed (exit {code}); its log: {log}. Fix the cause "
+                f"and run the same command again: it resumes at {step.id}"
+            )
         console.print(f"[green]✓[/] {label}: {escape(step.title)} [dim]({took:.0f}s)[/]")
         if step.echo:
             for line in tail:
@@ -164,8 +197,14 @@ def run_steps(plan: LoadedPlan, steps: list[Step], kind: str, console: Console, 
     return ran
 
 
-def up(plan: LoadedPlan, console: Console, *, dry_run: bool = False, fresh: bool = False,
-       which: Which = shutil.which) -> list[str]:
+def up(
+    plan: LoadedPlan,
+    console: Console,
+    *,
+    dry_run: bool = False,
+    fresh: bool = False,
+    which: Which = shutil.which,
+) -> list[str]:
     if dry_run:
         print_steps(plan, plan.up, console, f"cluster up {plan.cluster['name']}")
         return []
@@ -173,8 +212,14 @@ def up(plan: LoadedPlan, console: Console, *, dry_run: bool = False, fresh: bool
     return run_steps(plan, plan.up, "up", console, fresh=fresh, which=which)
 
 
-def down(plan: LoadedPlan, console: Console, *, dry_run: bool = False, fresh: bool = False,
-         which: Which = shutil.which) -> list[str]:
+def down(
+    plan: LoadedPlan,
+    console: Console,
+    *,
+    dry_run: bool = False,
+    fresh: bool = False,
+    which: Which = shutil.which,
+) -> list[str]:
     if dry_run:
         print_steps(plan, plan.down, console, f"cluster down {plan.cluster['name']}")
         return []
@@ -184,16 +229,24 @@ def down(plan: LoadedPlan, console: Console, *, dry_run: bool = False, fresh: bo
 
 def what_down_deletes(plan: LoadedPlan) -> list[str]:
     c = plan.cluster
-    return [f"EKS cluster {c['name']} in {c['region']} with its node groups ({c['nodes']} x "
-            f"{c['instance_type']} and the system nodes), VPC and IAM roles",
-            f"claim {c['pvc']} and its FSx for Lustre file system: every dataset, compile cache, "
-            "checkpoint and run on it",
-            f"all Volcano jobs and pods in namespace {c['namespace']}",
-            f"ECR repository {c['image_repository']} and its images"]
+    return [
+        f"EKS cluster {c['name']} in {c['region']} with its node groups ({c['nodes']} x "
+        f"{c['instance_type']} and the system nodes), VPC and IAM roles",
+        f"claim {c['pvc']} and its FSx for Lustre file system: every dataset, compile cache, "
+        "checkpoint and run on it",
+        f"all Volcano jobs and pods in namespace {c['namespace']}",
+        f"ECR repository {c['image_repository']} and its images",
+    ]
 
 
-def scale(plan: LoadedPlan, nodes: int, console: Console, *, dry_run: bool = False,
-          which: Which = shutil.which) -> None:
+def scale(
+    plan: LoadedPlan,
+    nodes: int,
+    console: Console,
+    *,
+    dry_run: bool = False,
+    which: Which = shutil.which,
+) -> None:
     if nodes < 0:
         raise UserError(f"{nodes}: the number of nodes cannot be negative", where="--nodes")
     c = plan.cluster

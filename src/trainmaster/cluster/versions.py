@@ -19,8 +19,10 @@ SUPPORTED_KUBERNETES: Final = ("1.30", "1.31", "1.32", "1.33", "1.34")
 # volcano-sh/volcano tag v1.15.1: the release whose CRDs trainmaster ships in
 # trainmaster/schemas/volcano (`launch --dry-run` and the tests; replace them when this moves).
 VOLCANO_VERSION: Final = "v1.15.1"
-VOLCANO_INSTALLER: Final = (f"https://raw.githubusercontent.com/volcano-sh/volcano/{VOLCANO_VERSION}"
-                            "/installer/volcano-development.yaml")
+VOLCANO_INSTALLER: Final = (
+    f"https://raw.githubusercontent.com/volcano-sh/volcano/{VOLCANO_VERSION}"
+    "/installer/volcano-development.yaml"
+)
 VOLCANO_NAMESPACE: Final = "volcano-system"
 VOLCANO_DEPLOYMENTS: Final = ("volcano-admission", "volcano-controllers", "volcano-scheduler")
 VOLCANO_WEBHOOK_SERVICE: Final = "volcano-admission-service"
@@ -52,16 +54,22 @@ FSX_CHART_VERSION: Final = "1.17.0"
 # --- node software ---------------------------------------------------------------------------
 # The official EFA installer URL, pinned (the tutorial fetched "-latest" from an S3 path).
 EFA_INSTALLER_VERSION: Final = "1.47.0"
-EFA_INSTALLER_URL: Final = f"https://efa-installer.amazonaws.com/aws-efa-installer-{EFA_INSTALLER_VERSION}.tar.gz"
+EFA_INSTALLER_URL: Final = (
+    f"https://efa-installer.amazonaws.com/aws-efa-installer-{EFA_INSTALLER_VERSION}.tar.gz"
+)
 
 # --- training image ----------------------------------------------------------------------------
 # AWS Neuron Deep Learning Container (torch-neuronx 2.8, Neuron SDK 2.26.1, Python 3.11).
-NEURON_BASE_IMAGE: Final = "public.ecr.aws/neuron/pytorch-training-neuronx:2.8.0-neuronx-py311-sdk2.26.1-ubuntu22.04"
+NEURON_BASE_IMAGE: Final = (
+    "public.ecr.aws/neuron/pytorch-training-neuronx:2.8.0-neuronx-py311-sdk2.26.1-ubuntu22.04"
+)
 CUDA_BASE_IMAGE: Final = "nvidia/cuda:12.8.1-base-ubuntu24.04"
 CPU_BASE_IMAGE: Final = "python:3.11-slim-bookworm"
 TORCH_VERSION: Final = "2.13.0"  # what the Makefile installs; the CPU and CUDA images use it too
-TORCH_INDEX: Final = {"cpu": "https://download.pytorch.org/whl/cpu",
-                      "cuda": "https://download.pytorch.org/whl/cu128"}
+TORCH_INDEX: Final = {
+    "cpu": "https://download.pytorch.org/whl/cpu",
+    "cuda": "https://download.pytorch.org/whl/cu128",
+}
 PYTHON_ETCD_VERSION: Final = "0.4.5"
 TENSORBOARD_VERSION: Final = "2.20.0"
 
@@ -69,8 +77,10 @@ TENSORBOARD_VERSION: Final = "2.20.0"
 def ami_parameter(kubernetes_version: str, device_kind: str) -> str:
     """SSM parameter of the current EKS-optimised AL2023 accelerated AMI."""
     flavour = "neuron" if device_kind == "xla" else "nvidia"
-    return (f"/aws/service/eks/optimized-ami/{kubernetes_version}/amazon-linux-2023/x86_64/"
-            f"{flavour}/recommended/image_id")
+    return (
+        f"/aws/service/eks/optimized-ami/{kubernetes_version}/amazon-linux-2023/x86_64/"
+        f"{flavour}/recommended/image_id"
+    )
 
 
 def pins() -> dict[str, str]:

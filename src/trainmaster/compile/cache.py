@@ -39,7 +39,10 @@ from trainmaster.config import JobConfig
 
 Mechanism = Literal["inductor", "neuron", "xla"]
 SUBDIRS: dict[Mechanism, tuple[str, ...]] = {
-    "inductor": ("inductor", "triton"), "neuron": ("neuron",), "xla": ("xla",)}
+    "inductor": ("inductor", "triton"),
+    "neuron": ("neuron",),
+    "xla": ("xla",),
+}
 # The compiler flags of the Neuron BERT pretraining recipe, part of the compile fingerprint
 # (compile/fingerprint.py): Neuron's cache key hashes the flags with the graph, so a graph
 # compiled under other flags is a miss, and a fingerprint without them could call such a cache
@@ -84,16 +87,20 @@ def env(kind: Mechanism, cache_dir: PurePath) -> dict[str, str]:
     if kind == "neuron":
         neuron = str(cache_dir / "neuron")
         # --cache_dir in NEURON_CC_FLAGS wins over NEURON_COMPILE_CACHE_URL; both say the same.
-        return {"NEURON_CC_FLAGS": " ".join((*NEURON_CC_OPTIONS, f"--cache_dir={neuron}")),
-                "NEURON_COMPILE_CACHE_URL": neuron}
+        return {
+            "NEURON_CC_FLAGS": " ".join((*NEURON_CC_OPTIONS, f"--cache_dir={neuron}")),
+            "NEURON_COMPILE_CACHE_URL": neuron,
+        }
     return {"XLA_PERSISTENT_CACHE_PATH": str(cache_dir / "xla")}
 
 
 def worker_env(kind: Mechanism, cache_dir: PurePath, rank: int) -> dict[str, str]:
     """Per-process additions: torch_xla's persistent cache wants one path per process."""
     if kind == "xla":
-        return {"XLA_PERSISTENT_CACHE_PATH": str(cache_dir / "xla" / f"rank{rank}"),
-                "XLA_PERSISTENT_CACHE_READ_ONLY": "0"}
+        return {
+            "XLA_PERSISTENT_CACHE_PATH": str(cache_dir / "xla" / f"rank{rank}"),
+            "XLA_PERSISTENT_CACHE_READ_ONLY": "0",
+        }
     return {}
 
 

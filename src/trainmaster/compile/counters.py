@@ -31,7 +31,9 @@ def snapshot() -> dict[str, int]:
 
 
 def describe(counts: dict[str, int]) -> str:
-    return (f"FX graph cache {counts.get('fxgraph_cache_hit', 0)} hit(s), "
-            f"{counts.get('fxgraph_cache_miss', 0)} miss(es); AOTAutograd cache "
-            f"{counts.get('autograd_cache_hit', 0)} hit(s), "
-            f"{counts.get('autograd_cache_miss', 0)} miss(es)")
+    return (
+        f"FX graph cache {counts.get('fxgraph_cache_hit', 0)} hit(s), "
+        f"{counts.get('fxgraph_cache_miss', 0)} miss(es); AOTAutograd cache "
+        f"{counts.get('autograd_cache_hit', 0)} hit(s), "
+        f"{counts.get('autograd_cache_miss', 0)} miss(es)"
+    )

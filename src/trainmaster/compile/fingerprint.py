@@ -89,13 +89,15 @@ def vocab_size_for(cfg: JobConfig, store: Storage) -> int:
         return DEFAULT_VOCAB
 
 
-def compute(cfg: JobConfig, vocab_size: int, *, installed: dict[str, Value] | None = None
-            ) -> dict[str, Value]:
+def compute(
+    cfg: JobConfig, vocab_size: int, *, installed: dict[str, Value] | None = None
+) -> dict[str, Value]:
     """The fingerprint of a job: flat `field -> value`, fields named as in the job file."""
     m, t, d = cfg.model, cfg.train, cfg.derived
     device = device_of(cfg)
-    fields: dict[str, Value] = {k: m.size(k) for k in
-                                ("num_layers", "hidden_size", "num_heads", "intermediate_size")}
+    fields: dict[str, Value] = {
+        k: m.size(k) for k in ("num_layers", "hidden_size", "num_heads", "intermediate_size")
+    }
     fields = {f"model.{k}": v for k, v in fields.items()}
     fields |= {
         "model.vocab_size": vocab_size,
@@ -134,8 +136,9 @@ def _show(value: Value) -> str:
 def compare(saved: dict[str, Value], current: dict[str, Value]) -> list[Difference]:
     """The fields whose values differ (a field only one side has counts as differing)."""
     keys = list(current) + [k for k in saved if k not in current]
-    return [Difference(k, saved.get(k), current.get(k)) for k in keys
-            if saved.get(k) != current.get(k)]
+    return [
+        Difference(k, saved.get(k), current.get(k)) for k in keys if saved.get(k) != current.get(k)
+    ]
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,13 @@ class Saved:
     host: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "job": self.job, "written_at": self.written_at,
-                "host": self.host, "fields": self.fields}
+        return {
+            "schema": SCHEMA,
+            "job": self.job,
+            "written_at": self.written_at,
+            "host": self.host,
+            "fields": self.fields,
+        }
 
 
 def path_of(cache_dir: Path) -> Path:
@@ -164,13 +172,27 @@ def read(cache_dir: Path) -> Saved | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise UserError(f"unreadable ({type(exc).__name__}); run `trainmaster precompile` again "
-                        "to rewrite it, or `trainmaster cache clear`", where=str(path)) from exc
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("fields"), dict):
-        raise UserError(f"not a fingerprint of schema {SCHEMA}; run `trainmaster precompile` "
-                        "again to rewrite it", where=str(path))
-    return Saved(fields=dict(data["fields"]), job=str(data.get("job", "?")),
-                 written_at=float(data.get("written_at", 0.0)), host=str(data.get("host", "?")))
+        raise UserError(
+            f"unreadable ({type(exc).__name__}); run `trainmaster precompile` again "
+            "to rewrite it, or `trainmaster cache clear`",
+            where=str(path),
+        ) from exc
+    if (
+        not isinstance(data, dict)
+        or data.get("schema") != SCHEMA
+        or not isinstance(data.get("fields"), dict)
+    ):
+        raise UserError(
+            f"not a fingerprint of schema {SCHEMA}; run `trainmaster precompile` "
+            "again to rewrite it",
+            where=str(path),
+        )
+    return Saved(
+        fields=dict(data["fields"]),
+        job=str(data.get("job", "?")),
+        written_at=float(data.get("written_at", 0.0)),
+        host=str(data.get("host", "?")),
+    )
 
 
 def write(cache_dir: Path, fields: dict[str, Value], job: str) -> Saved:

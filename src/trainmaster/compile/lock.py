@@ -78,18 +78,23 @@ def read(cache_dir: Path) -> tuple[Holder, float] | None:
 def _parse(raw: bytes) -> Holder:
     try:
         data = json.loads(raw)
-        return Holder(pid=int(data["pid"]), host=str(data["host"]), job=str(data["job"]),
-                      purpose=str(data["purpose"]), since=float(data["since"]),
-                      token=str(data["token"]),
-                      also=tuple((int(p), None if t is None else int(t))
-                                 for p, t in data.get("also", ())))
+        return Holder(
+            pid=int(data["pid"]),
+            host=str(data["host"]),
+            job=str(data["job"]),
+            purpose=str(data["purpose"]),
+            since=float(data["since"]),
+            token=str(data["token"]),
+            also=tuple((int(p), None if t is None else int(t)) for p, t in data.get("also", ())),
+        )
     except (ValueError, KeyError, TypeError):
         # Half-written by a holder that died between create and write: nobody owns it.
         return Holder(pid=0, host="?", job="?", purpose="?", since=0.0, token="")
 
 
-def stale_reason(holder: Holder, mtime: float, *, now: float | None = None,
-                 stale_s: float = STALE_S) -> str | None:
+def stale_reason(
+    holder: Holder, mtime: float, *, now: float | None = None, stale_s: float = STALE_S
+) -> str | None:
     """Why a lock is stale, or None while its holder may be alive."""
     now = time.time() if now is None else now
     if not holder.token:
@@ -181,9 +186,18 @@ def _break(path: Path, seen: bytes) -> None:
     grave.unlink()
 
 
-def acquire(cache_dir: Path, *, job: str, purpose: str, wait_s: float = 0.0,
-            on_wait: Callable[[Holder], None] | None = None, stale_s: float = STALE_S,
-            pid: int | None = None, reclaim_own_job: bool = False, token: str | None = None) -> CacheLock:
+def acquire(
+    cache_dir: Path,
+    *,
+    job: str,
+    purpose: str,
+    wait_s: float = 0.0,
+    on_wait: Callable[[Holder], None] | None = None,
+    stale_s: float = STALE_S,
+    pid: int | None = None,
+    reclaim_own_job: bool = False,
+    token: str | None = None,
+) -> CacheLock:
     """Take the cacheset's lock, waiting up to wait_s; UserError naming the holder after that.
 
     reclaim_own_job: a lock held under this job's name is taken over at once (a restarted
@@ -193,8 +207,14 @@ def acquire(cache_dir: Path, *, job: str, purpose: str, wait_s: float = 0.0,
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = path_of(cache_dir)
-    me = Holder(pid=pid or os.getpid(), host=socket.gethostname(), job=job, purpose=purpose,
-                since=time.time(), token=token or uuid.uuid4().hex)
+    me = Holder(
+        pid=pid or os.getpid(),
+        host=socket.gethostname(),
+        job=job,
+        purpose=purpose,
+        since=time.time(),
+        token=token or uuid.uuid4().hex,
+    )
     deadline = time.monotonic() + wait_s
     told: str | None = None
     while True:
@@ -213,11 +233,15 @@ def acquire(cache_dir: Path, *, job: str, purpose: str, wait_s: float = 0.0,
             raise UserError(
                 f"compile cache {cache_dir.name} is in use by {holder.describe()}{waited}; one job "
                 "at a time may use a cacheset: wait for it (--wait-lock SECONDS), use another "
-                "(--set train.cacheset=NAME), or cancel that job", where=str(path))
+                "(--set train.cacheset=NAME), or cancel that job",
+                where=str(path),
+            )
         if on_wait is not None and told != holder.token:
             on_wait(holder)
             told = holder.token
-        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))  # polling another job's lock, bounded
+        time.sleep(
+            min(POLL_S, max(0.0, deadline - time.monotonic()))
+        )  # polling another job's lock, bounded
 
 
 def adopt(cache_dir: Path, token: str) -> CacheLock | None:
@@ -228,14 +252,21 @@ def adopt(cache_dir: Path, token: str) -> CacheLock | None:
     return CacheLock(cache_dir, current[0])
 
 
-def for_worker(cache_dir: Path, *, job: str, launcher_token: str | None, wait_s: float,
-               on_wait: Callable[[Holder], None] | None = None) -> CacheLock | None:
+def for_worker(
+    cache_dir: Path,
+    *,
+    job: str,
+    launcher_token: str | None,
+    wait_s: float,
+    on_wait: Callable[[Holder], None] | None = None,
+) -> CacheLock | None:
     """Rank 0 of a compile job: None when its launcher holds the lock for it (the local
     supervisor passes its token), else the lock, taken here (Kubernetes, a trainer by hand)."""
     current = read(cache_dir)
     if launcher_token and current is not None and current[0].token == launcher_token:
         return None
-    held = acquire(cache_dir, job=job, purpose="train", wait_s=wait_s, on_wait=on_wait,
-                   reclaim_own_job=True)
+    held = acquire(
+        cache_dir, job=job, purpose="train", wait_s=wait_s, on_wait=on_wait, reclaim_own_job=True
+    )
     held.start_heartbeat()
     return held

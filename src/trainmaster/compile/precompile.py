@@ -32,9 +32,12 @@ JOB_NAME_MAX = 40  # config.JOB_NAME
 def precompile_name(job: str) -> str:
     name = job + SUFFIX
     if len(name) > JOB_NAME_MAX or not is_valid_job_name(name):
-        raise UserError(f"{job!r} is too long for its precompile job {name!r}: job names have at "
-                        f"most {JOB_NAME_MAX} characters, so use at most "
-                        f"{JOB_NAME_MAX - len(SUFFIX)}", where="job.name")
+        raise UserError(
+            f"{job!r} is too long for its precompile job {name!r}: job names have at "
+            f"most {JOB_NAME_MAX} characters, so use at most "
+            f"{JOB_NAME_MAX - len(SUFFIX)}",
+            where="job.name",
+        )
     return name
 
 
@@ -52,9 +55,11 @@ def precompile_config(cfg: JobConfig, steps: int = DEFAULT_STEPS) -> JobConfig:
         # The warm-cache check reads the fingerprint the built-in trainer's rank 0 writes; a
         # custom script writes none, so a precompile of it could never be judged. Its graphs
         # still land in the shared cache on its first launch (the cache env is the same).
-        raise UserError(f"precompile runs the built-in trainer only, not {cfg.job.entrypoint!r}: "
-                        "launch the job itself (its first run fills the shared compile cache)",
-                        where="job.entrypoint")
+        raise UserError(
+            f"precompile runs the built-in trainer only, not {cfg.job.entrypoint!r}: "
+            "launch the job itself (its first run fills the shared compile cache)",
+            where="job.entrypoint",
+        )
     data = cfg.model_dump(mode="json")
     data["job"]["name"] = precompile_name(cfg.job.name)
     data["job"]["max_restarts"] = 0
@@ -69,8 +74,9 @@ class Expectation:
     message: str
 
 
-def expect(cfg: JobConfig, store: Storage, *,
-           installed: dict[str, fingerprint.Value] | None = None) -> Expectation:
+def expect(
+    cfg: JobConfig, store: Storage, *, installed: dict[str, fingerprint.Value] | None = None
+) -> Expectation:
     """What a compile job will find in its cacheset; UserError when the fingerprint differs.
 
     A differing fingerprint means the cache holds another job's graphs: the job would compile
@@ -82,19 +88,27 @@ def expect(cfg: JobConfig, store: Storage, *,
     saved = fingerprint.read(folder)
     current = fingerprint.compute(cfg, fingerprint.vocab_size_for(cfg, store), installed=installed)
     if saved is None:
-        return Expectation("cold", f"compile cache cold ({name}): nothing precompiled for this "
-                           "job yet, its first steps compile (`trainmaster precompile` fills "
-                           "the cache ahead)")
+        return Expectation(
+            "cold",
+            f"compile cache cold ({name}): nothing precompiled for this "
+            "job yet, its first steps compile (`trainmaster precompile` fills "
+            "the cache ahead)",
+        )
     diffs = fingerprint.compare(saved.fields, current)
     if diffs:
         raise UserError(
             f"compile cache {name} holds the graphs of another job shape (written by job "
             f"{saved.job}): {'; '.join(map(str, diffs))}. Run `trainmaster precompile` with "
             "this job file to compile for it, or use another cacheset (--set "
-            "train.cacheset=NAME)", where="train.cacheset")
+            "train.cacheset=NAME)",
+            where="train.cacheset",
+        )
     if not cache.has_entries(folder, cache.mechanism(cfg)):
-        return Expectation("cold", f"compile cache cold ({name}): the fingerprint matches but "
-                           "the cache holds no compiled graphs")
+        return Expectation(
+            "cold",
+            f"compile cache cold ({name}): the fingerprint matches but "
+            "the cache holds no compiled graphs",
+        )
     return Expectation("warm", f"compile cache warm ({name})")
 
 

@@ -14,5 +14,16 @@ from trainmaster.data.stats import Example, Stats, inspect
 from trainmaster.data.verify import Violation, verify
 from trainmaster.data.vocab import Vocab, load_vocab, train_vocab
 
-__all__ = ["Example", "PrepareResult", "Stats", "Violation", "Vocab", "default_workers",
-           "inspect", "load_vocab", "prepare", "train_vocab", "verify"]
+__all__ = [
+    "Example",
+    "PrepareResult",
+    "Stats",
+    "Violation",
+    "Vocab",
+    "default_workers",
+    "inspect",
+    "load_vocab",
+    "prepare",
+    "train_vocab",
+    "verify",
+]

@@ -77,7 +77,11 @@ def pydoc_documents() -> list[Document]:
     for key in sorted(topics):
         paragraphs = []
         for block in _PARAGRAPH_BREAK.split(topics[key]):
-            words = [ln for ln in block.split("\n") if ln.strip() and not _DECORATION.fullmatch(ln.strip())]
+            words = [
+                ln
+                for ln in block.split("\n")
+                if ln.strip() and not _DECORATION.fullmatch(ln.strip())
+            ]
             text = " ".join(" ".join(words).split())
             if text:
                 paragraphs.append(text)
@@ -91,11 +95,15 @@ def expand_inputs(inputs: list[Path]) -> list[Path]:
     files: list[Path] = []
     for p in inputs:
         if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file()
-                           and not any(part.startswith(".") for part in f.relative_to(p).parts))
+            found = sorted(
+                f
+                for f in p.rglob("*")
+                if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+            )
             if not found:
-                raise DataError("folder holds no files; give text files or folders of them",
-                                where=str(p))
+                raise DataError(
+                    "folder holds no files; give text files or folders of them", where=str(p)
+                )
             files.extend(found)
         elif p.is_file():
             files.append(p)
@@ -112,23 +120,29 @@ def read_text(path: Path) -> str:
             raw = gzip.decompress(raw)
     except (OSError, EOFError, zlib.error) as exc:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        raise DataError(f"cannot read ({reason}); inputs must be text or gzip'd text",
-                        where=str(path)) from exc
+        raise DataError(
+            f"cannot read ({reason}); inputs must be text or gzip'd text", where=str(path)
+        ) from exc
     nul = raw.find(b"\0")
     if nul >= 0:
-        raise DataError(f"binary file (NUL byte at offset {nul}); inputs must be UTF-8 text",
-                        where=str(path))
+        raise DataError(
+            f"binary file (NUL byte at offset {nul}); inputs must be UTF-8 text", where=str(path)
+        )
     try:
         return raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
-        raise DataError(f"not UTF-8 text (bad byte at offset {exc.start}); convert it with "
-                        "iconv or drop it", where=str(path)) from exc
+        raise DataError(
+            f"not UTF-8 text (bad byte at offset {exc.start}); convert it with iconv or drop it",
+            where=str(path),
+        ) from exc
 
 
 def read_corpus(inputs: list[Path], builtin: str | None = None) -> Corpus:
     if builtin is not None and builtin not in BUILTINS:
-        raise DataError(f"unknown built-in corpus {builtin!r}; choose one of: {', '.join(BUILTINS)}",
-                        where="--builtin")
+        raise DataError(
+            f"unknown built-in corpus {builtin!r}; choose one of: {', '.join(BUILTINS)}",
+            where="--builtin",
+        )
     if not inputs and builtin is None:
         raise DataError("no input: give text files or folders, or --builtin pydoc")
     documents: list[Document] = []
@@ -142,8 +156,9 @@ def read_corpus(inputs: list[Path], builtin: str | None = None) -> Corpus:
         sources.append(SourceInfo(str(path), path.stat().st_size))
     if not documents:
         names = ", ".join(s.name for s in sources)
-        raise DataError(f"no text in {names}; give lines of text, documents separated by "
-                        "blank lines")
+        raise DataError(
+            f"no text in {names}; give lines of text, documents separated by blank lines"
+        )
     return Corpus(documents, sources)
 
 

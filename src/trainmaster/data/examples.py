@@ -40,16 +40,22 @@ class ExampleSettings:
     def check(self) -> None:
         """Every bad value, as the option that sets it and what to do."""
         if self.seq_len < MIN_SEQ_LEN:
-            raise DataError(f"must be at least {MIN_SEQ_LEN} (got {self.seq_len})", where="--seq-len")
+            raise DataError(
+                f"must be at least {MIN_SEQ_LEN} (got {self.seq_len})", where="--seq-len"
+            )
         if not 1 <= self.max_pred <= self.seq_len:
-            raise DataError(f"must be between 1 and --seq-len ({self.seq_len}); got {self.max_pred}",
-                            where="--max-pred")
+            raise DataError(
+                f"must be between 1 and --seq-len ({self.seq_len}); got {self.max_pred}",
+                where="--max-pred",
+            )
         if not 0 < self.masked_lm_prob < 1:
-            raise DataError(f"must be above 0 and below 1 (got {self.masked_lm_prob})",
-                            where="--masked-lm-prob")
+            raise DataError(
+                f"must be above 0 and below 1 (got {self.masked_lm_prob})", where="--masked-lm-prob"
+            )
         if not 0 <= self.short_seq_prob <= 1:
-            raise DataError(f"must be between 0 and 1 (got {self.short_seq_prob})",
-                            where="--short-seq-prob")
+            raise DataError(
+                f"must be between 0 and 1 (got {self.short_seq_prob})", where="--short-seq-prob"
+            )
         if self.dupe_factor < 1:
             raise DataError(f"must be at least 1 (got {self.dupe_factor})", where="--dupe-factor")
         if not 0 <= self.seed < 2**63:
@@ -77,11 +83,18 @@ def _rngs(seed: int, chunk: int) -> tuple[random.Random, np.random.Generator]:
     """Scalar draws (the plan) from Python's fast Random, array draws from numpy."""
     plan_state = np.random.SeedSequence(seed, spawn_key=(0, chunk)).generate_state(4)
     plan = random.Random(int.from_bytes(plan_state.tobytes(), "little"))
-    return plan, np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(1, chunk))))
+    return plan, np.random.Generator(
+        np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(1, chunk)))
+    )
 
 
-def plan_pairs(lengths: list[int], doc_sizes: list[int], s: ExampleSettings,
-               rng: random.Random, gen: np.random.Generator) -> np.ndarray:
+def plan_pairs(
+    lengths: list[int],
+    doc_sizes: list[int],
+    s: ExampleSettings,
+    rng: random.Random,
+    gen: np.random.Generator,
+) -> np.ndarray:
     """[M, 5] int64: a0, a1, b0, b1 (token spans) and is_random_next, for every duplicate.
 
     Sentences are consecutive in the flat token array, so a run of sentences is a span. The
@@ -148,8 +161,9 @@ def truncate(plan: np.ndarray, max_tokens: int, gen: np.random.Generator) -> Non
         plan[:, lo + 1] -= cut - front
 
 
-def build(flat: np.ndarray, plan: np.ndarray, seq_len: int, sp: SpecialIds
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def build(
+    flat: np.ndarray, plan: np.ndarray, seq_len: int, sp: SpecialIds
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """[CLS] A [SEP] B [SEP] + padding: input_ids, input_mask, segment_ids, maskable.
 
     int32 index arithmetic and a full gather then a multiply: ~2x faster than int64 and
@@ -177,8 +191,13 @@ def build(flat: np.ndarray, plan: np.ndarray, seq_len: int, sp: SpecialIds
     return ids, input_mask.astype(np.int8), segment_ids.astype(np.int8), maskable
 
 
-def choose(maskable: np.ndarray, ids: np.ndarray, s: ExampleSettings, tables: VocabTables,
-           gen: np.random.Generator) -> np.ndarray:
+def choose(
+    maskable: np.ndarray,
+    ids: np.ndarray,
+    s: ExampleSettings,
+    tables: VocabTables,
+    gen: np.random.Generator,
+) -> np.ndarray:
     """[N, max_pred] int32: the positions to predict, ascending, then 0s.
 
     How many: num_to_predict of the reference. Which: uniformly among the maskable
@@ -193,11 +212,12 @@ def choose(maskable: np.ndarray, ids: np.ndarray, s: ExampleSettings, tables: Vo
     keys = gen.random((n, seq), dtype=np.float32)
     if s.whole_word_mask:
         chosen = _whole_words(maskable, ids, k, keys, tables)
-        positions = np.argsort(~chosen, axis=1, kind="stable")[:, :s.max_pred]
-        return np.where(np.arange(s.max_pred) < chosen.sum(1)[:, None], positions, 0
-                        ).astype(np.int32)
+        positions = np.argsort(~chosen, axis=1, kind="stable")[:, : s.max_pred]
+        return np.where(np.arange(s.max_pred) < chosen.sum(1)[:, None], positions, 0).astype(
+            np.int32
+        )
     keys[~maskable] = 2.0
-    top = np.argpartition(keys, s.max_pred - 1, axis=1)[:, :s.max_pred]
+    top = np.argpartition(keys, s.max_pred - 1, axis=1)[:, : s.max_pred]
     top = np.take_along_axis(top, np.argsort(np.take_along_axis(keys, top, 1), 1), 1)
     picked = np.where(np.arange(s.max_pred) < k[:, None], top, seq)
     picked.sort(axis=1)
@@ -205,8 +225,9 @@ def choose(maskable: np.ndarray, ids: np.ndarray, s: ExampleSettings, tables: Vo
     return picked.astype(np.int32)
 
 
-def _whole_words(maskable: np.ndarray, ids: np.ndarray, k: np.ndarray, keys: np.ndarray,
-                 tables: VocabTables) -> np.ndarray:
+def _whole_words(
+    maskable: np.ndarray, ids: np.ndarray, k: np.ndarray, keys: np.ndarray, tables: VocabTables
+) -> np.ndarray:
     """Bool [N, S]. A ## piece belongs to the word before it; words are taken in random
     order, skipping any that would overshoot num_to_predict (the reference's greedy loop)."""
     n, seq = maskable.shape
@@ -231,8 +252,13 @@ def _whole_words(maskable: np.ndarray, ids: np.ndarray, k: np.ndarray, keys: np.
     return maskable & np.take_along_axis(by_word, np.maximum(word, 0), 1)
 
 
-def mask(ids: np.ndarray, positions: np.ndarray, s: ExampleSettings, tables: VocabTables,
-         gen: np.random.Generator) -> np.ndarray:
+def mask(
+    ids: np.ndarray,
+    positions: np.ndarray,
+    s: ExampleSettings,
+    tables: VocabTables,
+    gen: np.random.Generator,
+) -> np.ndarray:
     """Replace the tokens at positions in place (80/10/10); return the original ids, 0-padded."""
     n = len(ids)
     used = positions != 0
@@ -245,8 +271,14 @@ def mask(ids: np.ndarray, positions: np.ndarray, s: ExampleSettings, tables: Voc
     return originals
 
 
-def make_examples(flat: np.ndarray, lengths: np.ndarray, doc_sizes: list[int], chunk: int,
-                  s: ExampleSettings, tables: VocabTables) -> dict[str, np.ndarray]:
+def make_examples(
+    flat: np.ndarray,
+    lengths: np.ndarray,
+    doc_sizes: list[int],
+    chunk: int,
+    s: ExampleSettings,
+    tables: VocabTables,
+) -> dict[str, np.ndarray]:
     """All duplicates of one chunk's examples, compact (see `expand`)."""
     keep = lengths > 0  # a line of nothing but dropped characters is no sentence
     doc_starts = np.concatenate([[0], np.cumsum(doc_sizes)[:-1]]).astype(np.int64)

@@ -59,7 +59,7 @@ def is_dataset_file(name: str) -> bool:
     """What a dataset folder holds (and a new dataset replaces): shards, vocab, manifest, and
     the temporaries of an earlier version of trainmaster."""
     if name.startswith(".") and name.endswith(fmt.TMP_SUFFIX):
-        name = name[1:-len(fmt.TMP_SUFFIX)]
+        name = name[1 : -len(fmt.TMP_SUFFIX)]
     return name in (fmt.VOCAB, fmt.MANIFEST) or fnmatch.fnmatchcase(name, SHARD_GLOB)
 
 
@@ -111,17 +111,26 @@ class Output:
             has_manifest = (target / fmt.MANIFEST).exists()
             if (held or has_manifest) and not self.overwrite:
                 what = f"{len(held)} shard(s)" + (" and dataset.json" if has_manifest else "")
-                raise DataError(f"holds a dataset already ({what}); pass --overwrite to replace "
-                                "it, or choose another --output", where=where)
+                raise DataError(
+                    f"holds a dataset already ({what}); pass --overwrite to replace "
+                    "it, or choose another --output",
+                    where=where,
+                )
             if os.path.ismount(target):
-                raise DataError("is a mount point; a dataset is replaced as a whole folder: "
-                                "give a folder inside it", where=where)
+                raise DataError(
+                    "is a mount point; a dataset is replaced as a whole folder: "
+                    "give a folder inside it",
+                    where=where,
+                )
         parent = target.parent
         while not parent.exists():
             parent = parent.parent
         if not os.access(parent, os.W_OK | os.X_OK):
-            raise DataError(f"cannot write in {parent} (the new dataset is built beside the "
-                            "folder); choose another --output or --storage", where=where)
+            raise DataError(
+                f"cannot write in {parent} (the new dataset is built beside the "
+                "folder); choose another --output or --storage",
+                where=where,
+            )
 
     def _recover(self) -> None:
         """Leftovers of runs that were killed: an old dataset moved aside goes back when the

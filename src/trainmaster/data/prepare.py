@@ -66,17 +66,32 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def prepare(inputs: Sequence[str | os.PathLike[str]] = (), *, output: str | os.PathLike[str],
-            builtin: str | None = None, vocab: str | os.PathLike[str] | None = None,
-            vocab_size: int | None = None, lower_case: bool = True, seq_len: int = 128,
-            max_pred: int = 20, masked_lm_prob: float = 0.15, short_seq_prob: float = 0.1,
-            dupe_factor: int = 5, whole_word_mask: bool = False, shards: int = 8,
-            workers: int | None = None, seed: int = 12345, overwrite: bool = False,
-            quiet: bool = True, reporter: Reporter | None = None) -> PrepareResult:
+def prepare(
+    inputs: Sequence[str | os.PathLike[str]] = (),
+    *,
+    output: str | os.PathLike[str],
+    builtin: str | None = None,
+    vocab: str | os.PathLike[str] | None = None,
+    vocab_size: int | None = None,
+    lower_case: bool = True,
+    seq_len: int = 128,
+    max_pred: int = 20,
+    masked_lm_prob: float = 0.15,
+    short_seq_prob: float = 0.1,
+    dupe_factor: int = 5,
+    whole_word_mask: bool = False,
+    shards: int = 8,
+    workers: int | None = None,
+    seed: int = 12345,
+    overwrite: bool = False,
+    quiet: bool = True,
+    reporter: Reporter | None = None,
+) -> PrepareResult:
     """Make BERT pretraining shards from text; the same inputs and seed give the same bytes."""
     t0 = time.monotonic()
-    settings = ExampleSettings(seq_len, max_pred, masked_lm_prob, short_seq_prob, dupe_factor,
-                               whole_word_mask, seed)
+    settings = ExampleSettings(
+        seq_len, max_pred, masked_lm_prob, short_seq_prob, dupe_factor, whole_word_mask, seed
+    )
     settings.check()
     if shards < 1:
         raise DataError(f"must be at least 1 (got {shards})", where="--shards")
@@ -86,7 +101,9 @@ def prepare(inputs: Sequence[str | os.PathLike[str]] = (), *, output: str | os.P
     if vocab is not None and vocab_size is not None:
         raise UserError("give --vocab FILE or --vocab-size N, not both")
     if vocab is None and (vocab_size or DEFAULT_VOCAB_SIZE) < MIN_VOCAB_SIZE:
-        raise DataError(f"must be at least {MIN_VOCAB_SIZE} (got {vocab_size})", where="--vocab-size")
+        raise DataError(
+            f"must be at least {MIN_VOCAB_SIZE} (got {vocab_size})", where="--vocab-size"
+        )
     out = Output(Path(output), shards, overwrite)
     out.check()
     known = load_vocab(vocab) if vocab is not None else None
@@ -106,11 +123,16 @@ def prepare(inputs: Sequence[str | os.PathLike[str]] = (), *, output: str | os.P
                 arrays, tokens = _make_examples(run, chunks, report)
             total = len(arrays["input_ids"])
             if total == 0:
-                raise DataError("the input gives no examples (no word survived tokenisation); "
-                                "give text files of sentences")
+                raise DataError(
+                    "the input gives no examples (no word survived tokenisation); "
+                    "give text files of sentences"
+                )
             if shards > total:
-                raise DataError(f"{shards} shards but only {total} examples; lower --shards, or "
-                                "give more text or a higher --dupe-factor", where="--shards")
+                raise DataError(
+                    f"{shards} shards but only {total} examples; lower --shards, or "
+                    "give more text or a higher --dupe-factor",
+                    where="--shards",
+                )
             report.stage("writing shards", shards)
             with _timed(timings, "write"):
                 counts = _write_shards(run, arrays, shards, settings.seed, out, report)
@@ -120,8 +142,16 @@ def prepare(inputs: Sequence[str | os.PathLike[str]] = (), *, output: str | os.P
     finally:
         report.close()
     timings["total"] = time.monotonic() - t0
-    return PrepareResult(out.folder, out.final_paths(), counts, tokens, len(voc), n_workers,
-                         timings["total"], timings)
+    return PrepareResult(
+        out.folder,
+        out.final_paths(),
+        counts,
+        tokens,
+        len(voc),
+        n_workers,
+        timings["total"],
+        timings,
+    )
 
 
 @contextmanager
@@ -135,8 +165,9 @@ Runner = Callable[[Callable[..., Any], Iterable[Any]], Iterator[Any]]
 
 
 @contextmanager
-def _pool(workers: int, vocab: Vocab, lower_case: bool, settings: ExampleSettings
-          ) -> Iterator[Runner]:
+def _pool(
+    workers: int, vocab: Vocab, lower_case: bool, settings: ExampleSettings
+) -> Iterator[Runner]:
     """map-like runner: in this process for one worker, else a process pool.
 
     Workers ignore SIGINT (Ctrl-C reaches the whole process group): this process alone
@@ -153,8 +184,9 @@ def _pool(workers: int, vocab: Vocab, lower_case: bool, settings: ExampleSetting
         method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by forked workers
         try:
-            pool = mp.get_context(method).Pool(workers, init_pool_worker,
-                                               (vocab.tokens, lower_case, settings))
+            pool = mp.get_context(method).Pool(
+                workers, init_pool_worker, (vocab.tokens, lower_case, settings)
+            )
         finally:
             signal.signal(signal.SIGINT, previous)
         try:
@@ -177,7 +209,9 @@ class Worker:
     functions below are module-level so that a process pool can pickle them.
     """
 
-    def __init__(self, tokens: tuple[str, ...], lower_case: bool, settings: ExampleSettings) -> None:
+    def __init__(
+        self, tokens: tuple[str, ...], lower_case: bool, settings: ExampleSettings
+    ) -> None:
         vocab = Vocab(tokens, "worker")
         self.encoder = Encoder(vocab, lower_case)
         self.tables = VocabTables.of(vocab)
@@ -205,8 +239,9 @@ def init_pool_worker(tokens: tuple[str, ...], lower_case: bool, settings: Exampl
     _WORKER = Worker(tokens, lower_case, settings)
 
 
-def examples_task(item: tuple[int, list[Document]], worker: Worker | None = None
-                  ) -> tuple[int, dict[str, np.ndarray], int]:
+def examples_task(
+    item: tuple[int, list[Document]], worker: Worker | None = None
+) -> tuple[int, dict[str, np.ndarray], int]:
     w = worker or _WORKER
     assert w is not None, "init_pool_worker did not run"
     chunk, docs = item
@@ -220,8 +255,9 @@ def write_task(item: tuple[str, dict[str, np.ndarray]], worker: Worker | None = 
     return path
 
 
-def _make_examples(run: Runner, chunks: list[list[Document]], report: Reporter
-                   ) -> tuple[dict[str, np.ndarray], int]:
+def _make_examples(
+    run: Runner, chunks: list[list[Document]], report: Reporter
+) -> tuple[dict[str, np.ndarray], int]:
     """All chunks' examples, concatenated in chunk order (whatever order workers finish in)."""
     results: list[dict[str, np.ndarray]] = [{} for _ in chunks]
     tokens = 0
@@ -233,14 +269,22 @@ def _make_examples(run: Runner, chunks: list[list[Document]], report: Reporter
     return merged, tokens
 
 
-def _write_shards(run: Runner, arrays: dict[str, np.ndarray], shards: int, seed: int,
-                  out: Output, report: Reporter) -> list[int]:
+def _write_shards(
+    run: Runner,
+    arrays: dict[str, np.ndarray],
+    shards: int,
+    seed: int,
+    out: Output,
+    report: Reporter,
+) -> list[int]:
     """Shuffle all examples with the seed; shard sizes differ by at most one."""
     total = len(arrays["input_ids"])
     gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(2,))))
     parts = np.array_split(gen.permutation(total), shards)
-    tasks = ((str(out.temp_path(k)), {key: a[rows] for key, a in arrays.items()})
-             for k, rows in enumerate(parts))
+    tasks = (
+        (str(out.temp_path(k)), {key: a[rows] for key, a in arrays.items()})
+        for k, rows in enumerate(parts)
+    )
     # Each written shard is fsync'd by a thread here while the next one is made: waiting for
     # the disk does not hold up a worker, and the file system batches concurrent syncs.
     with ThreadPoolExecutor(4, thread_name_prefix="fsync") as syncs:
@@ -253,8 +297,15 @@ def _write_shards(run: Runner, arrays: dict[str, np.ndarray], shards: int, seed:
     return [len(p) for p in parts]
 
 
-def _manifest(out: Output, counts: list[int], tokens: int, s: ExampleSettings, lower_case: bool,
-              vocab: Vocab, sources: list[corpus_mod.SourceInfo]) -> dict[str, Any]:
+def _manifest(
+    out: Output,
+    counts: list[int],
+    tokens: int,
+    s: ExampleSettings,
+    lower_case: bool,
+    vocab: Vocab,
+    sources: list[corpus_mod.SourceInfo],
+) -> dict[str, Any]:
     from trainmaster import __version__
 
     return {
@@ -263,8 +314,9 @@ def _manifest(out: Output, counts: list[int], tokens: int, s: ExampleSettings, l
         "created_by": f"trainmaster {__version__}",
         "name": out.name,
         "examples": sum(counts),
-        "shards": [{"file": p.name, "examples": c} for p, c in zip(out.final_paths(), counts,
-                                                                    strict=True)],
+        "shards": [
+            {"file": p.name, "examples": c} for p, c in zip(out.final_paths(), counts, strict=True)
+        ],
         "input_tokens": tokens,
         "seq_len": s.seq_len,
         "max_pred": s.max_pred,

@@ -66,9 +66,15 @@ class LineReporter(Reporter):
 class RichReporter(Reporter):
     def __init__(self, console: Console | None = None) -> None:
         self._progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-            console=console or Console(stderr=True), transient=False)
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console or Console(stderr=True),
+            transient=False,
+        )
         self._task: TaskID | None = None
         self._tokens = 0
         self._start = time.monotonic()
@@ -85,8 +91,9 @@ class RichReporter(Reporter):
             return
         self._tokens += tokens
         rate = self._tokens / max(time.monotonic() - self._start, 1e-9)
-        self._progress.update(self._task, advance=steps,
-                              rate=f"{rate:,.0f} tokens/s" if self._tokens else "")
+        self._progress.update(
+            self._task, advance=steps, rate=f"{rate:,.0f} tokens/s" if self._tokens else ""
+        )
 
     def close(self) -> None:
         self._progress.stop()

@@ -56,9 +56,11 @@ def temp_name(final: str) -> str:
 
 def list_shards(folder: Path) -> list[Path]:
     """Shards in their natural order (…_2 before …_10), as NVIDIA's loader sorts them."""
+
     def key(p: Path) -> tuple[str, int]:
         m = _SHARD_NAME.match(p.name)
         return (m["name"], int(m["k"])) if m else (p.name, -1)
+
     return sorted((p for p in folder.glob(SHARD_GLOB) if p.is_file()), key=key)
 
 
@@ -97,15 +99,23 @@ def write_shard(path: Path, arrays: dict[str, np.ndarray], *, durable: bool = Tr
             data = np.ascontiguousarray(arrays[key], dtype=DTYPES[key])
             row_bytes = max(1, data[0].nbytes if n else 1)
             rows = max(1, min(n, _CHUNK_BYTES // row_bytes))
-            ds = f.create_dataset(key, shape=data.shape, dtype=data.dtype,
-                                  chunks=(rows, *data.shape[1:]), compression="gzip",
-                                  compression_opts=GZIP_LEVEL, shuffle=True, track_times=False)
+            ds = f.create_dataset(
+                key,
+                shape=data.shape,
+                dtype=data.dtype,
+                chunks=(rows, *data.shape[1:]),
+                compression="gzip",
+                compression_opts=GZIP_LEVEL,
+                shuffle=True,
+                track_times=False,
+            )
             tail = (0,) * (data.ndim - 1)
             for start in range(0, n, rows):
-                block = data[start:start + rows]
+                block = data[start : start + rows]
                 if len(block) < rows:
-                    block = np.concatenate([block, np.zeros((rows - len(block), *data.shape[1:]),
-                                                            data.dtype)])
+                    block = np.concatenate(
+                        [block, np.zeros((rows - len(block), *data.shape[1:]), data.dtype)]
+                    )
                 ds.id.write_direct_chunk((start, *tail), _encode_chunk(block))
     if durable:
         fsync_path(path)

@@ -56,8 +56,10 @@ def inspect(folder: str | Path, examples: int = 3) -> Stats:
     root = Path(folder)
     files = fmt.list_shards(root) if root.is_dir() else []
     if not files:
-        raise DataError("no shards here (files matching *_training_*.hdf5); give the dataset's "
-                        "folder", where=str(root))
+        raise DataError(
+            "no shards here (files matching *_training_*.hdf5); give the dataset's folder",
+            where=str(root),
+        )
     try:
         manifest = fmt.read_manifest(root)
     except (ValueError, UnicodeDecodeError):
@@ -69,19 +71,23 @@ def inspect(folder: str | Path, examples: int = 3) -> Stats:
         try:
             f = h5py.File(path, "r")
         except OSError as exc:
-            raise DataError(f"cannot open as HDF5 ({exc}); run `trainmaster data verify`",
-                            where=str(path)) from exc
+            raise DataError(
+                f"cannot open as HDF5 ({exc}); run `trainmaster data verify`", where=str(path)
+            ) from exc
         with f:
             missing = [k for k in fmt.KEYS if k not in f]
             if missing:
-                raise DataError(f"missing {', '.join(missing)}; run `trainmaster data verify`",
-                                where=str(path))
+                raise DataError(
+                    f"missing {', '.join(missing)}; run `trainmaster data verify`", where=str(path)
+                )
             n, st.seq_len = f["input_ids"].shape
             st.max_pred = f["masked_lm_positions"].shape[1]
             st.per_shard[path.name] = n
             for start in range(0, n, BLOCK_ROWS):
-                b = {k: np.asarray(f[k][start:start + BLOCK_ROWS]).astype(np.int64)
-                     for k in fmt.KEYS}
+                b = {
+                    k: np.asarray(f[k][start : start + BLOCK_ROWS]).astype(np.int64)
+                    for k in fmt.KEYS
+                }
                 used = b["masked_lm_positions"] != 0
                 inside = np.clip(b["masked_lm_positions"], 0, st.seq_len - 1)  # damaged shards too
                 shown = np.take_along_axis(b["input_ids"], inside, 1)
@@ -112,14 +118,24 @@ def _decode(b: dict[str, np.ndarray], r: int, shard: str, row: int, e: Expect) -
     original = shown.copy()
     used = b["masked_lm_positions"][r] != 0
     original[b["masked_lm_positions"][r][used]] = b["masked_lm_ids"][r][used]
-    return Example(shard, row, detokenize(shown.tolist(), e), detokenize(original.tolist(), e),
-                   bool(b["next_sentence_labels"][r] == 1))
+    return Example(
+        shard,
+        row,
+        detokenize(shown.tolist(), e),
+        detokenize(original.tolist(), e),
+        bool(b["next_sentence_labels"][r] == 1),
+    )
 
 
 def detokenize(ids: list[int], e: Expect) -> str:
     """Tokens joined by spaces, ## pieces glued to their word; unknown ids as #ID."""
-    names = {e.special.cls: "[CLS]", e.special.sep: "[SEP]", e.special.mask: "[MASK]",
-             e.special.pad: "[PAD]", e.special.unk: "[UNK]"}
+    names = {
+        e.special.cls: "[CLS]",
+        e.special.sep: "[SEP]",
+        e.special.mask: "[MASK]",
+        e.special.pad: "[PAD]",
+        e.special.unk: "[UNK]",
+    }
     words: list[str] = []
     for i in ids:
         if e.tokens is not None and 0 <= i < len(e.tokens):

@@ -33,8 +33,11 @@ class Violation:
 
     def __str__(self) -> str:
         where = self.file or "(folder)"
-        return f"{where} row {self.row}: {self.message}" if self.row is not None \
+        return (
+            f"{where} row {self.row}: {self.message}"
+            if self.row is not None
             else f"{where}: {self.message}"
+        )
 
 
 def verify(folder: str | Path) -> list[Violation]:
@@ -53,11 +56,16 @@ def verify(folder: str | Path) -> list[Violation]:
         out.append(Violation(fmt.VOCAB, None, "vocab", problem))
     files = fmt.list_shards(root)
     if not files:
-        out.append(Violation("", None, "no-shards", "no shards (files matching "
-                             "*_training_*.hdf5)"))
+        out.append(Violation("", None, "no-shards", "no shards (files matching *_training_*.hdf5)"))
     for tmp in fmt.stray_temps(root):
-        out.append(Violation(tmp.name, None, "temp-file",
-                             "stray temporary file (left by an interrupted write); delete it"))
+        out.append(
+            Violation(
+                tmp.name,
+                None,
+                "temp-file",
+                "stray temporary file (left by an interrupted write); delete it",
+            )
+        )
     sizes: dict[str, int] = {}
     for path in files:
         n = _verify_shard(path, expect, out)
@@ -74,15 +82,28 @@ def _verify_shard(path: Path, expect: Expect, out: list[Violation]) -> int | Non
     try:
         f = h5py.File(path, "r")
     except OSError as exc:
-        out.append(Violation(name, None, "unreadable", f"cannot open as HDF5 ({exc}); the file is "
-                             "damaged or truncated: make it again"))
+        out.append(
+            Violation(
+                name,
+                None,
+                "unreadable",
+                f"cannot open as HDF5 ({exc}); the file is damaged or truncated: make it again",
+            )
+        )
         return None
     with f:
         try:
             shapes = _layout(f, name, out)
         except _DAMAGE as exc:
-            out.append(Violation(name, None, "unreadable", f"cannot read its layout ({exc}); the "
-                                 "file is damaged or truncated: make it again"))
+            out.append(
+                Violation(
+                    name,
+                    None,
+                    "unreadable",
+                    f"cannot read its layout ({exc}); the "
+                    "file is damaged or truncated: make it again",
+                )
+            )
             return None
         if shapes is None:
             return None
@@ -92,8 +113,15 @@ def _verify_shard(path: Path, expect: Expect, out: list[Violation]) -> int | Non
             try:
                 block = {k: np.asarray(f[k][sel]).astype(np.int64) for k in fmt.KEYS}
             except _DAMAGE as exc:
-                out.append(Violation(name, None, "unreadable", f"cannot read rows {sel.start}-"
-                                     f"{sel.stop - 1} ({exc}); the file is damaged or truncated"))
+                out.append(
+                    Violation(
+                        name,
+                        None,
+                        "unreadable",
+                        f"cannot read rows {sel.start}-"
+                        f"{sel.stop - 1} ({exc}); the file is damaged or truncated",
+                    )
+                )
                 return n
             for row, kind, message in check_block(block, expect):
                 out.append(Violation(name, start + row, kind, message))
@@ -107,46 +135,90 @@ def _layout(f: h5py.File, name: str, out: list[Violation]) -> dict[str, tuple[in
         if key not in f or not isinstance(f[key], h5py.Dataset):
             out.append(Violation(name, None, "missing-key", f"missing dataset '{key}'"))
         elif f[key].dtype.kind not in "iu":
-            out.append(Violation(name, None, "dtype", f"'{key}' has dtype {f[key].dtype}; ids, masks "
-                                 "and labels must be integers"))
+            out.append(
+                Violation(
+                    name,
+                    None,
+                    "dtype",
+                    f"'{key}' has dtype {f[key].dtype}; ids, masks and labels must be integers",
+                )
+            )
     if len(out) > before:
         return None
     shapes = {k: tuple(f[k].shape) for k in fmt.KEYS}
     n = shapes["input_ids"][0] if len(shapes["input_ids"]) == 2 else -1
-    want = {"input_ids": 2, "input_mask": 2, "segment_ids": 2, "masked_lm_positions": 2,
-            "masked_lm_ids": 2, "next_sentence_labels": 1}
+    want = {
+        "input_ids": 2,
+        "input_mask": 2,
+        "segment_ids": 2,
+        "masked_lm_positions": 2,
+        "masked_lm_ids": 2,
+        "next_sentence_labels": 1,
+    }
     for key, dims in want.items():
         if len(shapes[key]) != dims or shapes[key][0] != n:
-            out.append(Violation(name, None, "shape", f"'{key}' has shape {shapes[key]}; expected "
-                                 f"{dims} dimension(s) and {n} rows like input_ids"))
-    for a, b in (("input_mask", "input_ids"), ("segment_ids", "input_ids"),
-                 ("masked_lm_ids", "masked_lm_positions")):
+            out.append(
+                Violation(
+                    name,
+                    None,
+                    "shape",
+                    f"'{key}' has shape {shapes[key]}; expected "
+                    f"{dims} dimension(s) and {n} rows like input_ids",
+                )
+            )
+    for a, b in (
+        ("input_mask", "input_ids"),
+        ("segment_ids", "input_ids"),
+        ("masked_lm_ids", "masked_lm_positions"),
+    ):
         if shapes[a] != shapes[b] and len(out) == before:
-            out.append(Violation(name, None, "shape", f"'{a}' has shape {shapes[a]}, '{b}' has "
-                                 f"{shapes[b]}; they must match"))
+            out.append(
+                Violation(
+                    name,
+                    None,
+                    "shape",
+                    f"'{a}' has shape {shapes[a]}, '{b}' has {shapes[b]}; they must match",
+                )
+            )
     return shapes if len(out) == before else None
 
 
-def _against_manifest(manifest: dict[str, Any], files: list[Path], sizes: dict[str, int],
-                      out: list[Violation]) -> None:
+def _against_manifest(
+    manifest: dict[str, Any], files: list[Path], sizes: dict[str, int], out: list[Violation]
+) -> None:
     listed = manifest.get("shards")
     if not isinstance(listed, list):
         out.append(Violation(fmt.MANIFEST, None, "manifest", "has no 'shards' list"))
         return
     names = [str(s.get("file")) for s in listed if isinstance(s, dict)]
     if len(listed) != len(files):
-        out.append(Violation(fmt.MANIFEST, None, "shard-count", f"lists {len(listed)} shards, "
-                             f"the folder has {len(files)}"))
+        out.append(
+            Violation(
+                fmt.MANIFEST,
+                None,
+                "shard-count",
+                f"lists {len(listed)} shards, the folder has {len(files)}",
+            )
+        )
     present = {p.name for p in files}
     for entry in listed:
         if not isinstance(entry, dict):
             continue
         file, count = str(entry.get("file")), entry.get("examples")
         if file not in present:
-            out.append(Violation(fmt.MANIFEST, None, "shard-missing", f"lists {file}, which is "
-                                 "not in the folder"))
+            out.append(
+                Violation(
+                    fmt.MANIFEST, None, "shard-missing", f"lists {file}, which is not in the folder"
+                )
+            )
         elif file in sizes and sizes[file] != count:
-            out.append(Violation(file, None, "shard-size", f"has {sizes[file]} examples, "
-                                 f"dataset.json says {count}"))
+            out.append(
+                Violation(
+                    file,
+                    None,
+                    "shard-size",
+                    f"has {sizes[file]} examples, dataset.json says {count}",
+                )
+            )
     for extra in sorted(present - set(names)):
         out.append(Violation(extra, None, "shard-extra", "is not listed in dataset.json"))

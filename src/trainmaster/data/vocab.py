@@ -89,16 +89,25 @@ def parse_vocab(text: str, source: str) -> Vocab:
     seen: dict[str, int] = {}
     for i, tok in enumerate(tokens):
         if tok in seen and tok:
-            raise DataError(f"line {i + 1} repeats the token {tok!r} of line {seen[tok] + 1}; "
-                            "each token must appear once", where=source)
+            raise DataError(
+                f"line {i + 1} repeats the token {tok!r} of line {seen[tok] + 1}; "
+                "each token must appear once",
+                where=source,
+            )
         seen.setdefault(tok, i)
     missing = [t for t in SPECIAL_TOKENS if t not in seen]
     if missing:
-        raise DataError(f"vocabulary lacks {', '.join(missing)}; a BERT vocab.txt needs all of "
-                        f"{' '.join(SPECIAL_TOKENS)} (one per line)", where=source)
+        raise DataError(
+            f"vocabulary lacks {', '.join(missing)}; a BERT vocab.txt needs all of "
+            f"{' '.join(SPECIAL_TOKENS)} (one per line)",
+            where=source,
+        )
     if seen[PAD] != 0:
-        raise DataError(f"[PAD] is on line {seen[PAD] + 1}, but shards pad with id 0: "
-                        "put [PAD] on the first line", where=source)
+        raise DataError(
+            f"[PAD] is on line {seen[PAD] + 1}, but shards pad with id 0: "
+            "put [PAD] on the first line",
+            where=source,
+        )
     return Vocab(tokens, source)
 
 
@@ -107,22 +116,26 @@ def load_vocab(path: str | os.PathLike[str]) -> Vocab:
     try:
         raw = p.read_bytes()
     except OSError as exc:
-        raise DataError(f"cannot read the vocabulary ({exc.strerror}); pass an existing "
-                        "vocab.txt to --vocab", where=str(p)) from exc
+        raise DataError(
+            f"cannot read the vocabulary ({exc.strerror}); pass an existing vocab.txt to --vocab",
+            where=str(p),
+        ) from exc
     try:
         if b"\0" in raw:
             raise UnicodeDecodeError("utf-8", raw, raw.index(b"\0"), raw.index(b"\0") + 1, "NUL")
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataError("not a text vocabulary (binary or not UTF-8); pass a BERT vocab.txt",
-                        where=str(p)) from exc
+        raise DataError(
+            "not a text vocabulary (binary or not UTF-8); pass a BERT vocab.txt", where=str(p)
+        ) from exc
     return parse_vocab(text, str(p))
 
 
 def bert_normalizer(lower_case: bool) -> normalizers.Normalizer:
     # strip_accents=None follows lower_case, as Google's BERT tokenizer does.
-    return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                      strip_accents=None, lowercase=lower_case)
+    return normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lower_case
+    )
 
 
 def hf_tokenizer(vocab: Vocab, lower_case: bool) -> Tokenizer:
@@ -152,8 +165,9 @@ def _continuation_tokens(lines: list[str], lower_case: bool) -> list[str]:
     return [CONTINUATION + c for c in sorted(chars) if not _is_split_char(c)]
 
 
-def train_vocab(lines: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
-                lower_case: bool = True) -> Vocab:
+def train_vocab(
+    lines: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE, lower_case: bool = True
+) -> Vocab:
     """Train a WordPiece vocabulary on text lines; the same lines give the same vocab.
 
     The trainer counts words, so the line structure does not matter, only the words. It may
@@ -165,8 +179,12 @@ def train_vocab(lines: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
     tok.normalizer = bert_normalizer(lower_case)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     trainer = trainers.WordPieceTrainer(
-        vocab_size=max(vocab_size, len(initial)), min_frequency=2, show_progress=False,
-        special_tokens=initial, continuing_subword_prefix=CONTINUATION)
+        vocab_size=max(vocab_size, len(initial)),
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=initial,
+        continuing_subword_prefix=CONTINUATION,
+    )
     tok.train_from_iterator(_batches(text), trainer, length=len(text))
     by_id = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
     if [i for _, i in by_id] != list(range(len(by_id))):  # the trainer numbers densely
@@ -176,4 +194,4 @@ def train_vocab(lines: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE,
 
 def _batches(lines: list[str], size: int = 1000) -> Iterator[list[str]]:
     for i in range(0, len(lines), size):
-        yield lines[i:i + size]
+        yield lines[i : i + size]

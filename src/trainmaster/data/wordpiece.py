@@ -35,8 +35,11 @@ _CACHE_LIMIT = 2_000_000  # distinct words; bounds memory on huge corpora
 
 def _plain_punctuation(c: str) -> bool:
     """Punctuation the normaliser leaves alone (curly quotes, dashes): a word of its own."""
-    return (unicodedata.category(c).startswith("P") and c.lower() == c
-            and unicodedata.normalize("NFD", c) == c)
+    return (
+        unicodedata.category(c).startswith("P")
+        and c.lower() == c
+        and unicodedata.normalize("NFD", c) == c
+    )
 
 
 class Encoder:
@@ -79,20 +82,25 @@ class Encoder:
         return True
 
     @staticmethod
-    def _grow(starts: np.ndarray, lens: np.ndarray, pieces: np.ndarray, new: list[list[int]]
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _grow(
+        starts: np.ndarray, lens: np.ndarray, pieces: np.ndarray, new: list[list[int]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The CSR table with one entry per item of new appended (a copy)."""
         n = np.fromiter(map(len, new), dtype=np.int64, count=len(new))
         at = len(pieces) + np.cumsum(n) - n
         flat = np.fromiter(chain.from_iterable(new), dtype=np.int32, count=int(n.sum()))
-        return (np.concatenate([starts, at]), np.concatenate([lens, n]),
-                np.concatenate([pieces, flat]))
+        return (
+            np.concatenate([starts, at]),
+            np.concatenate([lens, n]),
+            np.concatenate([pieces, flat]),
+        )
 
     def _add(self, words: list[str], pieces: list[list[int]]) -> None:
         first = len(self._starts)
         self._index.update(zip(words, range(first, first + len(words)), strict=True))
-        self._starts, self._lens, self._pieces = self._grow(self._starts, self._lens,
-                                                            self._pieces, pieces)
+        self._starts, self._lens, self._pieces = self._grow(
+            self._starts, self._lens, self._pieces, pieces
+        )
 
     def encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of all sentences, concatenated (int32), and each sentence's length."""
@@ -102,8 +110,9 @@ class Encoder:
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
         text = "\n".join(sentences)
         unsure: list[int] = []
-        if not (text.isascii() and not _UNSURE.search(text)
-                and text.count("\n") == len(sentences) - 1):
+        if not (
+            text.isascii() and not _UNSURE.search(text) and text.count("\n") == len(sentences) - 1
+        ):
             # A sentence with a "\n" of its own goes to HF too (it is whitespace there).
             unsure = [k for k, s in enumerate(sentences) if "\n" in s or not self._fast(s)]
             if unsure:
@@ -113,8 +122,9 @@ class Encoder:
                 text = "\n".join(batch)
         all_words = self._words.findall(text.lower() if self.lower_case else text)
         index = self._index
-        wid = np.fromiter(map(index.get, all_words, repeat(-1)), dtype=np.int64,
-                          count=len(all_words))
+        wid = np.fromiter(
+            map(index.get, all_words, repeat(-1)), dtype=np.int64, count=len(all_words)
+        )
         boundary = np.flatnonzero(wid == _BOUNDARY)
         counts = np.diff(np.concatenate([[-1], boundary, [len(wid)]])) - 1  # words per sentence
         missing = np.flatnonzero(wid < 0)

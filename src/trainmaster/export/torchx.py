@@ -42,23 +42,36 @@ def _escape(text: str) -> str:
 def script(cfg: JobConfig) -> str:
     """The role's `bash -c` script, macros in TorchX's spelling."""
     run = RunPaths(Storage(Path(cfg.kubernetes.mount)).run_dir(cfg.job.name))
-    cmd = torchrun.command(cfg, torchrun.Rendezvous("c10d", _ENDPOINT, run_id=_ID), job_file=str(run.job_toml),
-                           storage=cfg.kubernetes.mount, python="python", workdir=WORKSPACE_DIR)
+    cmd = torchrun.command(
+        cfg,
+        torchrun.Rendezvous("c10d", _ENDPOINT, run_id=_ID),
+        job_file=str(run.job_toml),
+        storage=cfg.kubernetes.mount,
+        python="python",
+        workdir=WORKSPACE_DIR,
+    )
     toml = jobfile.render(cfg, f"resolved job {cfg.job.name} (trainmaster export torchx)")
     q = shlex.quote
     tmp = f"{run.dir}/.job.toml.@TRAINMASTER_REPLICA@"
-    text = "\n".join([
-        "set -eu",
-        f"mkdir -p {q(str(run.dir))}",
-        f"cat > {q(tmp)} <<'{_TOML_END}'",
-        toml.rstrip("\n"),
-        _TOML_END,
-        f"mv -f {q(tmp)} {q(str(run.job_toml))}",
-        "exec " + shlex.join(cmd),
-    ]) + "\n"
+    text = (
+        "\n".join(
+            [
+                "set -eu",
+                f"mkdir -p {q(str(run.dir))}",
+                f"cat > {q(tmp)} <<'{_TOML_END}'",
+                toml.rstrip("\n"),
+                _TOML_END,
+                f"mv -f {q(tmp)} {q(str(run.job_toml))}",
+                "exec " + shlex.join(cmd),
+            ]
+        )
+        + "\n"
+    )
     text = _escape(text)
     # The endpoint's host is expanded by bash at run time: double quotes, not single.
-    text = re.sub(rf"'?--rdzv-endpoint={_ENDPOINT}'?", f'"--rdzv-endpoint=$$${{rank0_env}}:{C10D_PORT}"', text)
+    text = re.sub(
+        rf"'?--rdzv-endpoint={_ENDPOINT}'?", f'"--rdzv-endpoint=$$${{rank0_env}}:{C10D_PORT}"', text
+    )
     return text.replace(_ID, "${app_id}").replace("@TRAINMASTER_REPLICA@", "${replica_id}")
 
 

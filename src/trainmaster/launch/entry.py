@@ -61,8 +61,19 @@ def target_argv(entrypoint: str) -> list[str]:
 
 def program_args(cfg: JobConfig, *, job_file: str, storage: str, workdir: str) -> list[str]:
     """What torchrun runs on each worker for a custom entrypoint (module docstring)."""
-    return ["-m", MODULE, "--job", job_file, "--storage", storage, "--workdir", workdir,
-            "--", *target_argv(cfg.job.entrypoint), *cfg.job.args]
+    return [
+        "-m",
+        MODULE,
+        "--job",
+        job_file,
+        "--storage",
+        storage,
+        "--workdir",
+        workdir,
+        "--",
+        *target_argv(cfg.job.entrypoint),
+        *cfg.job.args,
+    ]
 
 
 def check_local(cfg: JobConfig, cwd: Path) -> None:
@@ -83,17 +94,22 @@ def check_local(cfg: JobConfig, cwd: Path) -> None:
         finally:
             sys.path[:] = saved
         if not found:
-            raise ConfigError(f"no module {top!r} importable from {cwd} (the folder `launch` runs "
-                              "in); install it or launch from the folder that holds it",
-                              where="job.entrypoint")
+            raise ConfigError(
+                f"no module {top!r} importable from {cwd} (the folder `launch` runs "
+                "in); install it or launch from the folder that holds it",
+                where="job.entrypoint",
+            )
         return
     path = cwd / Path(target[0]).expanduser()
     if not path.is_file():
-        raise ConfigError(f"no such file {path}; paths are relative to the folder `launch` runs in "
-                          f"({cwd})", where="job.entrypoint")
+        raise ConfigError(
+            f"no such file {path}; paths are relative to the folder `launch` runs in ({cwd})",
+            where="job.entrypoint",
+        )
 
 
 # --- the shim, on every worker -----------------------------------------------------------------
+
 
 def _write_json(path: Path, data: dict[str, object]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -112,12 +128,19 @@ def _starts(run: RunPaths, run_id: str) -> int:
         old = json.loads(run.rank0.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return 1
-    if isinstance(old, dict) and run_id and old.get("run_id") == run_id and isinstance(old.get("starts"), int):
+    if (
+        isinstance(old, dict)
+        and run_id
+        and old.get("run_id") == run_id
+        and isinstance(old.get("starts"), int)
+    ):
         return int(old["starts"]) + 1
     return 1
 
 
-def prepare(run: RunPaths, storage: str, environ: dict[str, str] | os._Environ[str] = os.environ) -> int:
+def prepare(
+    run: RunPaths, storage: str, environ: dict[str, str] | os._Environ[str] = os.environ
+) -> int:
     """Environment, folders, rank log and rank 0's files; returns the rank."""
     for folder in (run.checkpoints, run.tensorboard, run.logs):
         folder.mkdir(parents=True, exist_ok=True)
@@ -131,12 +154,20 @@ def prepare(run: RunPaths, storage: str, environ: dict[str, str] | os._Environ[s
     if rank == 0:
         pod = environ.get("POD_NAME") or environ.get("HOSTNAME") or socket.gethostname()
         starts = _starts(run, environ.get("TORCHELASTIC_RUN_ID", ""))
-        _write_json(run.rank0, {
-            "host": socket.gethostname(), "pod": pod, "pid": os.getpid(),
-            "node_rank": int(environ.get("GROUP_RANK", "0") or 0),
-            "local_rank": int(environ.get("LOCAL_RANK", "0") or 0),
-            "run_id": environ.get("TORCHELASTIC_RUN_ID", ""), "starts": starts,
-            "restarts": starts - 1, "started_at": time.time()})
+        _write_json(
+            run.rank0,
+            {
+                "host": socket.gethostname(),
+                "pod": pod,
+                "pid": os.getpid(),
+                "node_rank": int(environ.get("GROUP_RANK", "0") or 0),
+                "local_rank": int(environ.get("LOCAL_RANK", "0") or 0),
+                "run_id": environ.get("TORCHELASTIC_RUN_ID", ""),
+                "starts": starts,
+                "restarts": starts - 1,
+                "started_at": time.time(),
+            },
+        )
         # The Kubernetes backend finds rank 0's pod by this exact line (backends/kubernetes/status.py).
         print(f"trainmaster: rank 0 on pod {pod}", flush=True)
     return rank
@@ -161,13 +192,22 @@ def _summary(run: RunPaths, target: list[str]) -> None:
     with contextlib.suppress(OSError, ValueError):
         rank0 = json.loads(run.rank0.read_text(encoding="utf-8"))
     restarts = rank0.get("restarts", 0) if isinstance(rank0, dict) else 0
-    _write_json(run.summary, {"status": "completed", "entrypoint": " ".join(target),
-                              "restarts": restarts, "finished_at": time.time()})
+    _write_json(
+        run.summary,
+        {
+            "status": "completed",
+            "entrypoint": " ".join(target),
+            "restarts": restarts,
+            "finished_at": time.time(),
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=f"python -m {MODULE}",
-                                description="Run a custom job.entrypoint as one worker of a job.")
+    p = argparse.ArgumentParser(
+        prog=f"python -m {MODULE}",
+        description="Run a custom job.entrypoint as one worker of a job.",
+    )
     p.add_argument("--job", required=True, help="the run's job.toml (STORAGE/runs/JOB/job.toml)")
     p.add_argument("--storage", required=True, help="storage root")
     p.add_argument("--workdir", required=True, help="where relative scripts and modules are found")

@@ -71,18 +71,33 @@ def rdzv_conf(cfg: JobConfig) -> str:
     return ",".join(f"{k}={v}" for k, v in conf.items())
 
 
-def program_args(cfg: JobConfig, *, job_file: str, storage: str, workdir: str | None = None) -> list[str]:
+def program_args(
+    cfg: JobConfig, *, job_file: str, storage: str, workdir: str | None = None
+) -> list[str]:
     """The worker program: the built-in trainer (job.args appended), or a custom job.entrypoint
     through launch/entry.py's shim, which gives it the run folder's environment and files.
     workdir: where a custom script's relative path and modules are found (default: here)."""
     if entry.is_builtin(cfg):
         return ["-m", TRAIN_MODULE, "--job", job_file, "--storage", storage, *cfg.job.args]
-    return entry.program_args(cfg, job_file=job_file, storage=storage,
-                              workdir=workdir or os.getcwd())
+    return entry.program_args(
+        cfg, job_file=job_file, storage=storage, workdir=workdir or os.getcwd()
+    )
 
 
-def command(cfg: JobConfig, rdzv: Rendezvous, *, job_file: str, storage: str,
-            python: str = "python3", workdir: str | None = None) -> list[str]:
+def command(
+    cfg: JobConfig,
+    rdzv: Rendezvous,
+    *,
+    job_file: str,
+    storage: str,
+    python: str = "python3",
+    workdir: str | None = None,
+) -> list[str]:
     """The full command line of one node's agent."""
-    return [python, "-m", "torch.distributed.run", *torchrun_args(cfg, rdzv),
-            *program_args(cfg, job_file=job_file, storage=storage, workdir=workdir)]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        *torchrun_args(cfg, rdzv),
+        *program_args(cfg, job_file=job_file, storage=storage, workdir=workdir),
+    ]

@@ -36,8 +36,13 @@ class Progress:
         return min(1.0, self.step / self.max_steps) if self.max_steps else 0.0
 
 
-def progress(rows: list[dict[str, Any]], max_steps: int, phase: str, wall_s: float,
-             price: history.Price | None) -> Progress:
+def progress(
+    rows: list[dict[str, Any]],
+    max_steps: int,
+    phase: str,
+    wall_s: float,
+    price: history.Price | None,
+) -> Progress:
     """Pure: where a job stands, from its metrics rows and wall time."""
     step = int(rows[-1]["step"]) if rows else 0
     eta = None
@@ -84,7 +89,9 @@ def render(p: Progress) -> str:
     return line
 
 
-def progress_of_run(run: RunPaths, st: state.RunState | None, max_steps: int | None) -> Progress | None:
+def progress_of_run(
+    run: RunPaths, st: state.RunState | None, max_steps: int | None
+) -> Progress | None:
     cfg = history.read_config(run)
     rows = runinfo.read_metrics(run.metrics)
     max_steps = max_steps or runinfo.max_steps_of(cfg, rows)

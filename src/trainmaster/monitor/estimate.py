@@ -45,8 +45,15 @@ DEFAULT_NODES = "2,4,16,64"
 MAX_NODES = 100_000
 SIZES = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
 # What must match for a rate measured on one job to stand for another.
-SAME_SHAPE = ("model", "data.seq_len", "data.max_pred", "train.precision", "train.batch_size",
-              "job.nproc_per_node", "instance type")
+SAME_SHAPE = (
+    "model",
+    "data.seq_len",
+    "data.max_pred",
+    "train.precision",
+    "train.batch_size",
+    "job.nproc_per_node",
+    "instance type",
+)
 
 
 @dataclass(frozen=True)
@@ -96,8 +103,11 @@ def parse_nodes(text: str) -> list[int]:
     for part in text.split(","):
         part = part.strip()
         if not part.isdigit() or not 1 <= int(part) <= MAX_NODES:
-            raise UserError(f"{part!r} is not a node count; give whole numbers from 1 to "
-                            f"{MAX_NODES:,} separated by commas, e.g. {DEFAULT_NODES}", where="--nodes")
+            raise UserError(
+                f"{part!r} is not a node count; give whole numbers from 1 to "
+                f"{MAX_NODES:,} separated by commas, e.g. {DEFAULT_NODES}",
+                where="--nodes",
+            )
         counts.add(int(part))
     return sorted(counts)
 
@@ -126,10 +136,15 @@ def scaling_for(instance: str) -> tuple[catalog.Scaling, bool]:
 
 def shape_of(cfg: JobConfig) -> dict[str, Any]:
     m = cfg.model
-    return {"model": tuple(m.size(k) for k in SIZES), "data.seq_len": cfg.data.seq_len,
-            "data.max_pred": cfg.data.max_pred, "train.precision": cfg.train.precision,
-            "train.batch_size": cfg.train.batch_size, "job.nproc_per_node": cfg.job.nproc_per_node,
-            "instance type": cfg.derived.instance.name}
+    return {
+        "model": tuple(m.size(k) for k in SIZES),
+        "data.seq_len": cfg.data.seq_len,
+        "data.max_pred": cfg.data.max_pred,
+        "train.precision": cfg.train.precision,
+        "train.batch_size": cfg.train.batch_size,
+        "job.nproc_per_node": cfg.job.nproc_per_node,
+        "instance type": cfg.derived.instance.name,
+    }
 
 
 def published_rate(cfg: JobConfig) -> Rate:
@@ -139,16 +154,23 @@ def published_rate(cfg: JobConfig) -> Rate:
     fix = "give --rate SEQ_PER_S_PER_NODE, --from-run JOB or --measure"
     if figure is None:
         known = ", ".join(catalog.BERT_LARGE_PHASE1)
-        raise UserError(f"no published training rate for {inst} (published: {known}); {fix}",
-                        where="--rate")
+        raise UserError(
+            f"no published training rate for {inst} (published: {known}); {fix}", where="--rate"
+        )
     large = tuple(MODEL_PRESETS["bert-large"][k] for k in SIZES)
     if shape_of(cfg)["model"] != large or cfg.data.seq_len != 128:
-        raise UserError(f"the published {inst} rate is BERT-large phase 1 (seq 128); this job "
-                        f"trains {cfg.model.preset or 'a custom model'} at seq {cfg.data.seq_len}; "
-                        f"{fix}", where="--rate")
+        raise UserError(
+            f"the published {inst} rate is BERT-large phase 1 (seq 128); this job "
+            f"trains {cfg.model.preset or 'a custom model'} at seq {cfg.data.seq_len}; "
+            f"{fix}",
+            where="--rate",
+        )
     if cfg.train.precision != figure.precision:
-        raise UserError(f"the published {inst} rate is for {figure.precision} training; this job "
-                        f"trains in {cfg.train.precision}; {fix}", where="--rate")
+        raise UserError(
+            f"the published {inst} rate is for {figure.precision} training; this job "
+            f"trains in {cfg.train.precision}; {fix}",
+            where="--rate",
+        )
     return Rate(figure.seq_per_s, "published", f"{figure.setup}; {figure.source}")
 
 
@@ -166,47 +188,73 @@ def rate_of_run(store: Storage, job: str, cfg: JobConfig, basis: str = "measured
     summary = runinfo.read_json(run.summary) or {}
     avg, world = summary.get("avg_seq_per_s"), summary.get("world_size")
     if not isinstance(avg, (int, float)) or avg <= 0 or not isinstance(world, int):
-        raise UserError(f"run {job} has no summary.json with a rate ({run.summary}): it has not "
-                        "finished; wait for it, or use --measure", where="--from-run")
+        raise UserError(
+            f"run {job} has no summary.json with a rate ({run.summary}): it has not "
+            "finished; wait for it, or use --measure",
+            where="--from-run",
+        )
     ran = history.read_config(run)
     if ran is None:
         raise UserError(f"run {job} has no readable job.toml ({run.job_toml})", where="--from-run")
     mine, theirs = shape_of(cfg), shape_of(ran)
     diffs = [f"{k} {theirs[k]} vs {mine[k]}" for k in SAME_SHAPE if mine[k] != theirs[k]]
     if diffs:
-        raise UserError(f"run {job} is shaped differently from this job ({'; '.join(diffs)}), so "
-                        "its rate does not apply; measure this job (--measure) or give --rate",
-                        where="--from-run")
+        raise UserError(
+            f"run {job} is shaped differently from this job ({'; '.join(diffs)}), so "
+            "its rate does not apply; measure this job (--measure) or give --rate",
+            where="--from-run",
+        )
     nodes = max(1, world // ran.job.nproc_per_node)
     inst = ran.derived.instance.name
-    where = ("on this machine (local nodes share it)" if inst == "cpu" else f"on {inst}")
+    where = "on this machine (local nodes share it)" if inst == "cpu" else f"on {inst}"
     steps = summary.get("steps_this_run", summary.get("steps"))
-    return Rate(per_node(float(avg), nodes, inst), basis,
-                f"run {job}: {float(avg):,.2f} seq/s average over {steps} steps (the first left "
-                f"out) on {nodes} node(s) x {ran.job.nproc_per_node} worker(s) {where}")
+    return Rate(
+        per_node(float(avg), nodes, inst),
+        basis,
+        f"run {job}: {float(avg):,.2f} seq/s average over {steps} steps (the first left "
+        f"out) on {nodes} node(s) x {ran.job.nproc_per_node} worker(s) {where}",
+    )
 
 
-def measure(job_file: Path, overrides: list[str], cfg: JobConfig, store: Storage, steps: int,
-            say: Callable[[str], None] = print) -> Rate:
+def measure(
+    job_file: Path,
+    overrides: list[str],
+    cfg: JobConfig,
+    store: Storage,
+    steps: int,
+    say: Callable[[str], None] = print,
+) -> Rate:
     """Run the job here for `steps` steps (`trainmaster launch --follow`, a subprocess, in a
     temporary storage root reading the job's dataset) and return the rate it measured; `say`
     announces the run once the job is checked."""
     if cfg.derived.instance.name != "cpu":
-        raise UserError(f"--measure runs the job on this machine, but it is a {cfg.job.backend} "
-                        f"job on {cfg.derived.instance.name}: a rate measured here says nothing "
-                        "about that; leave the rate to the catalog, or give --rate or --from-run",
-                        where="--measure")
+        raise UserError(
+            f"--measure runs the job on this machine, but it is a {cfg.job.backend} "
+            f"job on {cfg.derived.instance.name}: a rate measured here says nothing "
+            "about that; leave the rate to the catalog, or give --rate or --from-run",
+            where="--measure",
+        )
     dataset = dataset_path(store, cfg.data.dataset).resolve()
     if not any(dataset.glob(SHARD_GLOB)):  # said here, before a launch that names a temp folder
-        raise UserError(f"no {SHARD_GLOB} shards in {dataset} to measure with; make them with "
-                        "`trainmaster data prepare`, or point --storage at the storage root that "
-                        "holds them", where="data.dataset")
-    say(f"measuring: {steps} steps of {cfg.job.name} here ({cfg.job.nnodes} node(s) x "
-        f"{cfg.job.nproc_per_node} worker(s))...")
+        raise UserError(
+            f"no {SHARD_GLOB} shards in {dataset} to measure with; make them with "
+            "`trainmaster data prepare`, or point --storage at the storage root that "
+            "holds them",
+            where="data.dataset",
+        )
+    say(
+        f"measuring: {steps} steps of {cfg.job.name} here ({cfg.job.nnodes} node(s) x "
+        f"{cfg.job.nproc_per_node} worker(s))..."
+    )
     with tempfile.TemporaryDirectory(prefix="trainmaster-estimate-") as tmp:
-        sets = [*overrides, f"job.storage={json.dumps(tmp)}", 'job.backend="local"',
-                f"data.dataset={json.dumps(str(dataset))}", f"train.max_steps={steps}",
-                "train.warmup_steps=0"]
+        sets = [
+            *overrides,
+            f"job.storage={json.dumps(tmp)}",
+            'job.backend="local"',
+            f"data.dataset={json.dumps(str(dataset))}",
+            f"train.max_steps={steps}",
+            "train.warmup_steps=0",
+        ]
         cmd = [sys.executable, "-m", "trainmaster", "launch", str(job_file), "--follow"]
         for s in sets:
             cmd += ["--set", s]
@@ -226,8 +274,9 @@ def measure(job_file: Path, overrides: list[str], cfg: JobConfig, store: Storage
                 raise UserError(f"the measuring run refused the job: {last}", where="--measure")
             raise JobFailed(f"the measuring run failed (exit {done.returncode}): {last}")
         rate = rate_of_run(Storage(Path(tmp)), cfg.job.name, cfg, "measured here")
-    return dataclasses.replace(rate, source=rate.source.replace(f"run {cfg.job.name}:",
-                                                                "a run here:", 1))
+    return dataclasses.replace(
+        rate, source=rate.source.replace(f"run {cfg.job.name}:", "a run here:", 1)
+    )
 
 
 def estimate(cfg: JobConfig, rate: Rate, nodes: list[int]) -> Estimate:
@@ -249,18 +298,37 @@ def estimate(cfg: JobConfig, rate: Rate, nodes: list[int]) -> Estimate:
         accum = t.global_batch_size // per_step if t.global_batch_size % per_step == 0 else None
         notes = []
         if accum is None:
-            notes.append(f"does not run as is: global batch {t.global_batch_size:,} is not a "
-                         f"multiple of batch_size {t.batch_size} x {workers:,} workers")
+            notes.append(
+                f"does not run as is: global batch {t.global_batch_size:,} is not a "
+                f"multiple of batch_size {t.batch_size} x {workers:,} workers"
+            )
         mine = t.global_batch_size / workers
         below = n > 1 and mine < sc.reference_per_worker(n)
         rate_n = rate.per_node * n * eff
         time_s = sequences / rate_n
         node_hours = n * time_s / 3600.0
-        rows.append(Row(n, workers, accum, mine, below, eff, basis, rate_n, time_s, node_hours,
-                        node_hours * price.per_node_hour, tuple(notes)))
-    scaling = (f"published for {inst.name}: {sc.setup}; {sc.source}" if own else
-               f"assumed: no published multi-node figure for {inst.name}, so trn1.32xlarge's is "
-               f"used ({sc.setup}; {sc.source})")
+        rows.append(
+            Row(
+                n,
+                workers,
+                accum,
+                mine,
+                below,
+                eff,
+                basis,
+                rate_n,
+                time_s,
+                node_hours,
+                node_hours * price.per_node_hour,
+                tuple(notes),
+            )
+        )
+    scaling = (
+        f"published for {inst.name}: {sc.setup}; {sc.source}"
+        if own
+        else f"assumed: no published multi-node figure for {inst.name}, so trn1.32xlarge's is "
+        f"used ({sc.setup}; {sc.source})"
+    )
     assumptions = (
         f"sequences to train = max_steps {t.max_steps:,} x global batch {t.global_batch_size:,} "
         f"= {sequences:,}, the same on every node count (accumulation is derived)",
@@ -274,11 +342,25 @@ def estimate(cfg: JobConfig, rate: Rate, nodes: list[int]) -> Estimate:
         "nodes; cost is the on-demand list price x node-hours (no storage, network, control "
         "plane), not a bill",
     )
-    price_source = ("[cluster] price_per_hour of the job file" if price.source != "catalog" else
-                    f"catalog: EC2 on-demand list price of {inst.name}, us-east-1, Linux"
-                    + (" (a generic CPU host, m7i.8xlarge-sized)" if inst.name == "cpu" else ""))
-    return Estimate(cfg.job.name, inst.name, t.max_steps, t.global_batch_size, sequences, rate,
-                    scaling, price.per_node_hour, price_source, tuple(rows), assumptions)
+    price_source = (
+        "[cluster] price_per_hour of the job file"
+        if price.source != "catalog"
+        else f"catalog: EC2 on-demand list price of {inst.name}, us-east-1, Linux"
+        + (" (a generic CPU host, m7i.8xlarge-sized)" if inst.name == "cpu" else "")
+    )
+    return Estimate(
+        cfg.job.name,
+        inst.name,
+        t.max_steps,
+        t.global_batch_size,
+        sequences,
+        rate,
+        scaling,
+        price.per_node_hour,
+        price_source,
+        tuple(rows),
+        assumptions,
+    )
 
 
 def _reference(sc: catalog.Scaling) -> str:

@@ -34,15 +34,21 @@ def find_run(store: Storage, job: str) -> RunPaths:
         return run
     runs = store.root / "runs"
     known = sorted(p.name for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
-    raise UserError(f"no job {job!r} under {runs} (jobs: {', '.join(known) or 'none'}); "
-                    "check --storage or `trainmaster list`", where="JOB")
+    raise UserError(
+        f"no job {job!r} under {runs} (jobs: {', '.join(known) or 'none'}); "
+        "check --storage or `trainmaster list`",
+        where="JOB",
+    )
 
 
 def metrics_or_fail(run: RunPaths, job: str) -> list[dict[str, Any]]:
     rows = [r for r in runinfo.read_metrics(run.metrics) if isinstance(r, dict) and "step" in r]
     if not rows:
-        raise UserError(f"job {job} has no metrics yet ({run.metrics.name} has no step): it has "
-                        f"not finished its first step; see `trainmaster status {job}`", where="JOB")
+        raise UserError(
+            f"job {job} has no metrics yet ({run.metrics.name} has no step): it has "
+            f"not finished its first step; see `trainmaster status {job}`",
+            where="JOB",
+        )
     return rows
 
 
@@ -69,7 +75,7 @@ def step_s(rows: list[dict[str, Any]]) -> float | None:
     (it includes start-up and compilation)."""
     if not rows:
         return None
-    seg = segments(rows)[-1][-(RECENT_STEPS + 1):]
+    seg = segments(rows)[-1][-(RECENT_STEPS + 1) :]
     if len(seg) >= 2:
         t0, t1 = _num(seg[0].get("elapsed_s")), _num(seg[-1].get("elapsed_s"))
         steps = int(seg[-1]["step"]) - int(seg[0]["step"])
@@ -79,7 +85,9 @@ def step_s(rows: list[dict[str, Any]]) -> float | None:
     return t if t else None
 
 
-def wall_s(st: state.RunState | None, rows: list[dict[str, Any]], now: float | None = None) -> float:
+def wall_s(
+    st: state.RunState | None, rows: list[dict[str, Any]], now: float | None = None
+) -> float:
     """Wall time of the run: launch to end (or now) when state.json says, else from metrics."""
     if st is not None and st.started_at is not None:
         end = st.finished_at or (now if now is not None else time.time())
@@ -119,8 +127,9 @@ class Price:
         return self.per_hour * seconds / 3600.0
 
     def basis(self) -> str:
-        return (f"{self.nodes} x {self.instance} at ${self.per_node_hour:.2f}/node-hour "
-                f"({self.source})")
+        return (
+            f"{self.nodes} x {self.instance} at ${self.per_node_hour:.2f}/node-hour ({self.source})"
+        )
 
 
 def price_of(cfg: JobConfig | None, nodes: int | None = None) -> Price | None:

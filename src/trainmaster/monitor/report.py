@@ -31,8 +31,15 @@ NOT_PLOTTED = frozenset({"step", "elapsed_s", "max_steps", "mlm_loss", "nsp_loss
 LABELS = {"tokens_per_s": "throughput (tokens/s)"}
 Box = tuple[int, int, int, int]  # x0, y0, x1, y1 in image pixels, origin top-left
 # Light colours: the bar's labels stay readable, and nothing is mistaken for a panel's curve.
-COLOURS = {"startup": "#c8c8c8", "compile": "#ffd480", "productive": "#90d890", "lost": "#f4a3a3",
-           "checkpoint": "#a6cee3", "restart": "#f6c1dd", "other": "#ececec"}
+COLOURS = {
+    "startup": "#c8c8c8",
+    "compile": "#ffd480",
+    "productive": "#90d890",
+    "lost": "#f4a3a3",
+    "checkpoint": "#a6cee3",
+    "restart": "#f6c1dd",
+    "other": "#ececec",
+}
 NAMES = {"productive": "useful steps", "lost": "steps lost"}
 
 
@@ -63,25 +70,43 @@ class Report:
 
     def rows(self) -> list[tuple[str, str]]:
         """(field, value) pairs: what the CLI prints as a table."""
+
         def num(v: float | None, fmt: str) -> str:
             return "-" if v is None else format(v, fmt)
 
-        steps = ("-" if self.steps is None else f"{self.steps}") + (f" / {self.max_steps}" if self.max_steps else "")
-        mfu = (f"{self.mfu:.1%}" if self.mfu is not None else
-               "n/a (no peak TFLOP/s known for this device; set TRAINMASTER_PEAK_TFLOPS)")
-        spent = (f"{cost.money(self.cost)}  ({self.price.basis()} x {self.wall_s / 3600:.3f} h)"
-                 if self.cost is not None and self.price else "n/a (no readable job.toml)")
-        return [("job", self.job), ("phase", self.phase), ("steps", steps),
-                ("wall time", cost.duration(self.wall_s)),
-                ("average seq/s", num(self.avg_seq_per_s, ".2f")),
-                ("peak seq/s", num(self.peak_seq_per_s, ".2f")), ("MFU", mfu),
-                ("restarts", str(self.restarts)), *self.goodput_rows(),
-                ("compile cache", self.compile_cache),
-                ("final loss", num(self.final_loss, ".4f")),
-                ("estimated cost" + (" so far" if self.phase in ("pending", "running") else ""), spent),
-                ("plot", str(self.png) if self.png else
-                 "none: no metrics.jsonl rows (a custom script writes them with trainmaster.api.log_metrics)")]
-
+        steps = ("-" if self.steps is None else f"{self.steps}") + (
+            f" / {self.max_steps}" if self.max_steps else ""
+        )
+        mfu = (
+            f"{self.mfu:.1%}"
+            if self.mfu is not None
+            else "n/a (no peak TFLOP/s known for this device; set TRAINMASTER_PEAK_TFLOPS)"
+        )
+        spent = (
+            f"{cost.money(self.cost)}  ({self.price.basis()} x {self.wall_s / 3600:.3f} h)"
+            if self.cost is not None and self.price
+            else "n/a (no readable job.toml)"
+        )
+        return [
+            ("job", self.job),
+            ("phase", self.phase),
+            ("steps", steps),
+            ("wall time", cost.duration(self.wall_s)),
+            ("average seq/s", num(self.avg_seq_per_s, ".2f")),
+            ("peak seq/s", num(self.peak_seq_per_s, ".2f")),
+            ("MFU", mfu),
+            ("restarts", str(self.restarts)),
+            *self.goodput_rows(),
+            ("compile cache", self.compile_cache),
+            ("final loss", num(self.final_loss, ".4f")),
+            ("estimated cost" + (" so far" if self.phase in ("pending", "running") else ""), spent),
+            (
+                "plot",
+                str(self.png)
+                if self.png
+                else "none: no metrics.jsonl rows (a custom script writes them with trainmaster.api.log_metrics)",
+            ),
+        ]
 
     def goodput_rows(self) -> list[tuple[str, str]]:
         g = self.goodput
@@ -96,9 +121,14 @@ class Report:
             out.append((f"  {NAMES.get(kind, kind)}", text))
         s = self.saves
         if s and s.get("count"):
-            out.append(("checkpoint saves", f"{s['count']}, {s['total_s']:.2f} s writing (max "
-                        f"{s['max_s']:.2f} s, {s['mb_per_s']} MB/s) in the background; training "
-                        f"waited {s['blocked_s']:.2f} s"))
+            out.append(
+                (
+                    "checkpoint saves",
+                    f"{s['count']}, {s['total_s']:.2f} s writing (max "
+                    f"{s['max_s']:.2f} s, {s['mb_per_s']} MB/s) in the background; training "
+                    f"waited {s['blocked_s']:.2f} s",
+                )
+            )
         return out
 
 
@@ -127,37 +157,54 @@ def summarize(run: RunPaths, job: str, rows: list[dict[str, Any]]) -> Report:
     ended = (st.finished_at or time.time()) if st and st.started_at else None
     g = goodput.breakdown(events, launched_at=launched, ended_at=ended)
     return Report(
-        job=job, phase=phase, steps=int(rows[-1]["step"]) if rows else None,
+        job=job,
+        phase=phase,
+        steps=int(rows[-1]["step"]) if rows else None,
         max_steps=runinfo.max_steps_of(cfg, rows),
         wall_s=history.wall_s(st, rows),
         avg_seq_per_s=_mean(_floats(steady, "seq_per_s")),
         peak_seq_per_s=max(_floats(rows, "seq_per_s"), default=None),
         mfu=_mean(_floats(steady, "mfu")),
-        restarts=int(restarts), compile_cache=str(summary.get("compile_cache", "-")),
-        final_loss=float(rows[-1]["loss"]) if rows and isinstance(rows[-1].get("loss"), (int, float)) else None,
-        price=history.price_of(cfg, st.nnodes if st else None), png=run.report_png if rows else None,
-        goodput=g.to_json() if g else summary.get("goodput"), spans=g.spans if g else (),
-        saves=goodput.save_stats(events, launched_at=launched) if events else summary.get("checkpoint_saves"))
+        restarts=int(restarts),
+        compile_cache=str(summary.get("compile_cache", "-")),
+        final_loss=float(rows[-1]["loss"])
+        if rows and isinstance(rows[-1].get("loss"), (int, float))
+        else None,
+        price=history.price_of(cfg, st.nnodes if st else None),
+        png=run.report_png if rows else None,
+        goodput=g.to_json() if g else summary.get("goodput"),
+        spans=g.spans if g else (),
+        saves=goodput.save_stats(events, launched_at=launched)
+        if events
+        else summary.get("checkpoint_saves"),
+    )
 
 
 def panels_for(rows: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
     """Three panels: the built-in trainer's (loss, lr, seq/s) where the rows have them, the
     rest filled with the numeric values a custom script logged, in the order first seen."""
+
     def numeric(key: str) -> bool:
-        return any(isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) for r in rows)
+        return any(
+            isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) for r in rows
+        )
 
     chosen = [(k, label) for k, label in PANELS if numeric(k)]
     known = {k for k, _ in PANELS}
-    extra = list(dict.fromkeys(k for r in rows for k in r
-                               if k not in NOT_PLOTTED and k not in known and numeric(k)))
-    chosen += [(k, LABELS.get(k, k)) for k in extra[:len(PANELS) - len(chosen)]]
+    extra = list(
+        dict.fromkeys(
+            k for r in rows for k in r if k not in NOT_PLOTTED and k not in known and numeric(k)
+        )
+    )
+    chosen += [(k, LABELS.get(k, k)) for k in extra[: len(PANELS) - len(chosen)]]
     taken = {k for k, _ in chosen}
-    chosen += [p for p in PANELS if p[0] not in taken][:len(PANELS) - len(chosen)]  # empty ones
+    chosen += [p for p in PANELS if p[0] not in taken][: len(PANELS) - len(chosen)]  # empty ones
     return tuple(chosen)
 
 
-def plot(rows: list[dict[str, Any]], path: Path, title: str,
-         spans: tuple[goodput.Span, ...] = ()) -> tuple[Box, ...]:
+def plot(
+    rows: list[dict[str, Any]], path: Path, title: str, spans: tuple[goodput.Span, ...] = ()
+) -> tuple[Box, ...]:
     """Write the three panels (and the goodput timeline, given its spans) to `path`
     (atomically); return each panel's plot area in pixels, the timeline's last."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -166,23 +213,36 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str,
     fig = Figure(figsize=(8, 11 if spans else 9), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     panels = panels_for(rows)
-    every = fig.subplots(len(panels) + bool(spans), 1,
-                         height_ratios=[3] * len(panels) + [1] * bool(spans))
-    axes = every[:len(panels)]
+    every = fig.subplots(
+        len(panels) + bool(spans), 1, height_ratios=[3] * len(panels) + [1] * bool(spans)
+    )
+    axes = every[: len(panels)]
     for ax in axes[1:]:
         ax.sharex(axes[0])
     for ax in axes[:-1]:
         ax.tick_params(labelbottom=False)  # one step axis, under the last panel
     restarts = [int(seg[0]["step"]) for seg in history.segments(rows)[1:]]
     for ax, (key, label) in zip(axes, panels, strict=True):
-        pts = [(int(r["step"]), float(r[key])) for r in rows if isinstance(r.get(key), (int, float))]
+        pts = [
+            (int(r["step"]), float(r[key])) for r in rows if isinstance(r.get(key), (int, float))
+        ]
         if pts:
             xs, ys = zip(*pts, strict=True)
-            ax.plot(xs, ys, color="C0", linewidth=1.5, marker="." if len(pts) < 50 else None,
-                    label=label)
+            ax.plot(
+                xs,
+                ys,
+                color="C0",
+                linewidth=1.5,
+                marker="." if len(pts) < 50 else None,
+                label=label,
+            )
         if key == "loss":
             for part, color in (("mlm_loss", "C1"), ("nsp_loss", "C2")):
-                sub = [(int(r["step"]), float(r[part])) for r in rows if isinstance(r.get(part), (int, float))]
+                sub = [
+                    (int(r["step"]), float(r[part]))
+                    for r in rows
+                    if isinstance(r.get(part), (int, float))
+                ]
                 if sub:
                     ax.plot(*zip(*sub, strict=True), color=color, linewidth=0.8, label=part)
             ax.legend(loc="upper right", fontsize="small")
@@ -215,16 +275,21 @@ def _timeline(ax: Any, spans: tuple[goodput.Span, ...]) -> None:
         mine = [(s.start, s.end - s.start) for s in spans if s.kind == kind]
         total = sum(d for _, d in mine)
         if mine:
-            ax.broken_barh(mine, (0.15, 0.7), facecolors=COLOURS[kind],
-                           label=f"{NAMES.get(kind, kind)} {total:.1f} s ({total / wall:.0%})")
+            ax.broken_barh(
+                mine,
+                (0.15, 0.7),
+                facecolors=COLOURS[kind],
+                label=f"{NAMES.get(kind, kind)} {total:.1f} s ({total / wall:.0%})",
+            )
     ax.set_xlim(0, wall)
     ax.set_ylim(0, 1)
     ax.set_yticks([])
     ax.set_xlabel("seconds since launch")
     useful = sum(s.end - s.start for s in spans if s.kind == "productive")
     ax.set_title(f"goodput {useful / wall:.1%}: where the wall time went", fontsize="medium")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, fontsize="small",
-              frameon=False)
+    ax.legend(
+        loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, fontsize="small", frameon=False
+    )
 
 
 def make_report(store: Storage, job: str) -> Report:

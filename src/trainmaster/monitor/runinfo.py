@@ -26,8 +26,11 @@ def run_paths(store: Storage, job: str) -> RunPaths:
     run = RunPaths(store.run_dir(job))
     if not run.state.exists():
         known = ", ".join(list_jobs(store)) or "none"
-        raise UserError(f"no job {job!r} under {store.root / 'runs'} (jobs: {known}); "
-                        "check --storage or `trainmaster list`", where="JOB")
+        raise UserError(
+            f"no job {job!r} under {store.root / 'runs'} (jobs: {known}); "
+            "check --storage or `trainmaster list`",
+            where="JOB",
+        )
     return run
 
 
@@ -100,11 +103,21 @@ def status(store: Storage, job: str) -> Status:
     eta = None
     timed = [r for r in rows if _is_num(r.get("elapsed_s"))]
     if last and max_steps and len(timed) >= 2 and st.phase == "running":
-        per_step = (timed[-1]["elapsed_s"] - timed[0]["elapsed_s"]) / max(1, timed[-1]["step"] - timed[0]["step"])
+        per_step = (timed[-1]["elapsed_s"] - timed[0]["elapsed_s"]) / max(
+            1, timed[-1]["step"] - timed[0]["step"]
+        )
         eta = max(0.0, per_step) * max(0, max_steps - int(last["step"]))
-    return Status(st, last, read_json(run.summary), read_json(run.rank0),
-                  workers(st) if st.phase == "running" else [], max_steps, eta,
-                  watchdog.read_hangs(run.hangs), len(preempt.read(run.preemptions)))
+    return Status(
+        st,
+        last,
+        read_json(run.summary),
+        read_json(run.rank0),
+        workers(st) if st.phase == "running" else [],
+        max_steps,
+        eta,
+        watchdog.read_hangs(run.hangs),
+        len(preempt.read(run.preemptions)),
+    )
 
 
 HANGS_SHOWN = 4
@@ -115,8 +128,10 @@ def hang_lines(s: Status) -> list[str]:
     the stuck one, and its peers waiting for it in a collective)."""
     lines = [f"hang: {h.describe()} (stacks in logs/{h.dump})" for h in s.hangs[-HANGS_SHOWN:]]
     if lines:
-        lines.append(f"hung workers exit for a restart from the last checkpoint; {len(s.hangs)} "
-                     "hang report(s) in this run (hangs.jsonl)")
+        lines.append(
+            f"hung workers exit for a restart from the last checkpoint; {len(s.hangs)} "
+            "hang report(s) in this run (hangs.jsonl)"
+        )
     return lines
 
 

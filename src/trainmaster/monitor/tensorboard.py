@@ -54,8 +54,10 @@ def check_port(host: str, port: int) -> None:
     if not 0 < port < 65536:
         raise UserError(f"{port} is not a TCP port (1-65535)", where="--port")
     if port_in_use(host, port):
-        raise UserError(f"port {port} on {host} is in use (another TensorBoard?); pick a free one "
-                        "with --port", where="--port")
+        raise UserError(
+            f"port {port} on {host} is in use (another TensorBoard?); pick a free one with --port",
+            where="--port",
+        )
 
 
 def logdir_args(store: Storage, job: str | None) -> tuple[list[str], str]:
@@ -67,14 +69,27 @@ def logdir_args(store: Storage, job: str | None) -> tuple[list[str], str]:
         return ["--logdir", str(runs.resolve())], f"every run under {runs}"
     run = history.find_run(store, job)
     if not run.tensorboard.is_dir() or not any(run.tensorboard.iterdir()):
-        raise UserError(f"job {job} has no TensorBoard events yet ({run.tensorboard}); it writes "
-                        f"them from its first step (see `trainmaster status {job}`)", where="JOB")
+        raise UserError(
+            f"job {job} has no TensorBoard events yet ({run.tensorboard}); it writes "
+            f"them from its first step (see `trainmaster status {job}`)",
+            where="JOB",
+        )
     return ["--logdir_spec", f"{job}:{run.tensorboard.resolve()}"], f"job {job}"
 
 
 def command(logdir: list[str], host: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "tensorboard.main", *logdir, "--host", host, "--port", str(port),
-            "--reload_interval", "5"]
+    return [
+        sys.executable,
+        "-m",
+        "tensorboard.main",
+        *logdir,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--reload_interval",
+        "5",
+    ]
 
 
 def _answers(url: str) -> bool:
@@ -91,15 +106,22 @@ def _tail(log: IO[bytes]) -> str:
     return " | ".join(lines[-3:]) or "no output"
 
 
-def wait_until_answers(proc: subprocess.Popen[bytes], url: str, log: IO[bytes], what: str,
-                       timeout_s: float = START_TIMEOUT_S) -> None:
+def wait_until_answers(
+    proc: subprocess.Popen[bytes],
+    url: str,
+    log: IO[bytes],
+    what: str,
+    timeout_s: float = START_TIMEOUT_S,
+) -> None:
     """Poll `url` until it answers 200; JobFailed if the process ends or time runs out."""
     end = time.monotonic() + timeout_s
     while not _answers(url):
         if proc.poll() is not None:
             raise JobFailed(f"{what} exited with code {proc.returncode}: {_tail(log)}")
         if time.monotonic() > end:
-            raise JobFailed(f"{what} did not answer at {url} within {timeout_s:.0f} s: {_tail(log)}")
+            raise JobFailed(
+                f"{what} did not answer at {url} within {timeout_s:.0f} s: {_tail(log)}"
+            )
         time.sleep(0.2)  # polling a server that is starting (bounded)
 
 
@@ -108,7 +130,9 @@ def _child(cmd: list[str]) -> Iterator[tuple[subprocess.Popen[bytes], IO[bytes]]
     """A child process with its output in a temporary file; stopped (TERM, then KILL) on exit,
     including when this process gets SIGTERM."""
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)  # even if inherited ignored
+    previous_int = signal.signal(
+        signal.SIGINT, signal.default_int_handler
+    )  # even if inherited ignored
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
@@ -139,24 +163,33 @@ def serve(cmd: list[str], url: str, probe: str, what: str, announce: Callable[[s
         raise JobFailed(f"{what} stopped with code {code}: {_tail(log)}")
 
 
-def serve_local(store: Storage, job: str | None, host: str, port: int,
-                announce: Callable[[str], None]) -> None:
+def serve_local(
+    store: Storage, job: str | None, host: str, port: int, announce: Callable[[str], None]
+) -> None:
     """Start TensorBoard, call `announce(url)` once it answers, block until Ctrl-C."""
     logdir, what = logdir_args(store, job)
     if importlib.util.find_spec("tensorboard") is None:
-        raise UserError("the tensorboard package is not installed: pip install tensorboard",
-                        where="tensorboard")
+        raise UserError(
+            "the tensorboard package is not installed: pip install tensorboard", where="tensorboard"
+        )
     check_port(host, port)
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
     url = f"http://{shown}:{port}/"
-    serve(command(logdir, host, port), f"{url}  ({what}; Ctrl-C stops it)", url,
-           "TensorBoard", announce)
+    serve(
+        command(logdir, host, port),
+        f"{url}  ({what}; Ctrl-C stops it)",
+        url,
+        "TensorBoard",
+        announce,
+    )
 
 
 def known_tags(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     """Scalar tags TensorBoard serves ({run: {tag: ...}}): what tests and scripts check."""
     import json
 
-    with urllib.request.urlopen(f"{url.rstrip('/')}/data/plugin/scalars/tags", timeout=timeout_s) as resp:
+    with urllib.request.urlopen(
+        f"{url.rstrip('/')}/data/plugin/scalars/tags", timeout=timeout_s
+    ) as resp:
         data = json.loads(resp.read())
     return data if isinstance(data, dict) else {}

@@ -70,7 +70,9 @@ def nvml_usage(pids: Iterable[int]) -> dict[int, GpuUse]:
             for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
                 if proc.pid in wanted:
                     used = proc.usedGpuMemory  # None when the driver does not say (containers)
-                    out[int(proc.pid)] = GpuUse(i, util, int(used) if used is not None else None, total)
+                    out[int(proc.pid)] = GpuUse(
+                        i, util, int(used) if used is not None else None, total
+                    )
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
@@ -114,16 +116,21 @@ def host_line() -> str:
     import psutil
 
     vm = psutil.virtual_memory()
-    return (f"host: CPU {psutil.cpu_percent(None):.0f}% of {psutil.cpu_count()} cores, memory "
-            f"{(vm.total - vm.available) / GIB:.1f}/{vm.total / GIB:.1f} GiB")
+    return (
+        f"host: CPU {psutil.cpu_percent(None):.0f}% of {psutil.cpu_count()} cores, memory "
+        f"{(vm.total - vm.available) / GIB:.1f}/{vm.total / GIB:.1f} GiB"
+    )
 
 
 def running_state(store: Storage, job: str) -> state.RunState:
     run = runinfo.run_paths(store, job)
     st = state.observed(run.state)
     if st.phase not in ("pending", "running"):
-        raise UserError(f"job {job} is {st.phase}: top shows the processes of a running job; "
-                        f"see `trainmaster report {job}`", where="JOB")
+        raise UserError(
+            f"job {job} is {st.phase}: top shows the processes of a running job; "
+            f"see `trainmaster report {job}`",
+            where="JOB",
+        )
     return st
 
 
@@ -142,20 +149,35 @@ def table(rows: list[Row], title: str, caption: str = "") -> Table:
     has_note = any(r.note for r in rows)
     if has_note:
         t.add_column("note")
-    for r in sorted(rows, key=lambda r: (r.node, r.rank if r.rank is not None else 1 << 30, r.device)):
-        cells = [r.node, "-" if r.rank is None else str(r.rank),
-                 "-" if r.local_rank is None else str(r.local_rank), str(r.pid or "-"),
-                 "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}", _gib(r.rss_bytes)]
+    for r in sorted(
+        rows, key=lambda r: (r.node, r.rank if r.rank is not None else 1 << 30, r.device)
+    ):
+        cells = [
+            r.node,
+            "-" if r.rank is None else str(r.rank),
+            "-" if r.local_rank is None else str(r.local_rank),
+            str(r.pid or "-"),
+            "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}",
+            _gib(r.rss_bytes),
+        ]
         if has_dev:
-            mem = (f"{_gib(r.dev_mem_used)} / {_gib(r.dev_mem_total)}" if r.dev_mem_total
-                   else _gib(r.dev_mem_used))
+            mem = (
+                f"{_gib(r.dev_mem_used)} / {_gib(r.dev_mem_total)}"
+                if r.dev_mem_total
+                else _gib(r.dev_mem_used)
+            )
             cells += [r.device or "-", "-" if r.util_pct is None else f"{r.util_pct:.0f}", mem]
         t.add_row(*cells, *([r.note] if has_note else []))
     return t
 
 
-def watch(sample: Callable[[], Table | None], once: bool, interval_s: float,
-          show: Callable[[Table], None], live: Any = None) -> None:
+def watch(
+    sample: Callable[[], Table | None],
+    once: bool,
+    interval_s: float,
+    show: Callable[[Table], None],
+    live: Any = None,
+) -> None:
     """Print one table (`once`), or refresh it in place until `sample` returns None (the job
     ended) or Ctrl-C. Each sample takes its own measurement window, so no extra wait is needed
     beyond `interval_s` for kubernetes, where sampling is an API call."""

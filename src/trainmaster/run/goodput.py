@@ -53,8 +53,11 @@ def record(path: Path, event: str, **fields: Any) -> None:
 
 def read(path: Path) -> list[dict[str, Any]]:
     """The events of a timeline file; a torn last line (a killed writer) is skipped."""
-    return [ev for ev in runlog.read_jsonl(path)
-            if isinstance(ev.get("t"), (int, float)) and "event" in ev]
+    return [
+        ev
+        for ev in runlog.read_jsonl(path)
+        if isinstance(ev.get("t"), (int, float)) and "event" in ev
+    ]
 
 
 def launched_at_from(environ: Mapping[str, str] = os.environ) -> float | None:
@@ -87,9 +90,13 @@ class Goodput:
 
     def to_json(self) -> dict[str, Any]:
         """summary.json's `goodput`: seconds per category, the ratio, the counts."""
-        return {"wall": round(self.wall, 3), **{k: round(v, 3) for k, v in self.seconds.items()},
-                "ratio": round(self.ratio, 4), "steps_lost": self.steps_lost,
-                "restarts": self.restarts}
+        return {
+            "wall": round(self.wall, 3),
+            **{k: round(v, 3) for k, v in self.seconds.items()},
+            "ratio": round(self.ratio, 4),
+            "steps_lost": self.steps_lost,
+            "restarts": self.restarts,
+        }
 
 
 @dataclass
@@ -107,7 +114,11 @@ def _attempts(events: Iterable[dict[str, Any]], launched: float | None) -> list[
     for ev in sorted(events, key=lambda e: float(e["t"])):
         if ev["event"] == "start":
             out.append(_Attempt(float(ev["t"]), int(ev.get("step", 0)), bool(ev.get("compiles"))))
-        elif out and ev["event"] in ("steps", "checkpoint") and isinstance(ev.get("end"), (int, float)):
+        elif (
+            out
+            and ev["event"] in ("steps", "checkpoint")
+            and isinstance(ev.get("end"), (int, float))
+        ):
             out[-1].items.append(ev)
     # An earlier launch of the same job (`launch --resume`) is not part of this one's wall time.
     return [a for a in out if launched is None or a.start >= launched]
@@ -129,8 +140,12 @@ def _steady(attempts: list[_Attempt]) -> dict[int, float | None]:
     return {i: statistics.median(xs) if xs else fallback for i, xs in own.items()}
 
 
-def breakdown(events: Iterable[dict[str, Any]], *, launched_at: float | None = None,
-              ended_at: float | None = None) -> Goodput | None:
+def breakdown(
+    events: Iterable[dict[str, Any]],
+    *,
+    launched_at: float | None = None,
+    ended_at: float | None = None,
+) -> Goodput | None:
     """Wall time from launch (default: the first trainer's start) to end (default: the last
     event) split into KINDS; None without a trainer start.
 
@@ -144,7 +159,9 @@ def breakdown(events: Iterable[dict[str, Any]], *, launched_at: float | None = N
     if not attempts:
         return None
     launch = launched_at if launched_at is not None else attempts[0].start
-    last_event = max([a.start for a in attempts] + [float(i["end"]) for a in attempts for i in a.items])
+    last_event = max(
+        [a.start for a in attempts] + [float(i["end"]) for a in attempts for i in a.items]
+    )
     end = ended_at if ended_at is not None else last_event
     steady = _steady(attempts)
     spans: list[Span] = []
@@ -159,7 +176,7 @@ def breakdown(events: Iterable[dict[str, Any]], *, launched_at: float | None = N
         cursor = max(cursor, t1)
 
     for i, a in enumerate(attempts):
-        redo_from = min((b.resumed for b in attempts[i + 1:]), default=None)
+        redo_from = min((b.resumed for b in attempts[i + 1 :]), default=None)
         stepping = False
         for item in a.items:
             put("other" if stepping else ("restart" if seen_step else "startup"), cursor, item["t"])
@@ -171,8 +188,11 @@ def breakdown(events: Iterable[dict[str, Any]], *, launched_at: float | None = N
             if not stepping and a.compiles and per is not None:
                 n = item["last"] - item["first"] + 1
                 put("compile", t0, t0 + max(0.0, (t1 - t0) - n * per))
-            lost = 0 if redo_from is None else max(0, min(item["last"] - item["first"] + 1,
-                                                          item["last"] - redo_from))
+            lost = (
+                0
+                if redo_from is None
+                else max(0, min(item["last"] - item["first"] + 1, item["last"] - redo_from))
+            )
             lost_steps += lost
             split = t1 - (t1 - max(t0, cursor)) * lost / (item["last"] - item["first"] + 1)
             put("productive", cursor, split)
@@ -185,7 +205,9 @@ def breakdown(events: Iterable[dict[str, Any]], *, launched_at: float | None = N
     return Goodput(max(0.0, end - launch), seconds, lost_steps, len(attempts) - 1, tuple(spans))
 
 
-def save_stats(events: Iterable[dict[str, Any]], *, launched_at: float | None = None) -> dict[str, Any]:
+def save_stats(
+    events: Iterable[dict[str, Any]], *, launched_at: float | None = None
+) -> dict[str, Any]:
     """summary.json's `checkpoint_saves`: the writes (background; MB/s over their time) and
     how long training stood still for them."""
     evs = [e for e in events if launched_at is None or e["t"] >= launched_at]
@@ -193,11 +215,15 @@ def save_stats(events: Iterable[dict[str, Any]], *, launched_at: float | None = 
     stalls = [e["end"] - e["t"] for e in evs if e["event"] == "checkpoint" and "end" in e]
     secs = [e["end"] - e["t"] for e in saves]
     total_bytes = sum(int(e.get("bytes", 0)) for e in saves)
-    return {"count": len(saves), "total_s": round(sum(secs), 3),
-            "max_s": round(max(secs), 3) if secs else None,
-            "mb": round(total_bytes / 1e6, 3),
-            "mb_per_s": round(total_bytes / 1e6 / sum(secs), 1) if secs and sum(secs) > 0 else None,
-            "blocked_s": round(sum(stalls), 3), "max_blocked_s": round(max(stalls), 3) if stalls else None}
+    return {
+        "count": len(saves),
+        "total_s": round(sum(secs), 3),
+        "max_s": round(max(secs), 3) if secs else None,
+        "mb": round(total_bytes / 1e6, 3),
+        "mb_per_s": round(total_bytes / 1e6 / sum(secs), 1) if secs and sum(secs) > 0 else None,
+        "blocked_s": round(sum(stalls), 3),
+        "max_blocked_s": round(max(stalls), 3) if stalls else None,
+    }
 
 
 def summary_fields(path: Path, step: int) -> dict[str, Any]:
@@ -208,5 +234,7 @@ def summary_fields(path: Path, step: int) -> dict[str, Any]:
     launched = launched_at_from()
     events = read(path)
     g = breakdown(events, launched_at=launched, ended_at=now)
-    return {"goodput": g.to_json() if g else None,
-            "checkpoint_saves": save_stats(events, launched_at=launched)}
+    return {
+        "goodput": g.to_json() if g else None,
+        "checkpoint_saves": save_stats(events, launched_at=launched),
+    }

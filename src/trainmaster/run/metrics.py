@@ -49,7 +49,9 @@ def _value(key: str, value: Any) -> Any:
     raise TypeError(f"log_metrics: {key}={value!r} is not a number or a string")
 
 
-def log_metrics(step: int, *, environ: Mapping[str, str] = os.environ, **values: Any) -> dict[str, Any] | None:
+def log_metrics(
+    step: int, *, environ: Mapping[str, str] = os.environ, **values: Any
+) -> dict[str, Any] | None:
     """Append {"step": step, **values} to metrics.jsonl on rank 0; returns the row written
     (None on other ranks). Outside a trainmaster run (no $TRAINMASTER_RUN_DIR) it writes
     ./metrics.jsonl, so a script also works when started by hand."""

@@ -143,7 +143,11 @@ def summary_of_attempt(path: Path, state: RunState) -> bool:
     except (OSError, ValueError):
         return False
     started = state.started_at if state.started_at is not None else state.created_at
-    return mtime >= started and isinstance(data, dict) and data.get("status") in ("completed", "stopped")
+    return (
+        mtime >= started
+        and isinstance(data, dict)
+        and data.get("status") in ("completed", "stopped")
+    )
 
 
 def stop_etcd(state: RunState) -> None:
@@ -162,12 +166,19 @@ def observed(path: Path) -> RunState:
     private etcd it left is stopped, and the correction is written back so every reader agrees.
     """
     state = read(path)
-    if state.phase in ("pending", "running") and not supervisor_alive(state) \
-            and not live_agents(state):
+    if (
+        state.phase in ("pending", "running")
+        and not supervisor_alive(state)
+        and not live_agents(state)
+    ):
         stop_etcd(state)
         if state.phase == "running" and summary_of_attempt(path, state):
-            return update(path, phase="succeeded", finished_at=time.time(),
-                          message="the supervisor is gone; the workers completed the run")
+            return update(
+                path,
+                phase="succeeded",
+                finished_at=time.time(),
+                message="the supervisor is gone; the workers completed the run",
+            )
         msg = "the supervisor and all node agents are gone without recording an end"
         return update(path, phase="failed", finished_at=time.time(), message=msg)
     return state

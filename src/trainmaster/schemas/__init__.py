@@ -68,8 +68,10 @@ def eksctl_validator() -> jsonschema.Draft7Validator:
 
 def errors_of(validator: jsonschema.Draft7Validator, obj: Any) -> list[str]:
     """Every violation as `path: message`, in document order."""
-    return [f"{_path(list(e.absolute_path))}: {e.message}"
-            for e in sorted(validator.iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])]
+    return [
+        f"{_path(list(e.absolute_path))}: {e.message}"
+        for e in sorted(validator.iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
+    ]
 
 
 def _path(parts: list[str | int]) -> str:
@@ -93,5 +95,8 @@ def check_objects(objects: list[dict[str, Any]]) -> None:
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
             first = " ".join(errors[0].split())  # one line, whatever the value held
             first = first if len(first) <= 240 else first[:237] + "..."
-            raise UserError(f"{key[1]} {name} does not match the Volcano CRD: {first}{more}; "
-                            "check the [kubernetes] section", where="launch --dry-run")
+            raise UserError(
+                f"{key[1]} {name} does not match the Volcano CRD: {first}{more}; "
+                "check the [kubernetes] section",
+                where="launch --dry-run",
+            )

@@ -27,12 +27,19 @@ DEFAULT_LOCK_WAIT_S = 600.0  # a trainer that takes the lock itself (Kubernetes)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m trainmaster.train",
-                                description="Train BERT (MLM + NSP) as one worker of a job.")
+    p = argparse.ArgumentParser(
+        prog="python -m trainmaster.train",
+        description="Train BERT (MLM + NSP) as one worker of a job.",
+    )
     p.add_argument("--job", required=True, help="the run's job.toml (STORAGE/runs/JOB/job.toml)")
-    p.add_argument("--storage", default=None, help="storage root (else job.storage, "
-                   "$TRAINMASTER_STORAGE, ./trainmaster-data)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (as train.compile)")
+    p.add_argument(
+        "--storage",
+        default=None,
+        help="storage root (else job.storage, $TRAINMASTER_STORAGE, ./trainmaster-data)",
+    )
+    p.add_argument(
+        "--compile", action="store_true", help="torch.compile the model (as train.compile)"
+    )
     return p.parse_args(argv)
 
 
@@ -94,10 +101,16 @@ def _use_cache(plan: preflight.Plan) -> lock.CacheLock | None:
     if plan.env.rank != 0:
         return None
     wait_s = float(os.environ.get(LOCK_WAIT_ENV) or DEFAULT_LOCK_WAIT_S)
-    return lock.for_worker(plan.compile_cache, job=plan.cfg.job.name, wait_s=wait_s,
-                           launcher_token=os.environ.get(cache.LOCK_ENV),
-                           on_wait=lambda h: print(f"waiting up to {wait_s:g} s for the compile "
-                                                   f"cache, in use by {h.describe()}", flush=True))
+    return lock.for_worker(
+        plan.compile_cache,
+        job=plan.cfg.job.name,
+        wait_s=wait_s,
+        launcher_token=os.environ.get(cache.LOCK_ENV),
+        on_wait=lambda h: print(
+            f"waiting up to {wait_s:g} s for the compile cache, in use by {h.describe()}",
+            flush=True,
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -96,21 +96,40 @@ class Staged:
     meta: dict[str, Any]
 
 
-def stage(*, step: int, rt: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer,
-          scheduler: LRScheduler, position: Position, meta: dict[str, Any],
-          private: bool = True) -> Staged | None:
+def stage(
+    *,
+    step: int,
+    rt: Runtime,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    position: Position,
+    meta: dict[str, Any],
+    private: bool = True,
+) -> Staged | None:
     """Collective: every rank calls it at the same step; rank 0 gets the checkpoint's content
     (private: copied, so that training may go on while it is written), the others None."""
     states = rt.all_gather_object(rank_state(rt, position), tag=f"ckpt-{step}")
     if rt.rank != 0:
         return None
     copy_of = snapshot if private else to_cpu
-    return Staged(step, copy_of(model.state_dict()),
-                  {"optimizer": copy_of(optimizer.state_dict()),
-                   "scheduler": copy.deepcopy(scheduler.state_dict()), "step": step},
-                  states,
-                  {"format": ckptdir.FORMAT, "step": step, **meta, "world_size": rt.world,
-                   "positions": [s["position"] for s in states]})
+    return Staged(
+        step,
+        copy_of(model.state_dict()),
+        {
+            "optimizer": copy_of(optimizer.state_dict()),
+            "scheduler": copy.deepcopy(scheduler.state_dict()),
+            "step": step,
+        },
+        states,
+        {
+            "format": ckptdir.FORMAT,
+            "step": step,
+            **meta,
+            "world_size": rt.world,
+            "positions": [s["position"] for s in states],
+        },
+    )
 
 
 def _save(obj: Any, path: Path) -> int:
@@ -139,12 +158,29 @@ def write(folder: Path, staged: Staged, keep: int) -> tuple[Path, int]:
     return final, size
 
 
-def save(folder: Path, *, step: int, rt: Runtime, model: nn.Module,
-         optimizer: torch.optim.Optimizer, scheduler: LRScheduler, position: Position,
-         meta: dict[str, Any], keep: int) -> Path | None:
+def save(
+    folder: Path,
+    *,
+    step: int,
+    rt: Runtime,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler,
+    position: Position,
+    meta: dict[str, Any],
+    keep: int,
+) -> Path | None:
     """Collective and synchronous (stage, then write): rank 0 returns the folder."""
-    staged = stage(step=step, rt=rt, model=model, optimizer=optimizer, scheduler=scheduler,
-                   position=position, meta=meta, private=False)
+    staged = stage(
+        step=step,
+        rt=rt,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        position=position,
+        meta=meta,
+        private=False,
+    )
     return None if staged is None else write(folder, staged, keep)[0]
 
 
@@ -181,7 +217,9 @@ def agree_on_resume(plan: Plan, rt: Runtime) -> Plan:
     path = plan.run.checkpoints / ckptdir.step_name(chosen)
     meta = ckptdir.read_meta(path)
     if meta is None:
-        raise UserError(f"rank 0 resumes from {path.name}, which rank {rt.rank} cannot read: "
-                        "the run folder must be shared storage seen by every node",
-                        where=str(path))
+        raise UserError(
+            f"rank 0 resumes from {path.name}, which rank {rt.rank} cannot read: "
+            "the run folder must be shared storage seen by every node",
+            where=str(path),
+        )
     return plan.resuming_from(ckptdir.Checkpoint(path, chosen, meta))

@@ -84,7 +84,9 @@ def check_owner(ckpt: Checkpoint, *, config_hash: str, job: str, folder: Path) -
         f"hash is {config_hash}: the model, data or schedule (model.*, data.*, train.lr, "
         f"optimizer, global_batch_size, max_steps, seed, precision) changed since. Run it with "
         f"the settings it was started with, give this configuration a new job.name, or delete "
-        f"{folder} to start this job from step 0", where=str(ckpt.path))
+        f"{folder} to start this job from step 0",
+        where=str(ckpt.path),
+    )
 
 
 def fsync_dir(folder: Path) -> None:

@@ -45,8 +45,9 @@ class Written:
 class BackgroundWriter:
     """Rank 0's writer of checkpoints, one thread per write, one write at a time."""
 
-    def __init__(self, folder: Path, keep: int,
-                 on_written: Callable[[Written], None] | None = None) -> None:
+    def __init__(
+        self, folder: Path, keep: int, on_written: Callable[[Written], None] | None = None
+    ) -> None:
         self.folder, self.keep, self.on_written = folder, keep, on_written
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -63,8 +64,9 @@ class BackgroundWriter:
         """Start writing `staged` once the previous write is done; returns without waiting."""
         self.wait()
         self._step = staged.step
-        self._thread = threading.Thread(target=self._write, args=(staged,),
-                                        name=f"checkpoint-writer-{staged.step}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._write, args=(staged,), name=f"checkpoint-writer-{staged.step}", daemon=True
+        )
         self._thread.start()
 
     def wait(self) -> None:

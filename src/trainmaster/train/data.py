@@ -23,9 +23,18 @@ from trainmaster.train.dataset import Position
 
 
 class ShardLoader:
-    def __init__(self, files: list[Path], *, rank: int, world: int, batch_size: int, seed: int,
-                 vocab_size: int, start: Position,
-                 first_shard: dict[str, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        files: list[Path],
+        *,
+        rank: int,
+        world: int,
+        batch_size: int,
+        seed: int,
+        vocab_size: int,
+        start: Position,
+        first_shard: dict[str, np.ndarray] | None = None,
+    ) -> None:
         self.files, self.rank, self.world = files, rank, world
         self.batch_size, self.seed, self.vocab_size = batch_size, seed, vocab_size
         self.start = start
@@ -37,8 +46,14 @@ class ShardLoader:
         self.shard_log: list[tuple[Position, str]] = []  # (position, file) of every shard opened
 
     def file_at(self, pos: Position) -> Path:
-        return dataset.file_for(self.files, seed=self.seed, epoch=pos.epoch, rnd=pos.round,
-                                rank=self.rank, world=self.world)
+        return dataset.file_for(
+            self.files,
+            seed=self.seed,
+            epoch=pos.epoch,
+            rnd=pos.round,
+            rank=self.rank,
+            world=self.world,
+        )
 
     def _load(self, pos: Position) -> dict[str, np.ndarray]:
         return dataset.load_shard(self.file_at(pos), self.vocab_size)
@@ -55,11 +70,14 @@ class ShardLoader:
             self.shard_log.append((pos, self.file_at(pos).name))
             tensors = {k: torch.from_numpy(v) for k, v in shard.items()}
             n = len(shard["input_ids"])
-            order = torch.from_numpy(dataset.sample_order(n, seed=self.seed, epoch=pos.epoch,
-                                                          rnd=pos.round, rank=self.rank))
+            order = torch.from_numpy(
+                dataset.sample_order(
+                    n, seed=self.seed, epoch=pos.epoch, rnd=pos.round, rank=self.rank
+                )
+            )
             offset = pos.offset
             while offset + self.batch_size <= n:
-                idx = order[offset:offset + self.batch_size]
+                idx = order[offset : offset + self.batch_size]
                 offset += self.batch_size
                 with self._lock:
                     self._pending.append(Position(pos.epoch, pos.round, offset))

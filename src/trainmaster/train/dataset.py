@@ -61,9 +61,12 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _damaged(path: Path, exc: BaseException) -> DataError:
-    return DataError(f"cannot read the shard ({_first_line(exc)}): it is truncated or corrupt; "
-                     "re-create it (trainmaster data prepare) or copy it again, and check the "
-                     "folder with `trainmaster data verify`", where=str(path))
+    return DataError(
+        f"cannot read the shard ({_first_line(exc)}): it is truncated or corrupt; "
+        "re-create it (trainmaster data prepare) or copy it again, and check the "
+        "folder with `trainmaster data verify`",
+        where=str(path),
+    )
 
 
 def check_header(path: Path, seq_len: int, max_pred: int) -> int:
@@ -72,8 +75,11 @@ def check_header(path: Path, seq_len: int, max_pred: int) -> int:
         with h5py.File(path, "r") as f:
             missing = [k for k in KEYS if k not in f]
             if missing:
-                raise DataError(f"not a BERT pretraining shard: lacks {', '.join(missing)} "
-                                f"(needs {', '.join(KEYS)})", where=str(path))
+                raise DataError(
+                    f"not a BERT pretraining shard: lacks {', '.join(missing)} "
+                    f"(needs {', '.join(KEYS)})",
+                    where=str(path),
+                )
             shapes = {k: tuple(f[k].shape) for k in KEYS}
             kinds = {k: f[k].dtype.kind for k in KEYS}
     except DataError:
@@ -82,52 +88,79 @@ def check_header(path: Path, seq_len: int, max_pred: int) -> int:
         raise _damaged(path, exc) from exc
     bad = [k for k, kind in kinds.items() if kind not in "iu"]
     if bad:
-        raise DataError(f"{', '.join(bad)} must hold integers (found {kinds[bad[0]]!r} data)",
-                        where=str(path))
+        raise DataError(
+            f"{', '.join(bad)} must hold integers (found {kinds[bad[0]]!r} data)", where=str(path)
+        )
     n, s = shapes["input_ids"][0], shapes["input_ids"][-1]
     if len(shapes["input_ids"]) != 2 or s != seq_len:
-        raise ConfigError(f"{seq_len}, but the shards hold sequences of {s} tokens "
-                          f"({path.name} in {path.parent}); set data.seq_len = {s} or use shards "
-                          f"made with --seq-len {seq_len}", where="data.seq_len")
+        raise ConfigError(
+            f"{seq_len}, but the shards hold sequences of {s} tokens "
+            f"({path.name} in {path.parent}); set data.seq_len = {s} or use shards "
+            f"made with --seq-len {seq_len}",
+            where="data.seq_len",
+        )
     p = shapes["masked_lm_positions"][-1]
     if len(shapes["masked_lm_positions"]) != 2 or p != max_pred:
-        raise ConfigError(f"{max_pred}, but the shards have {p} prediction slots per sequence "
-                          f"({path.name} in {path.parent}); set data.max_pred = {p}",
-                          where="data.max_pred")
-    expected = {"input_mask": (n, s), "segment_ids": (n, s), "masked_lm_positions": (n, p),
-                "masked_lm_ids": (n, p), "next_sentence_labels": (n,)}
+        raise ConfigError(
+            f"{max_pred}, but the shards have {p} prediction slots per sequence "
+            f"({path.name} in {path.parent}); set data.max_pred = {p}",
+            where="data.max_pred",
+        )
+    expected = {
+        "input_mask": (n, s),
+        "segment_ids": (n, s),
+        "masked_lm_positions": (n, p),
+        "masked_lm_ids": (n, p),
+        "next_sentence_labels": (n,),
+    }
     for key, shape in expected.items():
         if shapes[key] != shape and not (key == "next_sentence_labels" and shapes[key] == (n, 1)):
-            raise DataError(f"{key} has shape {shapes[key]}, expected {shape} to match "
-                            f"input_ids {shapes['input_ids']}", where=str(path))
+            raise DataError(
+                f"{key} has shape {shapes[key]}, expected {shape} to match "
+                f"input_ids {shapes['input_ids']}",
+                where=str(path),
+            )
     return int(n)
 
 
 def list_files(folder: Path) -> list[Path]:
     if not folder.is_dir():
-        raise DataError("no such dataset folder; make it with `trainmaster data prepare "
-                        f"--builtin pydoc --output {folder}` or fix data.dataset", where=str(folder))
+        raise DataError(
+            "no such dataset folder; make it with `trainmaster data prepare "
+            f"--builtin pydoc --output {folder}` or fix data.dataset",
+            where=str(folder),
+        )
     return fmt.list_shards(folder)
 
 
-def check_dataset(folder: Path, *, seq_len: int, max_pred: int, world: int,
-                  batch_size: int) -> list[ShardInfo]:
+def check_dataset(
+    folder: Path, *, seq_len: int, max_pred: int, world: int, batch_size: int
+) -> list[ShardInfo]:
     """Every check that needs no shard's data: count, headers, sizes."""
     files = list_files(folder)
     if not files:
-        raise DataError(f"no shards ({SHARD_GLOB}) in the dataset folder; make them with "
-                        "`trainmaster data prepare`", where=str(folder))
+        raise DataError(
+            f"no shards ({SHARD_GLOB}) in the dataset folder; make them with "
+            "`trainmaster data prepare`",
+            where=str(folder),
+        )
     if len(files) < world:
-        raise DataError(f"{len(files)} shards for {world} workers: every worker reads a whole "
-                        f"shard at a time, so at least {world} are needed; prepare more "
-                        f"(data prepare --shards {world}) or run fewer workers", where=str(folder))
+        raise DataError(
+            f"{len(files)} shards for {world} workers: every worker reads a whole "
+            f"shard at a time, so at least {world} are needed; prepare more "
+            f"(data prepare --shards {world}) or run fewer workers",
+            where=str(folder),
+        )
     infos = []
     for path in files:
         rows = check_header(path, seq_len, max_pred)
         if rows < batch_size:
-            raise DataError(f"{rows} sequences, fewer than one micro-batch "
-                            f"(train.batch_size = {batch_size}); use a smaller batch_size or "
-                            "bigger shards", where=str(path))
+            raise DataError(
+                f"{rows} sequences, fewer than one micro-batch "
+                f"(train.batch_size = {batch_size}); use a smaller batch_size or "
+                "bigger shards",
+                where=str(path),
+            )
         infos.append(ShardInfo(path, rows))
     return infos
 
@@ -152,21 +185,27 @@ def load_shard(path: Path, vocab_size: int) -> dict[str, np.ndarray]:
         raise _damaged(path, exc) from exc
     missing = [k for k in KEYS if k not in raw]
     if missing:
-        raise DataError(f"not a BERT pretraining shard: lacks {', '.join(missing)}", where=str(path))
+        raise DataError(
+            f"not a BERT pretraining shard: lacks {', '.join(missing)}", where=str(path)
+        )
     a = {k: np.asarray(raw[k]).astype(np.int64, copy=False) for k in KEYS}
     ids, positions, labels = a["input_ids"], a["masked_lm_positions"], a["masked_lm_ids"]
     valid = np.cumprod(positions != 0, axis=1).astype(bool)
     for name, values in (("input_ids", ids), ("masked_lm_ids", np.where(valid, labels, 0))):
         if values.size and (values.max() >= vocab_size or values.min() < 0):
             row, col = (int(i) for i in np.argwhere((values >= vocab_size) | (values < 0))[0])
-            raise DataError(f"{name} holds token id {int(values[row, col])} (row {row}), outside "
-                            f"the vocabulary of {vocab_size} ids: the shards were made with "
-                            "another vocabulary; put its vocab.txt next to the shards or set "
-                            "model.vocab_size", where=str(path))
+            raise DataError(
+                f"{name} holds token id {int(values[row, col])} (row {row}), outside "
+                f"the vocabulary of {vocab_size} ids: the shards were made with "
+                "another vocabulary; put its vocab.txt next to the shards or set "
+                "model.vocab_size",
+                where=str(path),
+            )
     seq_len = ids.shape[1]
     if positions.size and (positions.max() >= seq_len or positions.min() < 0):
-        raise DataError(f"masked_lm_positions points outside the sequence of {seq_len} tokens",
-                        where=str(path))
+        raise DataError(
+            f"masked_lm_positions points outside the sequence of {seq_len} tokens", where=str(path)
+        )
     return {
         "input_ids": ids,
         "token_type_ids": a["segment_ids"],

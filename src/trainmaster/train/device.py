@@ -34,11 +34,16 @@ DEFAULT_TIMEOUT_S = 1800  # bounded: a lost peer ends the job instead of hanging
 
 def resolve_kind(requested: str) -> DeviceKind:
     if requested == "cuda" and not torch.cuda.is_available():
-        raise UserError("cuda was asked for, but torch sees no GPU (a CPU build of torch, or no "
-                        "driver); use train.device = \"cpu\" or \"auto\"", where="train.device")
+        raise UserError(
+            "cuda was asked for, but torch sees no GPU (a CPU build of torch, or no "
+            'driver); use train.device = "cpu" or "auto"',
+            where="train.device",
+        )
     if requested == "xla" and importlib.util.find_spec("torch_xla") is None:
-        raise UserError("xla was asked for, but torch_xla is not installed in this environment",
-                        where="train.device")
+        raise UserError(
+            "xla was asked for, but torch_xla is not installed in this environment",
+            where="train.device",
+        )
     if requested in ("cpu", "cuda", "xla"):
         return requested  # type: ignore[return-value]
     if torch.cuda.is_available():
@@ -78,8 +83,11 @@ def options_for(kind: DeviceKind, *, bf16: bool) -> DeviceOptions:
         # torch's fused AdamW has CPU and CUDA kernels; XLA takes the foreach ops.
         adamw="fused" if kind in ("cpu", "cuda") else "foreach",
         attn_implementation="sdpa" if kind in ("cpu", "cuda") else None,
-        pin_memory=cuda, non_blocking=cuda, tf32=cuda,
-        sync_every=CUDA_SYNC_EVERY if cuda else 1)  # XLA: the loss read is the step's barrier
+        pin_memory=cuda,
+        non_blocking=cuda,
+        tf32=cuda,
+        sync_every=CUDA_SYNC_EVERY if cuda else 1,
+    )  # XLA: the loss read is the step's barrier
 
 
 class Runtime:
@@ -107,15 +115,21 @@ class Runtime:
             if self.distributed:
                 dist.init_process_group("gloo", timeout=timeout)
         if self.distributed and dist.get_world_size() != self.world:
-            raise UserError(f"the {kind} process group has {dist.get_world_size()} workers, but "
-                            f"torchrun started {self.world}", where="WORLD_SIZE")
+            raise UserError(
+                f"the {kind} process group has {dist.get_world_size()} workers, but "
+                f"torchrun started {self.world}",
+                where="WORLD_SIZE",
+            )
 
     def _init_xla(self, timeout: datetime.timedelta) -> torch.device:
         pjrt = os.environ.get("PJRT_DEVICE", "").upper()
         if self.world > 1 and pjrt == "CPU":
-            raise UserError(f"torch_xla on a CPU (PJRT_DEVICE=CPU) cannot run {self.world} "
-                            "workers: its collectives only work on accelerators; run one worker "
-                            "or use train.device = \"cpu\"", where="WORLD_SIZE")
+            raise UserError(
+                f"torch_xla on a CPU (PJRT_DEVICE=CPU) cannot run {self.world} "
+                "workers: its collectives only work on accelerators; run one worker "
+                'or use train.device = "cpu"',
+                where="WORLD_SIZE",
+            )
         if self.bf16:
             # bf16 weights need stochastic rounding on Neuron, or small updates are lost.
             os.environ.setdefault("NEURON_RT_STOCHASTIC_ROUNDING_EN", "1")
@@ -124,7 +138,9 @@ class Runtime:
         if self.distributed:
             importlib.import_module("torch_xla.distributed.xla_backend")  # the "xla" backend
             dist.init_process_group("xla", init_method="xla://", timeout=timeout)
-        device: torch.device = torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
+        device: torch.device = (
+            torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
+        )
         return device
 
     # --- steps and data -----------------------------------------------------------------------

@@ -78,7 +78,7 @@ def _matmul(rt: Runtime, inst: InstanceType) -> Check:
     gen = torch.Generator().manual_seed(1234)
     a = torch.randn(MATMUL_N, MATMUL_N, generator=gen)
     b = torch.randn(MATMUL_N, MATMUL_N, generator=gen)
-    want = (a.double() @ b.double())
+    want = a.double() @ b.double()
     da, db = a.to(rt.device), b.to(rt.device)
     got = da @ db  # warm-up, and the product checked
     _wait(rt)
@@ -94,7 +94,9 @@ def _matmul(rt: Runtime, inst: InstanceType) -> Check:
     err = float((out - want).abs().max() / want.abs().max())
     tflops = 2 * MATMUL_N**3 / seconds / 1e12
     peak = inst.peak_tflops_per_worker
-    rate = f"{tflops:.3f} TFLOP/s fp32" + (f" (catalog peak {peak:.1f} bf16 per worker)" if peak else "")
+    rate = f"{tflops:.3f} TFLOP/s fp32" + (
+        f" (catalog peak {peak:.1f} bf16 per worker)" if peak else ""
+    )
     ok = err <= MATMUL_RTOL
     return Check("matmul", ok, f"relative error {err:.1e} (limit {MATMUL_RTOL:g}); {rate}")
 
@@ -113,57 +115,117 @@ def _all_reduce(rt: Runtime) -> Check:
     want = rt.world * (rt.world + 1) / 2
     ok = bool(torch.all(got == want))
     busbw = 2 * (rt.world - 1) / rt.world * ALLREDUCE_BYTES / seconds / 1e9 if rt.world > 1 else 0.0
-    return Check("all_reduce", ok, f"{ALLREDUCE_BYTES >> 20} MiB over {rt.world} ranks: "
-                 f"{'exact' if ok else f'got {got[0].item():g}, want {want:g}'}; "
-                 f"{seconds * 1e3:.1f} ms, bus bandwidth {busbw:.2f} GB/s")
+    return Check(
+        "all_reduce",
+        ok,
+        f"{ALLREDUCE_BYTES >> 20} MiB over {rt.world} ranks: "
+        f"{'exact' if ok else f'got {got[0].item():g}, want {want:g}'}; "
+        f"{seconds * 1e3:.1f} ms, bus bandwidth {busbw:.2f} GB/s",
+    )
 
 
 def _free_mb(path: Path) -> float:
     return shutil.disk_usage(path).free / 2**20
 
 
-def node_checks(*, kind: str, inst: InstanceType, local_workers: int, checkpoints: Path,
-                checkpoint_mb: float, keep: int, dev: Path = Path("/dev"),
-                sys_ib: Path = Path("/sys/class/infiniband"), on_aws: bool = False) -> list[Check]:
+def node_checks(
+    *,
+    kind: str,
+    inst: InstanceType,
+    local_workers: int,
+    checkpoints: Path,
+    checkpoint_mb: float,
+    keep: int,
+    dev: Path = Path("/dev"),
+    sys_ib: Path = Path("/sys/class/infiniband"),
+    on_aws: bool = False,
+) -> list[Check]:
     """What the node shares: disk, /dev/shm, and on Trainium/AWS GPUs the devices (torch-free)."""
     need = (keep + 1) * checkpoint_mb
     free = _free_mb(checkpoints)
-    out = [Check("disk", free >= need, f"{free / 1024:.1f} GiB free in {checkpoints}, need "
-                 f"{need / 1024:.2f} GiB ({keep + 1} checkpoints of {checkpoint_mb:.0f} MB)")]
+    out = [
+        Check(
+            "disk",
+            free >= need,
+            f"{free / 1024:.1f} GiB free in {checkpoints}, need "
+            f"{need / 1024:.2f} GiB ({keep + 1} checkpoints of {checkpoint_mb:.0f} MB)",
+        )
+    ]
     shm = dev / "shm"
     if shm.is_dir():
         shm_free, shm_need = _free_mb(shm), SHM_NEED_MB.get(kind, 32)
-        out.append(Check("shm", shm_free >= shm_need,
-                         f"{shm_free:.0f} MiB free in {shm}, need {shm_need} MiB"))
+        out.append(
+            Check(
+                "shm",
+                shm_free >= shm_need,
+                f"{shm_free:.0f} MiB free in {shm}, need {shm_need} MiB",
+            )
+        )
     if kind == "xla" and inst.devices:
         want = math.ceil(local_workers / max(1, inst.cores_per_device))
         found = len(list(dev.glob("neuron[0-9]*")))
-        out.append(Check("neuron", found >= want, f"{found} Neuron device(s) in {dev}, need {want}"))
+        out.append(
+            Check("neuron", found >= want, f"{found} Neuron device(s) in {dev}, need {want}")
+        )
     if on_aws and inst.efa_interfaces:
-        found = sum(1 for d in sys_ib.glob("*") if (d / "device" / "driver").resolve().name == "efa")
-        out.append(Check("efa", found >= inst.efa_interfaces,
-                         f"{found} EFA device(s) in {sys_ib}, need {inst.efa_interfaces}"))
+        found = sum(
+            1 for d in sys_ib.glob("*") if (d / "device" / "driver").resolve().name == "efa"
+        )
+        out.append(
+            Check(
+                "efa",
+                found >= inst.efa_interfaces,
+                f"{found} EFA device(s) in {sys_ib}, need {inst.efa_interfaces}",
+            )
+        )
     return out
 
 
-def run(rt: Runtime, *, inst: InstanceType, node: int, local_rank: int, local_workers: int,
-        checkpoints: Path, params: int, keep: int, on_aws: bool) -> list[dict[str, Any]]:
+def run(
+    rt: Runtime,
+    *,
+    inst: InstanceType,
+    node: int,
+    local_rank: int,
+    local_workers: int,
+    checkpoints: Path,
+    params: int,
+    keep: int,
+    on_aws: bool,
+) -> list[dict[str, Any]]:
     """Collective: every rank runs its checks and the all-reduce; all get every node's results.
     Raises UserError (the same on every rank) naming the first failing node and check."""
     checks = [_device(rt), _matmul(rt, inst), _all_reduce(rt)]
     if local_rank == 0:
-        ckpt_mb = params * (BYTES_PER_PARAM + (4 if rt.model_dtype() == torch.bfloat16 else 0)) / 1e6
-        checks += node_checks(kind=rt.kind, inst=inst, local_workers=local_workers,
-                              checkpoints=checkpoints, checkpoint_mb=ckpt_mb, keep=keep,
-                              on_aws=on_aws)
-    mine = {"node": node, "host": socket.gethostname(), "rank": rt.rank,
-            "checks": [asdict(c) for c in checks]}
-    every = sorted(rt.all_gather_object(mine, tag="preflight"), key=lambda r: (r["node"], r["rank"]))
+        ckpt_mb = (
+            params * (BYTES_PER_PARAM + (4 if rt.model_dtype() == torch.bfloat16 else 0)) / 1e6
+        )
+        checks += node_checks(
+            kind=rt.kind,
+            inst=inst,
+            local_workers=local_workers,
+            checkpoints=checkpoints,
+            checkpoint_mb=ckpt_mb,
+            keep=keep,
+            on_aws=on_aws,
+        )
+    mine = {
+        "node": node,
+        "host": socket.gethostname(),
+        "rank": rt.rank,
+        "checks": [asdict(c) for c in checks],
+    }
+    every = sorted(
+        rt.all_gather_object(mine, tag="preflight"), key=lambda r: (r["node"], r["rank"])
+    )
     for r in every:
         for c in r["checks"]:
             if not c["ok"]:
-                raise UserError(f"preflight check {c['name']} failed on {r['host']} (rank "
-                                f"{r['rank']}): {c['detail']}", where=f"node {r['node']}")
+                raise UserError(
+                    f"preflight check {c['name']} failed on {r['host']} (rank "
+                    f"{r['rank']}): {c['detail']}",
+                    where=f"node {r['node']}",
+                )
     return every
 
 
@@ -178,9 +240,9 @@ def per_node(every: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def describe(node: dict[str, Any]) -> str:
     """One log line per node: every check's name and detail."""
-    return (f"preflight node {node['node']} ({node['host']}): " +
-            " | ".join(f"{c['name']} {'ok' if c['ok'] else 'FAILED'}: {c['detail']}"
-                       for c in node["checks"]))
+    return f"preflight node {node['node']} ({node['host']}): " + " | ".join(
+        f"{c['name']} {'ok' if c['ok'] else 'FAILED'}: {c['detail']}" for c in node["checks"]
+    )
 
 
 def on_aws_node(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:

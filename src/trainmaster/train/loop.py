@@ -54,7 +54,9 @@ class Trainer:
     def __init__(self, plan: Plan, started: float) -> None:
         self.plan, self.started = plan, started
         cfg = plan.cfg
-        self.rt = Runtime(plan.env, resolve_kind(cfg.train.device), bf16=cfg.train.precision == "bf16")
+        self.rt = Runtime(
+            plan.env, resolve_kind(cfg.train.device), bf16=cfg.train.precision == "bf16"
+        )
         rt = self.rt
         self.plan = plan = checkpoint.agree_on_resume(plan, rt)
         self.model = model_mod.build(cfg, plan.vocab_size, rt.options.attn_implementation)
@@ -73,45 +75,79 @@ class Trainer:
         self.scheduler = make_scheduler(cfg, self.optimizer)
         self.start_step = 0
         if plan.resume is not None:
-            self.start_step = checkpoint.load_trainer(plan.resume.path, self.optimizer, self.scheduler)
-            checkpoint.load_rank(plan.resume.path, rt,
-                                 same_world=plan.resume.meta.get("world_size") == rt.world)
+            self.start_step = checkpoint.load_trainer(
+                plan.resume.path, self.optimizer, self.scheduler
+            )
+            checkpoint.load_rank(
+                plan.resume.path, rt, same_world=plan.resume.meta.get("world_size") == rt.world
+            )
         self.stepper = Stepper(self.model, self.optimizer, self.scheduler, rt, compile=plan.compile)
-        self.loader = ShardLoader([s.path for s in plan.shards], rank=rt.rank, world=rt.world,
-                                  batch_size=cfg.train.batch_size, seed=cfg.train.seed,
-                                  vocab_size=plan.vocab_size, start=plan.position,
-                                  first_shard=plan.first_shard or None)
+        self.loader = ShardLoader(
+            [s.path for s in plan.shards],
+            rank=rt.rank,
+            world=rt.world,
+            batch_size=cfg.train.batch_size,
+            seed=cfg.train.seed,
+            vocab_size=plan.vocab_size,
+            start=plan.position,
+            first_shard=plan.first_shard or None,
+        )
         self.flops = model_mod.flops_for(cfg, plan.vocab_size)
         self.metrics: MetricsLog | None = None
         self.writer: BackgroundWriter | None = None
         self.net_plugin: str | None = None
         self.preempt = preempt.Preemption().install()
-        self.watchdog = Watchdog(logs=plan.run.logs, hangs=plan.run.hangs, rank=rt.rank,
-                                 node=plan.env.node_rank, configured=cfg.train.hang_timeout)
+        self.watchdog = Watchdog(
+            logs=plan.run.logs,
+            hangs=plan.run.hangs,
+            rank=rt.rank,
+            node=plan.env.node_rank,
+            configured=cfg.train.hang_timeout,
+        )
         if rt.rank == 0:
             # Goodput's events (run/goodput.py): this process began at `started`, before its imports.
-            goodput.record(plan.run.timeline, "start", t=started, step=self.start_step,
-                           compiles=plan.compile or rt.kind == "xla")
-            self.writer = BackgroundWriter(plan.run.checkpoints, cfg.train.keep_checkpoints,
-                                           on_written=self._written)
+            goodput.record(
+                plan.run.timeline,
+                "start",
+                t=started,
+                step=self.start_step,
+                compiles=plan.compile or rt.kind == "xla",
+            )
+            self.writer = BackgroundWriter(
+                plan.run.checkpoints, cfg.train.keep_checkpoints, on_written=self._written
+            )
             write_rank0(plan.run, node_rank=plan.env.node_rank, local_rank=plan.env.local_rank)
             # The Kubernetes backend finds rank 0's pod by this exact line (backends/kubernetes/status.py).
             pod = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
             log(f"trainmaster: rank 0 on pod {pod}")
             self.metrics = MetricsLog(
-                plan.run, start_step=self.start_step, started=started, flops_per_seq=self.flops,
-                peak_tflops=metrics.peak_tflops_per_worker(cfg.derived.instance.peak_tflops_per_worker),
-                world=rt.world, global_batch=cfg.train.global_batch_size, seq_len=cfg.data.seq_len)
+                plan.run,
+                start_step=self.start_step,
+                started=started,
+                flops_per_seq=self.flops,
+                peak_tflops=metrics.peak_tflops_per_worker(
+                    cfg.derived.instance.peak_tflops_per_worker
+                ),
+                world=rt.world,
+                global_batch=cfg.train.global_batch_size,
+                seq_len=cfg.data.seq_len,
+            )
             self._describe()
 
     def _preflight(self) -> list[dict[str, Any]]:
         """Every node's health checks (health.py), before anything is trained; rank 0 logs them."""
         p, rt = self.plan, self.rt
-        every = health.run(rt, inst=p.cfg.derived.instance, node=p.env.node_rank,
-                           local_rank=p.env.local_rank, local_workers=p.env.local_world_size,
-                           checkpoints=p.run.dir, keep=p.cfg.train.keep_checkpoints,
-                           params=sum(x.numel() for x in self.model.parameters()),
-                           on_aws=health.on_aws_node())
+        every = health.run(
+            rt,
+            inst=p.cfg.derived.instance,
+            node=p.env.node_rank,
+            local_rank=p.env.local_rank,
+            local_workers=p.env.local_world_size,
+            checkpoints=p.run.dir,
+            keep=p.cfg.train.keep_checkpoints,
+            params=sum(x.numel() for x in self.model.parameters()),
+            on_aws=health.on_aws_node(),
+        )
         nodes = health.per_node(every)
         if rt.rank == 0:
             for node in nodes:
@@ -122,17 +158,26 @@ class Trainer:
         p, cfg, rt = self.plan, self.plan.cfg, self.rt
         t = cfg.train
         params = sum(x.numel() for x in self.model.parameters())
-        log(f"job {cfg.job.name} (config {cfg.derived.config_hash}): {rt.world} workers "
+        log(
+            f"job {cfg.job.name} (config {cfg.derived.config_hash}): {rt.world} workers "
             f"({rt.world // cfg.job.nproc_per_node} node(s) x {cfg.job.nproc_per_node}), "
             f"micro-batch {t.batch_size} x grad_accum {p.grad_accum} = global batch "
-            f"{t.global_batch_size}")
-        log(f"model {cfg.model.preset or 'custom'}: {params / 1e6:.2f}M parameters, vocab "
+            f"{t.global_batch_size}"
+        )
+        log(
+            f"model {cfg.model.preset or 'custom'}: {params / 1e6:.2f}M parameters, vocab "
             f"{p.vocab_size}; device {rt.kind}, {t.precision}, {t.optimizer} lr {t.lr:g}, "
-            f"compile {p.cache_state}; {self.flops / 1e9:.3f} GFLOP per sequence")
-        log(f"data {p.dataset} ({len(p.shards)} shards); rank 0 starts at epoch "
-            f"{p.position.epoch} round {p.position.round} sample {p.position.offset}")
-        log(f"resumed from step {self.start_step} ({p.resume.path})" if p.resume
-            else "no checkpoint: starting at step 0")
+            f"compile {p.cache_state}; {self.flops / 1e9:.3f} GFLOP per sequence"
+        )
+        log(
+            f"data {p.dataset} ({len(p.shards)} shards); rank 0 starts at epoch "
+            f"{p.position.epoch} round {p.position.round} sample {p.position.offset}"
+        )
+        log(
+            f"resumed from step {self.start_step} ({p.resume.path})"
+            if p.resume
+            else "no checkpoint: starting at step 0"
+        )
         for note in p.notes:
             log(f"note: {note}")
 
@@ -144,11 +189,21 @@ class Trainer:
         self.watchdog.where = f"checkpoint of step {step}"
         if self.writer is not None:
             self.writer.wait()  # before staging: at most one staged copy in memory
-        meta = {"job": cfg.job.name, "config_hash": cfg.derived.config_hash,
-                "vocab_size": p.vocab_size, "files": [s.path.name for s in p.shards]}
-        staged = checkpoint.stage(step=step, rt=self.rt, model=self.model,
-                                  optimizer=self.optimizer, scheduler=self.scheduler,
-                                  position=self.loader.position, meta=meta)
+        meta = {
+            "job": cfg.job.name,
+            "config_hash": cfg.derived.config_hash,
+            "vocab_size": p.vocab_size,
+            "files": [s.path.name for s in p.shards],
+        }
+        staged = checkpoint.stage(
+            step=step,
+            rt=self.rt,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            position=self.loader.position,
+            meta=meta,
+        )
         if staged is not None and self.writer is not None:
             self.writer.submit(staged)
             if os.environ.get(ckptwriter.SYNC_ENV):
@@ -157,10 +212,18 @@ class Trainer:
 
     def _written(self, w: Written) -> None:
         """In the writer's thread, when a checkpoint is complete."""
-        log(f"checkpoint {w.path}: {w.bytes / 1e6:.1f} MB in {w.seconds:.2f} s "
-            f"({w.mb_per_s:.0f} MB/s), written in the background")
-        goodput.record(self.plan.run.timeline, "save", t=w.started, end=w.started + w.seconds,
-                       step=w.step, bytes=w.bytes)
+        log(
+            f"checkpoint {w.path}: {w.bytes / 1e6:.1f} MB in {w.seconds:.2f} s "
+            f"({w.mb_per_s:.0f} MB/s), written in the background"
+        )
+        goodput.record(
+            self.plan.run.timeline,
+            "save",
+            t=w.started,
+            end=w.started + w.seconds,
+            step=w.step,
+            bytes=w.bytes,
+        )
 
     def train(self) -> dict[str, Any] | None:
         cfg, rt, accum = self.plan.cfg, self.rt, self.plan.grad_accum
@@ -179,23 +242,35 @@ class Trainer:
             result = self.stepper(batches, accum, self.loader.consumed)
             wd.where = f"step {step + 1}: loss all_reduce"
             # One more float in the all-reduce: the ranks' SIGTERM votes (preempt.py).
-            votes = torch.full((1,), self.preempt.flag, dtype=result.losses.dtype,
-                               device=result.losses.device)
+            votes = torch.full(
+                (1,), self.preempt.flag, dtype=result.losses.dtype, device=result.losses.device
+            )
             reduced = rt.all_reduce_sum(torch.cat([result.losses, votes]))
             losses = reduced[:-1] / (accum * rt.world)
             step += 1
-            pending.append((step, torch.cat([losses, result.grad_norm.reshape(1).float(),
-                                             reduced[-1:].float()]), result.lr))
+            pending.append(
+                (
+                    step,
+                    torch.cat([losses, result.grad_norm.reshape(1).float(), reduced[-1:].float()]),
+                    result.lr,
+                )
+            )
             stop = False
-            if (first_step_s is None or step % rt.options.sync_every == 0 or step == end
-                    or step % t.checkpoint_every == 0):  # the same steps on every rank
+            if (
+                first_step_s is None
+                or step % rt.options.sync_every == 0
+                or step == end
+                or step % t.checkpoint_every == 0
+            ):  # the same steps on every rank
                 wd.where = f"step {step}: reading losses on the host"
                 stop = self._log(pending, window_t0, window_wall)  # the one host sync of the window
             warm = first_step_s is not None
             if first_step_s is None:
                 first_step_s = time.time() - self.started
                 self._compiled()
-                if rt.rank == 0 and rt.kind == "cuda":  # NCCL opens its plugin at the first collective
+                if (
+                    rt.rank == 0 and rt.kind == "cuda"
+                ):  # NCCL opens its plugin at the first collective
                     self.net_plugin = netplugin.describe(rt.kind)
                     log(f"nccl net plugin: {self.net_plugin}")
             if stop and step < end:  # preempted: every rank saw the vote at this same step
@@ -222,16 +297,23 @@ class Trainer:
         self._save(step)
         self._drain(step)
         if self.writer is not None:
-            preempt.record(self.plan.run.preemptions, step=step,
-                           requested_at=self.preempt.requested_at, saved_s=time.time() - t0)
-            log(f"preempted (SIGTERM): checkpoint of step {step} written in {time.time() - t0:.2f} s")
+            preempt.record(
+                self.plan.run.preemptions,
+                step=step,
+                requested_at=self.preempt.requested_at,
+                saved_s=time.time() - t0,
+            )
+            log(
+                f"preempted (SIGTERM): checkpoint of step {step} written in {time.time() - t0:.2f} s"
+            )
         if self.metrics is not None:
             self.metrics.close()
         self.watchdog.stop()
         raise preempt.Preempted(step)
 
-    def _log(self, pending: list[tuple[int, torch.Tensor, float]], since: float,
-             since_wall: float) -> bool:
+    def _log(
+        self, pending: list[tuple[int, torch.Tensor, float]], since: float, since_wall: float
+    ) -> bool:
         """Read the window's losses and gradient norms in one host sync (every step on CPU,
         every options.sync_every on CUDA) and write their metrics rows; step_s is the window's
         mean (the host runs ahead of the GPU, so one step's own time is not known). Returns
@@ -240,10 +322,23 @@ class Trainer:
         step_s = (time.perf_counter() - since) / len(pending)
         if self.metrics is not None:
             for (step, _, lr), (loss, mlm, nsp, norm, _votes) in zip(pending, values, strict=True):
-                self.metrics.step(step=step, loss=loss, mlm_loss=mlm, nsp_loss=nsp, lr=lr,
-                                  grad_norm=norm, step_s=step_s)
-            goodput.record(self.plan.run.timeline, "steps", t=since_wall, end=time.time(),
-                           first=pending[0][0], last=pending[-1][0])
+                self.metrics.step(
+                    step=step,
+                    loss=loss,
+                    mlm_loss=mlm,
+                    nsp_loss=nsp,
+                    lr=lr,
+                    grad_norm=norm,
+                    step_s=step_s,
+                )
+            goodput.record(
+                self.plan.run.timeline,
+                "steps",
+                t=since_wall,
+                end=time.time(),
+                first=pending[0][0],
+                last=pending[-1][0],
+            )
         pending.clear()
         return any(row[-1] > 0 for row in values)
 
@@ -254,8 +349,10 @@ class Trainer:
             return
         fingerprint.write(p.compile_cache, fingerprint.compute(p.cfg, p.vocab_size), p.cfg.job.name)
         if self.rt.kind != "xla":
-            log(f"compile cache {p.cache_state} ({p.compile_cache}): "
-                f"{compile_counters.describe(compile_counters.snapshot())}")
+            log(
+                f"compile cache {p.cache_state} ({p.compile_cache}): "
+                f"{compile_counters.describe(compile_counters.snapshot())}"
+            )
 
     def _finish(self, step: int, first_step_s: float | None) -> dict[str, Any] | None:
         p, cfg, rt = self.plan, self.plan.cfg, self.rt
@@ -267,24 +364,42 @@ class Trainer:
         rt.finish()
         if self.metrics is None:
             return None
-        last = self.metrics.rows[-1]["loss"] if self.metrics.rows else metrics.last_logged_loss(p.run.metrics)
+        last = (
+            self.metrics.rows[-1]["loss"]
+            if self.metrics.rows
+            else metrics.last_logged_loss(p.run.metrics)
+        )
         summary = self.metrics.summary(
             status="completed" if step >= cfg.train.max_steps else "stopped",
-            steps=step, final_loss=last, time_to_first_step_s=first_step_s,
-            compile_cache=p.cache_state, restarts=restarts, world_size=rt.world,
-            global_batch_size=cfg.train.global_batch_size, config_hash=cfg.derived.config_hash,
-            ranks_agree=len(set(sums)) == 1, resumed_from=p.resume.step if p.resume else None,
-            steps_this_run=step - self.start_step, grad_accum=p.grad_accum, device=rt.kind,
-            precision=cfg.train.precision, param_checksum=sums[0],
+            steps=step,
+            final_loss=last,
+            time_to_first_step_s=first_step_s,
+            compile_cache=p.cache_state,
+            restarts=restarts,
+            world_size=rt.world,
+            global_batch_size=cfg.train.global_batch_size,
+            config_hash=cfg.derived.config_hash,
+            ranks_agree=len(set(sums)) == 1,
+            resumed_from=p.resume.step if p.resume else None,
+            steps_this_run=step - self.start_step,
+            grad_accum=p.grad_accum,
+            device=rt.kind,
+            precision=cfg.train.precision,
+            param_checksum=sums[0],
             cacheset=cfg.train.cacheset if p.compile else None,
             compile_counters=compile_counters.snapshot() if p.compile else {},
-            nccl_net_plugin=self.net_plugin or netplugin.describe(rt.kind), preflight=self.preflight,
+            nccl_net_plugin=self.net_plugin or netplugin.describe(rt.kind),
+            preflight=self.preflight,
             preemptions=len(preempt.read(p.run.preemptions)),
-            **goodput.summary_fields(p.run.timeline, step))
+            **goodput.summary_fields(p.run.timeline, step),
+        )
         self.metrics.close()
-        log(f"done: step {step}, loss {last}, {summary['avg_seq_per_s']} seq/s average, "
-            f"ranks agree: {summary['ranks_agree']}")
+        log(
+            f"done: step {step}, loss {last}, {summary['avg_seq_per_s']} seq/s average, "
+            f"ranks agree: {summary['ranks_agree']}"
+        )
         return summary
+
 
 def train(plan: Plan, started: float) -> dict[str, Any] | None:
     """Train; the caller ends the process (see __main__: a gloo group is never torn down)."""

@@ -27,8 +27,18 @@ from trainmaster.storage import RunPaths
 from trainmaster.train import ckptdir
 
 PEAK_ENV = "TRAINMASTER_PEAK_TFLOPS"
-KEYS = ("step", "loss", "mlm_loss", "nsp_loss", "lr", "grad_norm", "seq_per_s", "tokens_per_s",
-        "mfu", "elapsed_s")
+KEYS = (
+    "step",
+    "loss",
+    "mlm_loss",
+    "nsp_loss",
+    "lr",
+    "grad_norm",
+    "seq_per_s",
+    "tokens_per_s",
+    "mfu",
+    "elapsed_s",
+)
 
 
 def peak_tflops_per_worker(catalog_value: float) -> float:
@@ -48,11 +58,17 @@ def mfu(seq_per_s: float, flops_per_seq: float, world: int, peak_tflops: float) 
 
 
 def write_rank0(run: RunPaths, *, node_rank: int, local_rank: int) -> None:
-    ckptdir.write_json(run.rank0, {
-        "host": socket.gethostname(),
-        "pod": os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
-        "pid": os.getpid(), "node_rank": node_rank, "local_rank": local_rank,
-        "started_at": time.time()})
+    ckptdir.write_json(
+        run.rank0,
+        {
+            "host": socket.gethostname(),
+            "pod": os.environ.get("POD_NAME") or os.environ.get("HOSTNAME"),
+            "pid": os.getpid(),
+            "node_rank": node_rank,
+            "local_rank": local_rank,
+            "started_at": time.time(),
+        },
+    )
 
 
 def log(message: str) -> None:
@@ -62,8 +78,18 @@ def log(message: str) -> None:
 class MetricsLog:
     """Rank 0's writer; created only on rank 0."""
 
-    def __init__(self, run: RunPaths, *, start_step: int, started: float, flops_per_seq: float,
-                 peak_tflops: float, world: int, global_batch: int, seq_len: int) -> None:
+    def __init__(
+        self,
+        run: RunPaths,
+        *,
+        start_step: int,
+        started: float,
+        flops_per_seq: float,
+        peak_tflops: float,
+        world: int,
+        global_batch: int,
+        seq_len: int,
+    ) -> None:
         self.run, self.started, self.world = run, started, world
         self.flops, self.peak = flops_per_seq, peak_tflops
         self.global_batch, self.seq_len = global_batch, seq_len
@@ -72,13 +98,27 @@ class MetricsLog:
         self._file = open(run.metrics, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self._tb = _summary_writer(run.tensorboard, purge_step=start_step + 1)
 
-    def step(self, *, step: int, loss: float, mlm_loss: float, nsp_loss: float, lr: float,
-             grad_norm: float, step_s: float) -> dict[str, Any]:
+    def step(
+        self,
+        *,
+        step: int,
+        loss: float,
+        mlm_loss: float,
+        nsp_loss: float,
+        lr: float,
+        grad_norm: float,
+        step_s: float,
+    ) -> dict[str, Any]:
         seq_per_s = self.global_batch / step_s if step_s > 0 else 0.0
         row: dict[str, Any] = {
-            "step": step, "loss": loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss, "lr": lr,
+            "step": step,
+            "loss": loss,
+            "mlm_loss": mlm_loss,
+            "nsp_loss": nsp_loss,
+            "lr": lr,
             "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-            "seq_per_s": round(seq_per_s, 3), "tokens_per_s": round(seq_per_s * self.seq_len, 1),
+            "seq_per_s": round(seq_per_s, 3),
+            "tokens_per_s": round(seq_per_s * self.seq_len, 1),
             "mfu": mfu(seq_per_s, self.flops, self.world, self.peak),
             "elapsed_s": round(time.time() - self.started, 3),
         }
@@ -89,8 +129,10 @@ class MetricsLog:
             for key in KEYS[1:]:
                 if isinstance(row[key], (int, float)):
                     self._tb.add_scalar(key, row[key], step)
-        log(f"step {step} loss {loss:.4f} lr {lr:.2e} seq/s {seq_per_s:.1f} "
-            f"grad_norm {grad_norm:.3f}")
+        log(
+            f"step {step} loss {loss:.4f} lr {lr:.2e} seq/s {seq_per_s:.1f} "
+            f"grad_norm {grad_norm:.3f}"
+        )
         return row
 
     def summary(self, **fields: Any) -> dict[str, Any]:
@@ -118,8 +160,12 @@ def _summary_writer(folder: Path, purge_step: int) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        print("warning: tensorboard is not installed; no TensorBoard events are written "
-              "(pip install tensorboard)", file=sys.stderr, flush=True)
+        print(
+            "warning: tensorboard is not installed; no TensorBoard events are written "
+            "(pip install tensorboard)",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     return SummaryWriter(log_dir=str(folder), purge_step=purge_step)
 

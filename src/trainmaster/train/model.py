@@ -24,8 +24,9 @@ DROPOUT_ENV = "TRAINMASTER_DROPOUT"  # an A/B knob (devices, batch layouts); uns
 SIZES = ("num_layers", "hidden_size", "num_heads", "intermediate_size")
 
 
-def bert_config(cfg: JobConfig, vocab_size: int, attn_implementation: str | None = None
-                ) -> BertConfig:
+def bert_config(
+    cfg: JobConfig, vocab_size: int, attn_implementation: str | None = None
+) -> BertConfig:
     m = cfg.model
     extra: dict[str, Any] = {}
     if attn_implementation is not None:  # device.options_for: "sdpa" on cpu/cuda
@@ -33,16 +34,22 @@ def bert_config(cfg: JobConfig, vocab_size: int, attn_implementation: str | None
     if os.environ.get(DROPOUT_ENV):
         p = float(os.environ[DROPOUT_ENV])
         extra.update(hidden_dropout_prob=p, attention_probs_dropout_prob=p)
-    return BertConfig(vocab_size=vocab_size, hidden_size=m.size("hidden_size"),
-                      num_hidden_layers=m.size("num_layers"),
-                      num_attention_heads=m.size("num_heads"),
-                      intermediate_size=m.size("intermediate_size"),
-                      max_position_embeddings=m.max_position_embeddings, type_vocab_size=2,
-                      tie_word_embeddings=True, **extra)
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=m.size("hidden_size"),
+        num_hidden_layers=m.size("num_layers"),
+        num_attention_heads=m.size("num_heads"),
+        intermediate_size=m.size("intermediate_size"),
+        max_position_embeddings=m.max_position_embeddings,
+        type_vocab_size=2,
+        tie_word_embeddings=True,
+        **extra,
+    )
 
 
-def build(cfg: JobConfig, vocab_size: int, attn_implementation: str | None = None
-          ) -> BertForPreTraining:
+def build(
+    cfg: JobConfig, vocab_size: int, attn_implementation: str | None = None
+) -> BertForPreTraining:
     """A fresh model (no download): the same weights on every rank for the same seed."""
     torch.manual_seed(cfg.train.seed)
     model = BertForPreTraining(bert_config(cfg, vocab_size, attn_implementation))
@@ -57,20 +64,32 @@ class Pretraining(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                attention_mask: torch.Tensor, mlm_positions: torch.Tensor,
-                mlm_labels: torch.Tensor, nsp_labels: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        out = self.model.bert(input_ids=input_ids, token_type_ids=token_type_ids,
-                              attention_mask=attention_mask, return_dict=False)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mlm_positions: torch.Tensor,
+        mlm_labels: torch.Tensor,
+        nsp_labels: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = self.model.bert(
+            input_ids=input_ids,
+            token_type_ids=token_type_ids,
+            attention_mask=attention_mask,
+            return_dict=False,
+        )
         sequence, pooled = out[0], out[1]
         hidden = sequence.size(-1)
         index = mlm_positions.unsqueeze(-1).expand(-1, -1, hidden)
         picked = torch.gather(sequence, 1, index)  # [B, P, d]: only the prediction slots
         scores = self.model.cls.predictions(picked)  # [B, P, V]
-        mlm = F.cross_entropy(scores.reshape(-1, scores.size(-1)).float(), mlm_labels.reshape(-1),
-                              ignore_index=IGNORE)
-        nsp = F.cross_entropy(self.model.cls.seq_relationship(pooled).float(), nsp_labels.reshape(-1))
+        mlm = F.cross_entropy(
+            scores.reshape(-1, scores.size(-1)).float(), mlm_labels.reshape(-1), ignore_index=IGNORE
+        )
+        nsp = F.cross_entropy(
+            self.model.cls.seq_relationship(pooled).float(), nsp_labels.reshape(-1)
+        )
         return mlm + nsp, mlm.detach(), nsp.detach()
 
 
@@ -81,8 +100,16 @@ def encoder_params(num_layers: int, hidden: int, intermediate: int) -> int:
     return num_layers * per_layer
 
 
-def flops_per_seq(*, num_layers: int, hidden: int, intermediate: int, vocab: int, seq_len: int,
-                  predictions: int, head: str = "masked") -> float:
+def flops_per_seq(
+    *,
+    num_layers: int,
+    hidden: int,
+    intermediate: int,
+    vocab: int,
+    seq_len: int,
+    predictions: int,
+    head: str = "masked",
+) -> float:
     """Training FLOPs (forward + backward = 3 x forward) for one sequence.
 
     6 * N_enc * S  +  12 * L * S^2 * d  (attention scores and mixing)  +  the MLM head:
@@ -102,6 +129,12 @@ def flops_per_seq(*, num_layers: int, hidden: int, intermediate: int, vocab: int
 
 def flops_for(cfg: JobConfig, vocab_size: int, head: str = "masked") -> float:
     m = cfg.model
-    return flops_per_seq(num_layers=m.size("num_layers"), hidden=m.size("hidden_size"),
-                         intermediate=m.size("intermediate_size"), vocab=vocab_size,
-                         seq_len=cfg.data.seq_len, predictions=cfg.data.max_pred, head=head)
+    return flops_per_seq(
+        num_layers=m.size("num_layers"),
+        hidden=m.size("hidden_size"),
+        intermediate=m.size("intermediate_size"),
+        vocab=vocab_size,
+        seq_len=cfg.data.seq_len,
+        predictions=cfg.data.max_pred,
+        head=head,
+    )

@@ -41,7 +41,9 @@ def loaded_plugins(maps_text: str) -> list[str]:
     return found
 
 
-def describe(device_kind: str, *, maps: Path = MAPS, environ: Mapping[str, str] | None = None) -> str:
+def describe(
+    device_kind: str, *, maps: Path = MAPS, environ: Mapping[str, str] | None = None
+) -> str:
     """The plugin in use, for a log line and summary.json's `nccl_net_plugin`."""
     if device_kind != "cuda":
         return NOT_APPLICABLE

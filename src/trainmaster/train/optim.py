@@ -63,16 +63,17 @@ class Fp32StateOptimizer(torch.optim.Optimizer):
         return state
 
     @staticmethod
-    def _adam_direction(state: dict[str, torch.Tensor], grad: torch.Tensor, group: dict[str, Any]
-                        ) -> torch.Tensor:
+    def _adam_direction(
+        state: dict[str, torch.Tensor], grad: torch.Tensor, group: dict[str, Any]
+    ) -> torch.Tensor:
         """Advance the moments one step; the bias-corrected m / (sqrt(v) + eps)."""
         b1, b2 = group["betas"]
         step, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
         step += 1
         m.mul_(b1).add_(grad, alpha=1 - b1)
         v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        m_hat = m / (1 - b1 ** step)
-        v_hat = v / (1 - b2 ** step)
+        m_hat = m / (1 - b1**step)
+        v_hat = v / (1 - b2**step)
         return m_hat / (v_hat.sqrt() + group["eps"])
 
     @staticmethod
@@ -81,8 +82,13 @@ class Fp32StateOptimizer(torch.optim.Optimizer):
             state["master"].copy_(weight)
         p.copy_(weight)  # rounds to bf16 when p is bf16; the master keeps the fp32 value
 
-    def _new_weight(self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: torch.Tensor,
-                    group: dict[str, Any]) -> torch.Tensor:
+    def _new_weight(
+        self,
+        weight: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        grad: torch.Tensor,
+        group: dict[str, Any],
+    ) -> torch.Tensor:
         """The updated fp32 weight of one parameter (the rule of the subclass)."""
         raise NotImplementedError
 
@@ -108,7 +114,9 @@ class Fp32StateOptimizer(torch.optim.Optimizer):
         params = list(chain.from_iterable(g["params"] for g in self.param_groups))
         for key, p in zip(ids, params, strict=True):
             if key in saved:  # from the checkpoint's own fp32 values, not torch's bf16 casts
-                self.state[p] = {name: _placed(name, value, p) for name, value in saved[key].items()}
+                self.state[p] = {
+                    name: _placed(name, value, p) for name, value in saved[key].items()
+                }
         if any(p.device.type == "xla" for p in params):
             # Materialize the on-device copies of `step` (see _placed) before the first step.
             importlib.import_module("torch_xla").sync()
@@ -132,31 +140,59 @@ def _placed(name: str, value: Any, p: torch.Tensor) -> Any:
 class Fp32AdamW(Fp32StateOptimizer):
     """torch.optim.AdamW's rule (decoupled weight decay) with fp32 state and master weights."""
 
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = BETAS,
-                 eps: float = EPS, weight_decay: float = 0.01) -> None:
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = BETAS,
+        eps: float = EPS,
+        weight_decay: float = 0.01,
+    ) -> None:
+        super().__init__(
+            params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        )
 
-    def _new_weight(self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: torch.Tensor,
-                    group: dict[str, Any]) -> torch.Tensor:
+    def _new_weight(
+        self,
+        weight: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        grad: torch.Tensor,
+        group: dict[str, Any],
+    ) -> torch.Tensor:
         weight = weight * (1 - group["lr"] * group["weight_decay"])
         return weight - group["lr"] * self._adam_direction(state, grad, group)
 
 
 class Lamb(Fp32StateOptimizer):
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = BETAS,
-                 eps: float = EPS, weight_decay: float = 0.01, nvlamb: bool = False) -> None:
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
-                                  "nvlamb": nvlamb})
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = BETAS,
+        eps: float = EPS,
+        weight_decay: float = 0.01,
+        nvlamb: bool = False,
+    ) -> None:
+        super().__init__(
+            params,
+            {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "nvlamb": nvlamb},
+        )
 
-    def _new_weight(self, weight: torch.Tensor, state: dict[str, torch.Tensor], grad: torch.Tensor,
-                    group: dict[str, Any]) -> torch.Tensor:
+    def _new_weight(
+        self,
+        weight: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        grad: torch.Tensor,
+        group: dict[str, Any],
+    ) -> torch.Tensor:
         update = self._adam_direction(state, grad, group)
         if group["weight_decay"]:
             update = update + group["weight_decay"] * weight
         if group["weight_decay"] or group["nvlamb"]:
             w_norm, u_norm = weight.norm(), update.norm()
-            ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm,
-                                torch.ones_like(w_norm))
+            ratio = torch.where(
+                (w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm)
+            )
             update = ratio * update
         return weight - group["lr"] * update
 
@@ -168,21 +204,30 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
         if not p.requires_grad:
             continue
         (no_decay if any(k in name for k in NO_DECAY) else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
 
 
 def make_optimizer(cfg: JobConfig, model: nn.Module, device_kind: str) -> torch.optim.Optimizer:
     t = cfg.train
     groups = param_groups(model, t.weight_decay)
     if t.optimizer in ("lamb", "nvlamb"):
-        return Lamb(groups, lr=t.lr, betas=BETAS, eps=EPS, weight_decay=t.weight_decay,
-                    nvlamb=t.optimizer == "nvlamb")
+        return Lamb(
+            groups,
+            lr=t.lr,
+            betas=BETAS,
+            eps=EPS,
+            weight_decay=t.weight_decay,
+            nvlamb=t.optimizer == "nvlamb",
+        )
     if any(p.dtype != torch.float32 for g in groups for p in g["params"]):
         return Fp32AdamW(groups, lr=t.lr, betas=BETAS, eps=EPS, weight_decay=t.weight_decay)
     impl = options_for(cast(DeviceKind, device_kind), bf16=t.precision == "bf16").adamw
-    return torch.optim.AdamW(groups, lr=t.lr, betas=BETAS, eps=EPS, weight_decay=t.weight_decay,
-                             **{impl: True})
+    return torch.optim.AdamW(
+        groups, lr=t.lr, betas=BETAS, eps=EPS, weight_decay=t.weight_decay, **{impl: True}
+    )
 
 
 class Schedule:

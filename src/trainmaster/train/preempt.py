@@ -67,7 +67,12 @@ class Preemption:
 def record(path: Path, *, step: int, requested_at: float | None, saved_s: float) -> None:
     """Rank 0: one line per preemption honoured (requested_at: when rank 0 itself got the
     signal; None when another rank's vote stopped it)."""
-    line = {"t": time.time(), "step": step, "signal_at": requested_at, "checkpoint_s": round(saved_s, 3)}
+    line = {
+        "t": time.time(),
+        "step": step,
+        "signal_at": requested_at,
+        "checkpoint_s": round(saved_s, 3),
+    }
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
 

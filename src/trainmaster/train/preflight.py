@@ -52,9 +52,15 @@ class Env:
                 raise UserError(f"not an integer: {raw!r}", where=key) from exc
 
         world = num("WORLD_SIZE", 1)
-        return cls(rank=num("RANK", 0), local_rank=num("LOCAL_RANK", 0), world_size=world,
-                   local_world_size=num("LOCAL_WORLD_SIZE", world), node_rank=num("GROUP_RANK", 0),
-                   restarts=num("TORCHELASTIC_RESTART_COUNT", 0), launched="WORLD_SIZE" in environ)
+        return cls(
+            rank=num("RANK", 0),
+            local_rank=num("LOCAL_RANK", 0),
+            world_size=world,
+            local_world_size=num("LOCAL_WORLD_SIZE", world),
+            node_rank=num("GROUP_RANK", 0),
+            restarts=num("TORCHELASTIC_RESTART_COUNT", 0),
+            launched="WORLD_SIZE" in environ,
+        )
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,11 @@ class Plan:
     def resuming_from(self, resume: ckptdir.Checkpoint | None) -> Plan:
         """The plan for another resume point (rank 0's choice, loop.py): its data position,
         and no preloaded shard (the loader loads the one at the new position)."""
-        position = Position() if resume is None else resume_position(resume, self.env, self.shards, self.notes)
+        position = (
+            Position()
+            if resume is None
+            else resume_position(resume, self.env, self.shards, self.notes)
+        )
         return dataclasses.replace(self, resume=resume, position=position, first_shard={})
 
 
@@ -91,21 +101,33 @@ def grad_accum_for(cfg: JobConfig, env: Env) -> int:
     elastic = f" (min_nnodes {job.min_nnodes})" if job.min_nnodes else ""
     shape = f"job.nnodes = {job.nnodes}{elastic} x job.nproc_per_node = {job.nproc_per_node}"
     if not env.launched and d.min_world_size > 1:
-        raise UserError(f"this job needs {d.min_world_size}+ workers ({shape}); start it with "
-                        "`trainmaster launch` (torchrun), not by hand", where="WORLD_SIZE")
+        raise UserError(
+            f"this job needs {d.min_world_size}+ workers ({shape}); start it with "
+            "`trainmaster launch` (torchrun), not by hand",
+            where="WORLD_SIZE",
+        )
     if not d.min_world_size <= w <= d.world_size or w % job.nproc_per_node:
         fewest = d.min_world_size // job.nproc_per_node
         allowed = [n * job.nproc_per_node for n in range(fewest, job.nnodes + 1)]
-        raise UserError(f"torchrun started {w} workers, but the job allows "
-                        f"{', '.join(map(str, allowed))} ({shape}); launch it with the job's "
-                        "torchrun command (trainmaster launch)", where="WORLD_SIZE")
+        raise UserError(
+            f"torchrun started {w} workers, but the job allows "
+            f"{', '.join(map(str, allowed))} ({shape}); launch it with the job's "
+            "torchrun command (trainmaster launch)",
+            where="WORLD_SIZE",
+        )
     if env.launched and env.local_world_size != job.nproc_per_node:
-        raise UserError(f"{env.local_world_size} workers on this node, but job.nproc_per_node is "
-                        f"{job.nproc_per_node}", where="LOCAL_WORLD_SIZE")
+        raise UserError(
+            f"{env.local_world_size} workers on this node, but job.nproc_per_node is "
+            f"{job.nproc_per_node}",
+            where="LOCAL_WORLD_SIZE",
+        )
     per_step = t.batch_size * w
     if t.global_batch_size % per_step:
-        raise ConfigError(f"{t.global_batch_size} is not a multiple of batch_size x world size "
-                          f"({t.batch_size} x {w})", where="train.global_batch_size")
+        raise ConfigError(
+            f"{t.global_batch_size} is not a multiple of batch_size x world size "
+            f"({t.batch_size} x {w})",
+            where="train.global_batch_size",
+        )
     return t.global_batch_size // per_step
 
 
@@ -119,9 +141,11 @@ def check_run_dir(run: RunPaths) -> None:
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
-            raise UserError(f"the run folder is not writable ({exc.strerror or exc}); check the "
-                            "storage's permissions and free space, or pass --storage",
-                            where=str(folder)) from exc
+            raise UserError(
+                f"the run folder is not writable ({exc.strerror or exc}); check the "
+                "storage's permissions and free space, or pass --storage",
+                where=str(folder),
+            ) from exc
 
 
 def vocab_size_for(cfg: JobConfig, folder: Path) -> int:
@@ -129,15 +153,19 @@ def vocab_size_for(cfg: JobConfig, folder: Path) -> int:
     lines = dataset.vocab_lines(folder)
     if cfg.model.vocab_size is not None:
         if lines is not None and cfg.model.vocab_size < lines:
-            raise ConfigError(f"{cfg.model.vocab_size}, below the {lines} tokens of "
-                              f"{folder / 'vocab.txt'}; leave it unset to use the vocabulary's "
-                              "size", where="model.vocab_size")
+            raise ConfigError(
+                f"{cfg.model.vocab_size}, below the {lines} tokens of "
+                f"{folder / 'vocab.txt'}; leave it unset to use the vocabulary's "
+                "size",
+                where="model.vocab_size",
+            )
         return cfg.model.vocab_size
     return lines or DEFAULT_VOCAB
 
 
-def resume_position(ckpt: ckptdir.Checkpoint, env: Env, shards: list[ShardInfo],
-                    notes: list[str]) -> Position:
+def resume_position(
+    ckpt: ckptdir.Checkpoint, env: Env, shards: list[ShardInfo], notes: list[str]
+) -> Position:
     """This rank's saved position; an approximation when the world size or shard set changed."""
     meta = ckpt.meta
     positions = [Position.of(p) for p in meta.get("positions", [[0, 0, 0]])]
@@ -147,14 +175,24 @@ def resume_position(ckpt: ckptdir.Checkpoint, env: Env, shards: list[ShardInfo],
     first = positions[0]
     old_world = int(meta.get("world_size") or 1)
     rnd = first.round * old_world // env.world_size
-    notes.append(f"the checkpoint was written by {old_world} workers on {len(meta.get('files', []))} "
-                 f"shards, now {env.world_size} on {len(names)}: data resumes at the start of "
-                 f"epoch {first.epoch} round {rnd}, not at the exact sample")
-    return Position(first.epoch, min(rnd, dataset.rounds_per_epoch(len(names), env.world_size) - 1), 0)
+    notes.append(
+        f"the checkpoint was written by {old_world} workers on {len(meta.get('files', []))} "
+        f"shards, now {env.world_size} on {len(names)}: data resumes at the start of "
+        f"epoch {first.epoch} round {rnd}, not at the exact sample"
+    )
+    return Position(
+        first.epoch, min(rnd, dataset.rounds_per_epoch(len(names), env.world_size) - 1), 0
+    )
 
 
-def compile_cache(cfg: JobConfig, store: Storage, enabled: bool, environ: Mapping[str, str],
-                  vocab_size: int, notes: list[str]) -> tuple[Path | None, CacheState]:
+def compile_cache(
+    cfg: JobConfig,
+    store: Storage,
+    enabled: bool,
+    environ: Mapping[str, str],
+    vocab_size: int,
+    notes: list[str],
+) -> tuple[Path | None, CacheState]:
     """The cacheset (STORAGE/cache/CACHESET, or $TRAINMASTER_COMPILE_CACHE) and what it holds:
     warm when its fingerprint is this job's and it has compiled graphs, else cold."""
     if not enabled:
@@ -165,14 +203,21 @@ def compile_cache(cfg: JobConfig, store: Storage, enabled: bool, environ: Mappin
         return path, "cold"
     diffs = fingerprint.compare(saved.fields, fingerprint.compute(cfg, vocab_size))
     if diffs:
-        notes.append(f"compile cache {path.name} was filled for another job shape (job "
-                     f"{saved.job}): {'; '.join(map(str, diffs))}; compiling from scratch")
+        notes.append(
+            f"compile cache {path.name} was filled for another job shape (job "
+            f"{saved.job}): {'; '.join(map(str, diffs))}; compiling from scratch"
+        )
         return path, "cold"
     return path, "warm" if cache.has_entries(path, cache.mechanism(cfg, environ)) else "cold"
 
 
-def make_plan(job_file: str | Path, storage_arg: str | None, *, compile_flag: bool = False,
-              environ: Mapping[str, str] = os.environ) -> Plan:
+def make_plan(
+    job_file: str | Path,
+    storage_arg: str | None,
+    *,
+    compile_flag: bool = False,
+    environ: Mapping[str, str] = os.environ,
+) -> Plan:
     cfg = jobfile.load(job_file)
     env = Env.read(environ)
     grad_accum = grad_accum_for(cfg, env)
@@ -180,27 +225,54 @@ def make_plan(job_file: str | Path, storage_arg: str | None, *, compile_flag: bo
     run = RunPaths(Path(job_file).resolve().parent)
     check_run_dir(run)
     folder = dataset_path(store, cfg.data.dataset)
-    shards = dataset.check_dataset(folder, seq_len=cfg.data.seq_len, max_pred=cfg.data.max_pred,
-                                   world=env.world_size, batch_size=cfg.train.batch_size)
+    shards = dataset.check_dataset(
+        folder,
+        seq_len=cfg.data.seq_len,
+        max_pred=cfg.data.max_pred,
+        world=env.world_size,
+        batch_size=cfg.train.batch_size,
+    )
     vocab = vocab_size_for(cfg, folder)
     notes: list[str] = []
     resume = ckptdir.latest(run.checkpoints)
     position = Position()
     if resume is not None:
-        ckptdir.check_owner(resume, config_hash=cfg.derived.config_hash, job=cfg.job.name,
-                            folder=run.checkpoints)
+        ckptdir.check_owner(
+            resume, config_hash=cfg.derived.config_hash, job=cfg.job.name, folder=run.checkpoints
+        )
         if resume.meta.get("vocab_size") != vocab:
-            raise UserError(f"{resume.path.name} holds a model with {resume.meta.get('vocab_size')} "
-                            f"token ids, but the dataset's vocabulary now has {vocab}: the dataset "
-                            "was made again with another vocabulary; restore it or start a new job",
-                            where=str(resume.path))
+            raise UserError(
+                f"{resume.path.name} holds a model with {resume.meta.get('vocab_size')} "
+                f"token ids, but the dataset's vocabulary now has {vocab}: the dataset "
+                "was made again with another vocabulary; restore it or start a new job",
+                where=str(resume.path),
+            )
         position = resume_position(resume, env, shards, notes)
-    path = dataset.file_for([s.path for s in shards], seed=cfg.train.seed, epoch=position.epoch,
-                            rnd=position.round, rank=env.rank, world=env.world_size)
+    path = dataset.file_for(
+        [s.path for s in shards],
+        seed=cfg.train.seed,
+        epoch=position.epoch,
+        rnd=position.round,
+        rank=env.rank,
+        world=env.world_size,
+    )
     first = dataset.load_shard(path, vocab)
     enabled = compile_flag or cfg.train.compile
     cache_path, state = compile_cache(cfg, store, enabled, environ, vocab, notes)
-    return Plan(cfg=cfg, env=env, storage=store, run=run, dataset=folder, shards=shards,
-                vocab_size=vocab, grad_accum=grad_accum, resume=resume, position=position,
-                first_shard=first, compile=enabled, compile_cache=cache_path, cache_state=state,
-                notes=notes)
+    return Plan(
+        cfg=cfg,
+        env=env,
+        storage=store,
+        run=run,
+        dataset=folder,
+        shards=shards,
+        vocab_size=vocab,
+        grad_accum=grad_accum,
+        resume=resume,
+        position=position,
+        first_shard=first,
+        compile=enabled,
+        compile_cache=cache_path,
+        cache_state=state,
+        notes=notes,
+    )

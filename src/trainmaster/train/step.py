@@ -37,15 +37,27 @@ class StepResult:
 def _ddp(net: nn.Module, rt: Runtime) -> DistributedDataParallel:
     # BERT's buffers (position ids) are constants: no need to sync them at every forward.
     new_api = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-    no_buffer_sync: dict[str, Any] = ({"forward_sync_buffers": False} if new_api
-                                      else {"broadcast_buffers": False})
-    return DistributedDataParallel(net, device_ids=[rt.device.index] if rt.kind == "cuda" else None,
-                                   gradient_as_bucket_view=True, **no_buffer_sync)
+    no_buffer_sync: dict[str, Any] = (
+        {"forward_sync_buffers": False} if new_api else {"broadcast_buffers": False}
+    )
+    return DistributedDataParallel(
+        net,
+        device_ids=[rt.device.index] if rt.kind == "cuda" else None,
+        gradient_as_bucket_view=True,
+        **no_buffer_sync,
+    )
 
 
 class Stepper:
-    def __init__(self, model: BertForPreTraining, optimizer: torch.optim.Optimizer,
-                 scheduler: LRScheduler, rt: Runtime, *, compile: bool = False) -> None:
+    def __init__(
+        self,
+        model: BertForPreTraining,
+        optimizer: torch.optim.Optimizer,
+        scheduler: LRScheduler,
+        rt: Runtime,
+        *,
+        compile: bool = False,
+    ) -> None:
         self.optimizer, self.scheduler, self.rt = optimizer, scheduler, rt
         net: nn.Module = Pretraining(model)
         if compile and rt.kind != "xla":  # XLA compiles its graphs anyway (Neuron cache)
@@ -59,8 +71,9 @@ class Stepper:
             inner = self.ddp is not None and i < accum - 1
             yield self.ddp.no_sync() if inner and self.ddp is not None else contextlib.nullcontext()
 
-    def __call__(self, batches: Iterator[Batch], accum: int,
-                 consumed: Callable[[], None] | None = None) -> StepResult:
+    def __call__(
+        self, batches: Iterator[Batch], accum: int, consumed: Callable[[], None] | None = None
+    ) -> StepResult:
         rt = self.rt
         totals = torch.zeros(3, device=rt.device, dtype=torch.float32)
         for ctx in self._contexts(accum):

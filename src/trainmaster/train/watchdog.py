@@ -54,8 +54,10 @@ class Hang:
     dump: str  # the stack dump's file name, in the run's logs folder
 
     def describe(self) -> str:
-        return (f"rank {self.rank} on node {self.node}: no step for {self.no_step_s:.0f} s "
-                f"(timeout {self.timeout_s:.0f} s) after step {self.step}, last in {self.where}")
+        return (
+            f"rank {self.rank} on node {self.node}: no step for {self.no_step_s:.0f} s "
+            f"(timeout {self.timeout_s:.0f} s) after step {self.step}, last in {self.where}"
+        )
 
 
 def read_hangs(path: Path) -> list[Hang]:
@@ -78,9 +80,17 @@ class Watchdog:
     """One per worker. The loop calls beat() after every step and sets `where` before each
     phase of a step; the thread does the rest. exit_fn is os._exit (tests pass their own)."""
 
-    def __init__(self, *, logs: Path, hangs: Path, rank: int, node: int,
-                 configured: float | None, exit_fn: Callable[[int], None] = os._exit,
-                 poll_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        logs: Path,
+        hangs: Path,
+        rank: int,
+        node: int,
+        configured: float | None,
+        exit_fn: Callable[[int], None] = os._exit,
+        poll_s: float = 1.0,
+    ) -> None:
         self.logs, self.hangs, self.rank, self.node = logs, hangs, rank, node
         self.configured, self.exit_fn, self.poll_s = configured, exit_fn, poll_s
         self.where = "start-up"
@@ -89,7 +99,9 @@ class Watchdog:
         self._steps: deque[float] = deque(maxlen=RECENT)
         self._armed = False
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name=f"hang-watchdog-{rank}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch, name=f"hang-watchdog-{rank}", daemon=True
+        )
 
     def start(self) -> Watchdog:
         if self.configured != 0:
@@ -121,8 +133,16 @@ class Watchdog:
 
     def _fire(self, idle: float, limit: float) -> None:
         dump = self.logs / f"hang-rank{self.rank}.txt"
-        hang = Hang(time.time(), self.rank, self.node, self.step, round(idle, 1), self.where,
-                    limit, dump.name)
+        hang = Hang(
+            time.time(),
+            self.rank,
+            self.node,
+            self.step,
+            round(idle, 1),
+            self.where,
+            limit,
+            dump.name,
+        )
         self.logs.mkdir(parents=True, exist_ok=True)
         with dump.open("a", encoding="utf-8") as f:
             f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} hang: {hang.describe()}\n")
@@ -130,6 +150,9 @@ class Watchdog:
             faulthandler.dump_traceback(file=f, all_threads=True)
         with self.hangs.open("a", encoding="utf-8") as f:
             f.write(json.dumps(asdict(hang)) + "\n")
-        print(f"trainmaster: hang: {hang.describe()}; stacks in logs/{dump.name}; exiting so "
-              "that torchrun restarts from the last checkpoint", flush=True)
+        print(
+            f"trainmaster: hang: {hang.describe()}; stacks in logs/{dump.name}; exiting so "
+            "that torchrun restarts from the last checkpoint",
+            flush=True,
+        )
         self.exit_fn(EXIT_HUNG)

@@ -35,9 +35,18 @@ VOLCANO = "/apis/batch.volcano.sh/v1alpha1"
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
-def status_body(code: int, reason: str, message: str, name: str | None = None, kind: str = "") -> dict[str, Any]:
-    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                            "message": message, "reason": reason, "code": code}
+def status_body(
+    code: int, reason: str, message: str, name: str | None = None, kind: str = ""
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
     if name is not None:
         body["details"] = {"name": name, "kind": kind}
     return body
@@ -79,10 +88,14 @@ class FakeCluster:
         ctx: dict[str, Any] = {"cluster": "fake", "user": "tester"}
         if namespace:
             ctx["namespace"] = namespace
-        cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "fake",
-               "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-               "contexts": [{"name": "fake", "context": ctx}, {"name": "other", "context": ctx}],
-               "users": [{"name": "tester", "user": {"token": token}}]}
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "contexts": [{"name": "fake", "context": ctx}, {"name": "other", "context": ctx}],
+            "users": [{"name": "tester", "user": {"token": token}}],
+        }
         path = self.tmp / f"kubeconfig-{token}-{namespace}"
         path.write_text(json.dumps(cfg))
         return path
@@ -94,14 +107,37 @@ class FakeCluster:
         frac = f"{self.clock % 1:.9f}"[2:].rstrip("0")  # RFC3339Nano trims trailing zeros
         return f"{whole}{'.' + frac if frac else ''}Z"
 
-    def add_pod(self, ns: str, name: str, labels: dict[str, str], phase: str = "Running",
-                log: list[str] | None = None, exit_code: int | None = None) -> None:
-        status: dict[str, Any] = {"phase": phase, "containerStatuses": [
-            {"name": "trainer", "restartCount": 0, "ready": phase == "Running", "image": "x", "imageID": "",
-             "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}} if exit_code is not None
-             else {"running": {}}}]}
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": labels},
-               "spec": {"nodeName": "node-1", "containers": [{"name": "trainer"}]}, "status": status}
+    def add_pod(
+        self,
+        ns: str,
+        name: str,
+        labels: dict[str, str],
+        phase: str = "Running",
+        log: list[str] | None = None,
+        exit_code: int | None = None,
+    ) -> None:
+        status: dict[str, Any] = {
+            "phase": phase,
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "restartCount": 0,
+                    "ready": phase == "Running",
+                    "image": "x",
+                    "imageID": "",
+                    "state": {"terminated": {"exitCode": exit_code, "reason": "Error"}}
+                    if exit_code is not None
+                    else {"running": {}},
+                }
+            ],
+        }
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "trainer"}]},
+            "status": status,
+        }
         with self.lock:
             self.pods[(ns, name)] = pod
             self.logs[(ns, name)] = []
@@ -117,7 +153,9 @@ class FakeCluster:
         with self.lock:
             p = self.pods[(ns, pod)]
             p["status"]["phase"] = phase
-            p["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": exit_code, "reason": phase}}
+            p["status"]["containerStatuses"][0]["state"] = {
+                "terminated": {"exitCode": exit_code, "reason": phase}
+            }
             self.done.add((ns, pod))
             self.lock.notify_all()
 
@@ -131,8 +169,13 @@ class FakeCluster:
     def _kubelet(self, ns: str, pod: dict[str, Any]) -> None:
         """Run the pod's command here: its output is the log, its exit the phase."""
         name = pod["metadata"]["name"]
-        proc = subprocess.Popen(pod["spec"]["containers"][0]["command"], stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=self._env(pod), start_new_session=True)
+        proc = subprocess.Popen(
+            pod["spec"]["containers"][0]["command"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=self._env(pod),
+            start_new_session=True,
+        )
         self.procs[(ns, name)] = proc
 
         def pump() -> None:
@@ -179,7 +222,9 @@ def _handler(fake: FakeCluster) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _error(self, code: int, reason: str, message: str, name: str | None = None, kind: str = "") -> None:
+        def _error(
+            self, code: int, reason: str, message: str, name: str | None = None, kind: str = ""
+        ) -> None:
             self._send(code, status_body(code, reason, message, name, kind))
 
         def _body(self) -> Any:

@@ -15,7 +15,14 @@ from typing import Any
 from tests.backends.kubernetes.fake_api import VOLCANO, FakeCluster, new_uid, ws_read, ws_write
 
 CORE = "/api/v1"
-TRUE = {"1", "t", "T", "TRUE", "true", "True"}  # Go's strconv.ParseBool, as the API server reads flags
+TRUE = {
+    "1",
+    "t",
+    "T",
+    "TRUE",
+    "true",
+    "True",
+}  # Go's strconv.ParseBool, as the API server reads flags
 
 
 def _flag(query: dict[str, list[str]], key: str) -> bool:
@@ -24,8 +31,12 @@ def _flag(query: dict[str, list[str]], key: str) -> bool:
 
 def _forbidden(fake: FakeCluster, h: Any, verb: str, resource: str, group: str, ns: str) -> bool:
     if (verb, resource) in fake.forbid:
-        h._error(403, "Forbidden", f'{resource}{"." + group if group else ""} is forbidden: User "tester" '
-                 f'cannot {verb} resource "{resource}" in API group "{group}" in the namespace "{ns}"')
+        h._error(
+            403,
+            "Forbidden",
+            f'{resource}{"." + group if group else ""} is forbidden: User "tester" '
+            f'cannot {verb} resource "{resource}" in API group "{group}" in the namespace "{ns}"',
+        )
         return True
     return False
 
@@ -36,22 +47,42 @@ def _stamp_new(obj: dict[str, Any], ns: str) -> dict[str, Any]:
     return obj
 
 
-def _objects(fake: FakeCluster, h: Any, method: str, store: dict[tuple[str, str], dict[str, Any]],
-             ns: str, name: str | None, query: dict[str, list[str]], body: Any,
-             resource: str, group: str, kind: str) -> None:
+def _objects(
+    fake: FakeCluster,
+    h: Any,
+    method: str,
+    store: dict[tuple[str, str], dict[str, Any]],
+    ns: str,
+    name: str | None,
+    query: dict[str, list[str]],
+    body: Any,
+    resource: str,
+    group: str,
+    kind: str,
+) -> None:
     """create / get / list / replace / patch / delete of one kind of namespaced object."""
-    verb = {"POST": "create", "GET": "get" if name else "list", "PUT": "update", "PATCH": "patch",
-            "DELETE": "delete"}[method]
+    verb = {
+        "POST": "create",
+        "GET": "get" if name else "list",
+        "PUT": "update",
+        "PATCH": "patch",
+        "DELETE": "delete",
+    }[method]
     if _forbidden(fake, h, verb, resource, group, ns):
         return
     dry = query.get("dryRun") == ["All"]
     if method == "POST":
         key = (ns, body["metadata"]["name"])
         if key in store:
-            return h._error(409, "AlreadyExists", f'{resource} "{key[1]}" already exists', key[1], resource)
+            return h._error(
+                409, "AlreadyExists", f'{resource} "{key[1]}" already exists', key[1], resource
+            )
         if resource == "jobs" and fake.deny_jobs:
-            return h._error(400, "BadRequest", 'admission webhook "validatejob.volcano.sh" denied the '
-                            f"request: {fake.deny_jobs}")
+            return h._error(
+                400,
+                "BadRequest",
+                f'admission webhook "validatejob.volcano.sh" denied the request: {fake.deny_jobs}',
+            )
         obj = _stamp_new(json.loads(json.dumps(body)), ns)
         if resource == "jobs":
             obj["status"] = {"state": {"phase": "Pending"}}
@@ -84,8 +115,14 @@ def _objects(fake: FakeCluster, h: Any, method: str, store: dict[tuple[str, str]
     return h._send(200, obj)
 
 
-def _list(fake: FakeCluster, h: Any, store: dict[tuple[str, str], dict[str, Any]], ns: str,
-          query: dict[str, list[str]], kind: str) -> None:
+def _list(
+    fake: FakeCluster,
+    h: Any,
+    store: dict[tuple[str, str], dict[str, Any]],
+    ns: str,
+    query: dict[str, list[str]],
+    kind: str,
+) -> None:
     """A list, in chunks as the API server serves them when asked with `limit`: in key order
     (etcd keys are /registry/<resource>/<namespace>/<name>), at most `limit` items, and a
     `continue` token while keys remain, the last page possibly empty; an expired token
@@ -106,8 +143,13 @@ def _list(fake: FakeCluster, h: Any, store: dict[tuple[str, str], dict[str, Any]
     h._send(200, data)
 
 
-def _page(fake: FakeCluster, store: dict[tuple[str, str], dict[str, Any]], ns: str,
-          query: dict[str, list[str]], kind: str) -> tuple[int, dict[str, Any]]:
+def _page(
+    fake: FakeCluster,
+    store: dict[tuple[str, str], dict[str, Any]],
+    ns: str,
+    query: dict[str, list[str]],
+    kind: str,
+) -> tuple[int, dict[str, Any]]:
     terms = (t.partition("=") for t in filter(None, query.get("labelSelector", [""])[0].split(",")))
     sel = [(k, v) for k, _, v in terms]
     limit = int(query.get("limit", ["0"])[0] or 0)
@@ -118,37 +160,63 @@ def _page(fake: FakeCluster, store: dict[tuple[str, str], dict[str, Any]], ns: s
         try:
             mark = json.loads(base64.urlsafe_b64decode(token))
         except ValueError:
-            return 400, {"reason": "BadRequest", "message": "continue key is not valid: illegal base64 data"}
+            return 400, {
+                "reason": "BadRequest",
+                "message": "continue key is not valid: illegal base64 data",
+            }
         if fake.expire_continues:
             fake.expire_continues -= 1
-            return 410, {"reason": "Expired", "message": "The provided continue parameter is too old to "
-                         "display a consistent list result. You can start a new list without the "
-                         "continue parameter."}
+            return 410, {
+                "reason": "Expired",
+                "message": "The provided continue parameter is too old to "
+                "display a consistent list result. You can start a new list without the "
+                "continue parameter.",
+            }
         start = bisect.bisect_right(keys, tuple(mark["start"]))
     items: list[dict[str, Any]] = []
     i = start
-    while i < len(keys) and not (limit and (len(items) == limit or (fake.short_pages and i - start == limit))):
+    while i < len(keys) and not (
+        limit and (len(items) == limit or (fake.short_pages and i - start == limit))
+    ):
         o = store[keys[i]]
         i += 1
         if all(o["metadata"].get("labels", {}).get(k) == v for k, v in sel):
             items.append(o)
     meta: dict[str, Any] = {"resourceVersion": "1"}
     if limit and i < len(keys):
-        meta["continue"] = base64.urlsafe_b64encode(json.dumps({"v": "meta.k8s.io/v1",
-                                                                "start": list(keys[i - 1])}).encode()).decode()
+        meta["continue"] = base64.urlsafe_b64encode(
+            json.dumps({"v": "meta.k8s.io/v1", "start": list(keys[i - 1])}).encode()
+        ).decode()
     return 200, {"apiVersion": "v1", "kind": f"{kind}List", "metadata": meta, "items": items}
 
 
 def _start_pod(fake: FakeCluster, ns: str, pod: dict[str, Any]) -> None:
     name = pod["metadata"]["name"]
     fake.logs[(ns, name)] = []
-    status: dict[str, Any] = {"phase": "Pending", "conditions": [], "containerStatuses": [
-        {"name": "c", "restartCount": 0, "ready": False, "image": "x", "imageID": "",
-         "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    status: dict[str, Any] = {
+        "phase": "Pending",
+        "conditions": [],
+        "containerStatuses": [
+            {
+                "name": "c",
+                "restartCount": 0,
+                "ready": False,
+                "image": "x",
+                "imageID": "",
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+            }
+        ],
+    }
     pod["status"] = status
     if fake.pending_message is not None:
-        status["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                 "message": fake.pending_message}]
+        status["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": fake.pending_message,
+            }
+        ]
         return
     if fake.run_pods:
         status["phase"] = "Running"
@@ -172,7 +240,7 @@ def _log(fake: FakeCluster, h: Any, ns: str, name: str, query: dict[str, list[st
     if not _flag(query, "follow"):
         entries = list(fake.logs[(ns, name)])
         if "tailLines" in query:
-            entries = entries[-int(query["tailLines"][0]):]
+            entries = entries[-int(query["tailLines"][0]) :]
         data = fmt(entries)
         if "limitBytes" in query:
             data = data[: int(query["limitBytes"][0])]
@@ -181,8 +249,14 @@ def _log(fake: FakeCluster, h: Any, ns: str, name: str, query: dict[str, list[st
     sent = 0
     while True:
         with fake.lock:
-            fake.lock.wait_for(lambda n=sent: len(fake.logs.get((ns, name), [])) > n or (ns, name) in fake.done
-                               or (ns, name) not in fake.pods, timeout=30)
+            fake.lock.wait_for(
+                lambda n=sent: (
+                    len(fake.logs.get((ns, name), [])) > n
+                    or (ns, name) in fake.done
+                    or (ns, name) not in fake.pods
+                ),
+                timeout=30,
+            )
             entries = list(fake.logs.get((ns, name), []))[sent:]
             over = (ns, name) in fake.done or (ns, name) not in fake.pods
         sent += len(entries)
@@ -206,14 +280,22 @@ def _exec(fake: FakeCluster, h: Any, ns: str, name: str, query: dict[str, list[s
             ws_write(wfile, 2, bytes([channel]) + data)
 
     stdin = _flag(query, "stdin")
-    proc = subprocess.Popen(query["command"], stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=fake._env(fake.pods[(ns, name)]))
+    proc = subprocess.Popen(
+        query["command"],
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=fake._env(fake.pods[(ns, name)]),
+    )
 
     def pump(stream: Any, channel: int) -> None:
         for chunk in iter(lambda: stream.read1(65536), b""):
             send(channel, chunk)
 
-    pumps = [threading.Thread(target=pump, args=(proc.stdout, 1)), threading.Thread(target=pump, args=(proc.stderr, 2))]
+    pumps = [
+        threading.Thread(target=pump, args=(proc.stdout, 1)),
+        threading.Thread(target=pump, args=(proc.stderr, 2)),
+    ]
     for t in pumps:
         t.start()
 
@@ -223,9 +305,13 @@ def _exec(fake: FakeCluster, h: Any, ns: str, name: str, query: dict[str, list[s
             t.join()
         result: dict[str, Any] = {"metadata": {}, "status": "Success"}
         if code:
-            result = {"metadata": {}, "status": "Failure", "reason": "NonZeroExitCode",
-                      "message": f"command terminated with non-zero exit code: {code}",
-                      "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
+            result = {
+                "metadata": {},
+                "status": "Failure",
+                "reason": "NonZeroExitCode",
+                "message": f"command terminated with non-zero exit code: {code}",
+                "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
+            }
         send(3, json.dumps(result).encode())
         with lock:
             ws_write(wfile, 8, b"\x03\xe8")
@@ -262,7 +348,9 @@ PATHS = [
 ]
 
 
-def route(fake: FakeCluster, h: Any, method: str, path: str, query: dict[str, list[str]], body: Any) -> None:
+def route(
+    fake: FakeCluster, h: Any, method: str, path: str, query: dict[str, list[str]], body: Any
+) -> None:
     for pattern, what in PATHS:
         m = pattern.match(path)
         if not m:
@@ -270,11 +358,47 @@ def route(fake: FakeCluster, h: Any, method: str, path: str, query: dict[str, li
         if what in ("jobs", "all-jobs") and not fake.volcano_installed:
             break
         if what == "jobs":
-            return _objects(fake, h, method, fake.jobs, m[1], m[2], query, body, "jobs", "batch.volcano.sh", "Job")
+            return _objects(
+                fake,
+                h,
+                method,
+                fake.jobs,
+                m[1],
+                m[2],
+                query,
+                body,
+                "jobs",
+                "batch.volcano.sh",
+                "Job",
+            )
         if what == "all-jobs":
-            return _objects(fake, h, method, fake.jobs, "*", None, query, body, "jobs", "batch.volcano.sh", "Job")
+            return _objects(
+                fake,
+                h,
+                method,
+                fake.jobs,
+                "*",
+                None,
+                query,
+                body,
+                "jobs",
+                "batch.volcano.sh",
+                "Job",
+            )
         if what == "configmaps":
-            return _objects(fake, h, method, fake.configmaps, m[1], m[2], query, body, "configmaps", "", "ConfigMap")
+            return _objects(
+                fake,
+                h,
+                method,
+                fake.configmaps,
+                m[1],
+                m[2],
+                query,
+                body,
+                "configmaps",
+                "",
+                "ConfigMap",
+            )
         if what == "pods":
             return _objects(fake, h, method, fake.pods, m[1], m[2], query, body, "pods", "", "Pod")
         if what == "log":

@@ -17,6 +17,11 @@ def validate_volcano_job(job: dict[str, Any]) -> None:
 
 def validate_pod_templates(job: dict[str, Any]) -> None:
     for task in job["spec"]["tasks"]:
-        validate_k8s({"apiVersion": "v1", "kind": "PodTemplate",
-                      "metadata": {"name": task["name"], "namespace": job["metadata"]["namespace"]},
-                      "template": task["template"]})
+        validate_k8s(
+            {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "metadata": {"name": task["name"], "namespace": job["metadata"]["namespace"]},
+                "template": task["template"],
+            }
+        )

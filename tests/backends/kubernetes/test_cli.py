@@ -21,8 +21,13 @@ IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/trainmaster:1"
 
 
 def test_tutorial_example_dry_run_validates() -> None:
-    result = run_cli("launch", str(ROOT / "examples" / "trn1-bert-large.toml"), "--backend",
-                     "kubernetes", "--dry-run")
+    result = run_cli(
+        "launch",
+        str(ROOT / "examples" / "trn1-bert-large.toml"),
+        "--backend",
+        "kubernetes",
+        "--dry-run",
+    )
     assert result.returncode == 0, result.stderr
     cm, job = list(yaml.safe_load_all(result.stdout))
     validate_k8s(cm)
@@ -44,8 +49,14 @@ def test_tutorial_example_dry_run_validates() -> None:
 
 
 def test_real_launch_refuses_the_example_account(tmp_path: Path) -> None:
-    result = run_cli("launch", str(ROOT / "examples" / "trn1-bert-large.toml"), "--backend",
-                     "kubernetes", "--kubeconfig", str(tmp_path / "none"))
+    result = run_cli(
+        "launch",
+        str(ROOT / "examples" / "trn1-bert-large.toml"),
+        "--backend",
+        "kubernetes",
+        "--kubeconfig",
+        str(tmp_path / "none"),
+    )
     assert result.returncode == 2
     assert "example account 123456789012" in result.stderr
 
@@ -56,29 +67,50 @@ def test_kubernetes_commands_against_the_fake_api(fake: FakeCluster) -> None:
     job = ROOT / "examples" / "trn1-bert-large.toml"
     launched = run_cli("launch", str(job), "--image", IMAGE, *kube)
     assert launched.returncode == 0, launched.stderr
-    assert launched.stdout.startswith("kubernetes://default/bert-large-trn1  (Volcano job in namespace default")
-    fake.add_pod("default", "bert-large-trn1-worker-0",
-                 {"trainmaster.io/job": "bert-large-trn1", "volcano.sh/job-name": "bert-large-trn1"},
-                 log=["[default0]:step 1 loss 11.2"])
+    assert launched.stdout.startswith(
+        "kubernetes://default/bert-large-trn1  (Volcano job in namespace default"
+    )
+    fake.add_pod(
+        "default",
+        "bert-large-trn1-worker-0",
+        {"trainmaster.io/job": "bert-large-trn1", "volcano.sh/job-name": "bert-large-trn1"},
+        log=["[default0]:step 1 loss 11.2"],
+    )
     listed = run_cli("list", *kube)
     assert listed.returncode == 0 and "bert-large-trn1" in listed.stdout, listed.stderr
     status = run_cli("status", "bert-large-trn1", *kube)
     assert status.returncode == 0, status.stderr
     assert "backend kubernetes" in status.stdout and "bert-large-trn1-worker-0" in status.stdout
     # The handle launch printed names the backend and namespace: no --backend needed after launch.
-    by_handle = run_cli("status", "kubernetes://default/bert-large-trn1", "--json",
-                        "--kubeconfig", str(fake.kubeconfig()))
+    by_handle = run_cli(
+        "status",
+        "kubernetes://default/bert-large-trn1",
+        "--json",
+        "--kubeconfig",
+        str(fake.kubeconfig()),
+    )
     assert by_handle.returncode == 0, by_handle.stderr
     data = json.loads(by_handle.stdout)
     assert (data["job"], data["backend"], data["handle"]) == (
-        "bert-large-trn1", "kubernetes", "kubernetes://default/bert-large-trn1")
+        "bert-large-trn1",
+        "kubernetes",
+        "kubernetes://default/bert-large-trn1",
+    )
     assert data["phase"] in ("pending", "running") and data["nnodes"] == 2
-    assert [(n["name"], n["host"]) for n in data["nodes"]] == [("bert-large-trn1-worker-0", "node-1")]
+    assert [(n["name"], n["host"]) for n in data["nodes"]] == [
+        ("bert-large-trn1-worker-0", "node-1")
+    ]
     assert data["details"]["namespace"] == "default"
     listed_json = json.loads(run_cli("list", "--json", *kube).stdout)
     assert [j["handle"] for j in listed_json] == ["kubernetes://default/bert-large-trn1"]
-    wrong = run_cli("status", "kubernetes://other/bert-large-trn1", "--namespace", "default",
-                    "--kubeconfig", str(fake.kubeconfig()))
+    wrong = run_cli(
+        "status",
+        "kubernetes://other/bert-large-trn1",
+        "--namespace",
+        "default",
+        "--kubeconfig",
+        str(fake.kubeconfig()),
+    )
     assert wrong.returncode == 2 and wrong.stderr.startswith("error: --namespace: ")
     logs = run_cli("logs", "bert-large-trn1", *kube)
     assert logs.returncode == 0 and logs.stdout == "[default0]:step 1 loss 11.2\n", logs.stderr
@@ -86,7 +118,10 @@ def test_kubernetes_commands_against_the_fake_api(fake: FakeCluster) -> None:
     bad = run_cli("logs", "bert-large-trn1", "--rank", "3", *kube)
     assert bad.returncode == 2 and "--rank: kubernetes jobs" in bad.stderr
     cancelled = run_cli("cancel", "bert-large-trn1", *kube)
-    assert cancelled.returncode == 0 and "cancelled (Volcano job and its pods deleted)" in cancelled.stdout
+    assert (
+        cancelled.returncode == 0
+        and "cancelled (Volcano job and its pods deleted)" in cancelled.stdout
+    )
     assert ("default", "bert-large-trn1") not in fake.jobs
 
 
@@ -95,5 +130,7 @@ def test_debug_shows_the_api_error_behind_a_one_line_error(fake: FakeCluster) ->
     plain = run_cli("status", "nosuch", *kube)
     assert plain.returncode == 2 and len(plain.stderr.strip().splitlines()) == 1
     debug = run_cli("--debug", "status", "nosuch", *kube)
-    assert "kubernetes.client.exceptions.NotFoundException: (404)" in debug.stderr  # chained, not hidden
+    assert (
+        "kubernetes.client.exceptions.NotFoundException: (404)" in debug.stderr
+    )  # chained, not hidden
     assert "direct cause of the following exception" in debug.stderr

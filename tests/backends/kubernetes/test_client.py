@@ -26,13 +26,17 @@ def job_labels(name: str) -> dict[str, str]:
     return volcano.labels(name, "train") | {"volcano.sh/job-name": name}
 
 
-def calls(fake: FakeCluster, method: str, fragment: str) -> list[tuple[str, str, dict[str, list[str]], Any]]:
+def calls(
+    fake: FakeCluster, method: str, fragment: str
+) -> list[tuple[str, str, dict[str, list[str]], Any]]:
     return [r for r in fake.requests if r[0] == method and fragment in r[1]]
 
 
 # --- connecting -------------------------------------------------------------------------------
 def test_connect_errors_and_namespace(fake: FakeCluster, tmp_path: Path) -> None:
-    with pytest.raises(UserError, match=r"--kubeconfig: no kubeconfig at .*aws eks update-kubeconfig"):
+    with pytest.raises(
+        UserError, match=r"--kubeconfig: no kubeconfig at .*aws eks update-kubeconfig"
+    ):
         kubernetes.connect(str(tmp_path / "missing"))
     with pytest.raises(UserError, match=r"--context: no context 'prod' .*contexts: fake, other"):
         kubernetes.connect(str(fake.kubeconfig()), context="prod")
@@ -75,9 +79,13 @@ def test_name_clash_is_a_clear_error(fake: FakeCluster, cluster: kubernetes.Clus
     before = json.dumps(list(fake.configmaps.values()), sort_keys=True)
     with pytest.raises(UserError) as err:
         kubernetes.submit(cluster, objs(extra=["train.lr=1e-4"]))
-    assert str(err.value) == ("job.name: job bert-large-trn1 exists in namespace default; cancel it "
-                              "(`trainmaster cancel bert-large-trn1`) or choose another job.name")
-    assert json.dumps(list(fake.configmaps.values()), sort_keys=True) == before  # the running job's file is untouched
+    assert str(err.value) == (
+        "job.name: job bert-large-trn1 exists in namespace default; cancel it "
+        "(`trainmaster cancel bert-large-trn1`) or choose another job.name"
+    )
+    assert (
+        json.dumps(list(fake.configmaps.values()), sort_keys=True) == before
+    )  # the running job's file is untouched
 
 
 def test_leftover_configmap_is_replaced(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
@@ -98,13 +106,18 @@ def test_401(fake: FakeCluster) -> None:
         kubernetes.status(cluster, "bert-large-trn1")
 
 
-def test_403_names_verb_and_resource_and_cleans_up(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
+def test_403_names_verb_and_resource_and_cleans_up(
+    fake: FakeCluster, cluster: kubernetes.Cluster
+) -> None:
     fake.forbid.add(("create", "jobs"))
     with pytest.raises(UserError) as err:
         kubernetes.submit(cluster, objs())
     msg = str(err.value)
     assert "not allowed to create jobs.batch.volcano.sh in namespace default (403 Forbidden" in msg
-    assert 'User "tester" cannot create resource "jobs"' in msg and "grants create on jobs.batch.volcano.sh" in msg
+    assert (
+        'User "tester" cannot create resource "jobs"' in msg
+        and "grants create on jobs.batch.volcano.sh" in msg
+    )
     assert not fake.configmaps and calls(fake, "DELETE", "configmaps/bert-large-trn1-config")
 
 
@@ -117,7 +130,9 @@ def test_403_on_logs(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
 
 
 def test_admission_webhook_refusal(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
-    fake.deny_jobs = 'unable to find job queue: queues.scheduling.volcano.sh "trainmaster" not found'
+    fake.deny_jobs = (
+        'unable to find job queue: queues.scheduling.volcano.sh "trainmaster" not found'
+    )
     with pytest.raises(UserError, match=r"Volcano refused the job: .*queue.*not found.*cluster up"):
         kubernetes.submit(cluster, objs())
     assert not fake.configmaps
@@ -132,27 +147,49 @@ def test_volcano_missing(fake: FakeCluster, cluster: kubernetes.Cluster) -> None
 
 
 # --- status, logs, rank 0 -----------------------------------------------------------------------
-def running_job(fake: FakeCluster, cluster: kubernetes.Cluster, name: str = "bert-large-trn1") -> None:
+def running_job(
+    fake: FakeCluster, cluster: kubernetes.Cluster, name: str = "bert-large-trn1"
+) -> None:
     kubernetes.submit(cluster, objs())
     fake.jobs[(NS, name)]["status"] = {"state": {"phase": "Running"}, "retryCount": 1, "running": 2}
-    fake.add_pod(NS, f"{name}-worker-0", job_labels(name), log=["[default0]:starting", "[default0]:step 1"])
-    fake.add_pod(NS, f"{name}-worker-1", job_labels(name),
-                 log=["[default0]:starting", f"[default0]:trainmaster: rank 0 on pod {name}-worker-1",
-                      "[default0]:step 1 loss 11.2"])
+    fake.add_pod(
+        NS, f"{name}-worker-0", job_labels(name), log=["[default0]:starting", "[default0]:step 1"]
+    )
+    fake.add_pod(
+        NS,
+        f"{name}-worker-1",
+        job_labels(name),
+        log=[
+            "[default0]:starting",
+            f"[default0]:trainmaster: rank 0 on pod {name}-worker-1",
+            "[default0]:step 1 loss 11.2",
+        ],
+    )
     fake.add_pod(NS, "someone-else-0", {"app": "x"})
 
 
 def test_status(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
     running_job(fake, cluster)
     st = kubernetes.status(cluster, "bert-large-trn1")
-    assert (st.phase, st.volcano_phase, st.retries, st.replicas, st.min_available) == ("running", "Running", 1, 2, 2)
+    assert (st.phase, st.volcano_phase, st.retries, st.replicas, st.min_available) == (
+        "running",
+        "Running",
+        1,
+        2,
+        2,
+    )
     assert [(p.name, p.index, p.phase) for p in st.pods] == [
-        ("bert-large-trn1-worker-0", 0, "Running"), ("bert-large-trn1-worker-1", 1, "Running")]
+        ("bert-large-trn1-worker-0", 0, "Running"),
+        ("bert-large-trn1-worker-1", 1, "Running"),
+    ]
     assert st.rank0_pod == "bert-large-trn1-worker-1"
     assert st.storage == "/data" and len(st.config_hash) == 16
     run = kubernetes.as_run_state(st)
-    assert run.backend == "kubernetes" and run.phase == "running" and [n.log for n in run.nodes] == [
-        "bert-large-trn1-worker-0", "bert-large-trn1-worker-1"]
+    assert (
+        run.backend == "kubernetes"
+        and run.phase == "running"
+        and [n.log for n in run.nodes] == ["bert-large-trn1-worker-0", "bert-large-trn1-worker-1"]
+    )
     fake.jobs[(NS, "bert-large-trn1")]["status"]["state"]["phase"] = "Completed"
     assert kubernetes.status(cluster, "bert-large-trn1", find_rank0=False).phase == "succeeded"
 
@@ -160,11 +197,19 @@ def test_status(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
 def test_rank0_moves_after_a_restart(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
     running_job(fake, cluster)
     # torchrun restarted the workers and the new rendezvous made worker-0 rank 0 (a later line).
-    fake.append_log(NS, "bert-large-trn1-worker-0", "[default0]:trainmaster: rank 0 on pod bert-large-trn1-worker-0")
+    fake.append_log(
+        NS,
+        "bert-large-trn1-worker-0",
+        "[default0]:trainmaster: rank 0 on pod bert-large-trn1-worker-0",
+    )
     assert kubernetes.status(cluster, "bert-large-trn1").rank0_pod == "bert-large-trn1-worker-0"
     # A line naming another pod (e.g. echoed into this log) does not count.
-    fake.add_pod(NS, "bert-large-trn1-worker-2", job_labels("bert-large-trn1"),
-                 log=["[default0]:trainmaster: rank 0 on pod bert-large-trn1-worker-9"])
+    fake.add_pod(
+        NS,
+        "bert-large-trn1-worker-2",
+        job_labels("bert-large-trn1"),
+        log=["[default0]:trainmaster: rank 0 on pod bert-large-trn1-worker-9"],
+    )
     assert kubernetes.status(cluster, "bert-large-trn1").rank0_pod == "bert-large-trn1-worker-0"
     assert all(r[2]["timestamps"][0] in ("true", "True") for r in calls(fake, "GET", "/log"))
 
@@ -189,7 +234,9 @@ def test_logs_default_to_rank0(fake: FakeCluster, cluster: kubernetes.Cluster) -
         kubernetes.logs(cluster, "bert-large-trn1", node=5)
 
 
-def test_logs_before_rank0_is_known_and_without_pods(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
+def test_logs_before_rank0_is_known_and_without_pods(
+    fake: FakeCluster, cluster: kubernetes.Cluster
+) -> None:
     kubernetes.submit(cluster, objs())
     with pytest.raises(UserError, match="has no pods yet"):
         kubernetes.logs(cluster, "bert-large-trn1")
@@ -204,7 +251,9 @@ def test_follow_streams_lines_as_they_come(fake: FakeCluster, cluster: kubernete
     seen = [next(lines) for _ in range(3)]  # what is there already
     assert seen[-1] == "[default0]:step 1 loss 11.2\n"
     # New lines arrive while the client waits on the open stream; it ends when the pod ends.
-    feeder = threading.Thread(target=lambda: [fake.append_log(NS, pod, f"[default0]:step {s}") for s in (2, 3)])
+    feeder = threading.Thread(
+        target=lambda: [fake.append_log(NS, pod, f"[default0]:step {s}") for s in (2, 3)]
+    )
     feeder.start()
     assert next(lines) == "[default0]:step 2\n" and next(lines) == "[default0]:step 3\n"
     feeder.join()
@@ -215,7 +264,9 @@ def test_follow_streams_lines_as_they_come(fake: FakeCluster, cluster: kubernete
 
 
 # --- cancel and list --------------------------------------------------------------------------
-def test_cancel_deletes_job_foreground_and_its_configmap(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
+def test_cancel_deletes_job_foreground_and_its_configmap(
+    fake: FakeCluster, cluster: kubernetes.Cluster
+) -> None:
     kubernetes.submit(cluster, objs())
     kubernetes.cancel(cluster, "bert-large-trn1")
     delete = calls(fake, "DELETE", "jobs/bert-large-trn1")[0]
@@ -229,12 +280,20 @@ def test_list_only_our_jobs(fake: FakeCluster, cluster: kubernetes.Cluster) -> N
     kubernetes.submit(cluster, objs())
     kubernetes.submit(cluster, objs("p5-48xl"))
     kubernetes.submit(cluster, volcano.objects(job_cfg("p5-48xl", ["kubernetes.namespace=ml"])))
-    fake.jobs[(NS, "foreign")] = {"metadata": {"name": "foreign", "namespace": NS, "labels": {}}, "spec": {}}
+    fake.jobs[(NS, "foreign")] = {
+        "metadata": {"name": "foreign", "namespace": NS, "labels": {}},
+        "spec": {},
+    }
     fake.jobs[(NS, "bert-large-p5")]["status"] = {"state": {"phase": "Failed"}}
     jobs = {j.name: j for j in kubernetes.list_jobs(cluster)}
     assert set(jobs) == {"bert-large-trn1", "bert-large-p5"}
-    assert (jobs["bert-large-p5"].phase, jobs["bert-large-trn1"].phase, jobs["bert-large-trn1"].nodes) == (
-        "failed", "pending", 2)
-    assert calls(fake, "GET", "/jobs")[0][2]["labelSelector"] == ["app.kubernetes.io/managed-by=trainmaster"]
+    assert (
+        jobs["bert-large-p5"].phase,
+        jobs["bert-large-trn1"].phase,
+        jobs["bert-large-trn1"].nodes,
+    ) == ("failed", "pending", 2)
+    assert calls(fake, "GET", "/jobs")[0][2]["labelSelector"] == [
+        "app.kubernetes.io/managed-by=trainmaster"
+    ]
     everywhere = {(j.namespace, j.name) for j in kubernetes.list_jobs(cluster, all_namespaces=True)}
     assert ("ml", "bert-large-p5") in everywhere and len(everywhere) == 3

@@ -38,8 +38,11 @@ WORKERS = 32  # trn1.32xlarge: 32 NeuronCores, one worker each (the preset)
 
 def scale_objects(nodes: int) -> list[dict[str, Any]]:
     """The tutorial's job (preset trn1-bert-large) on `nodes` nodes, micro-batch 16, accumulation 1."""
-    return volcano.objects(job_cfg("trn1-32xl", [f"job.nnodes={nodes}",
-                                                 f"train.global_batch_size={16 * WORKERS * nodes}"]))
+    return volcano.objects(
+        job_cfg(
+            "trn1-32xl", [f"job.nnodes={nodes}", f"train.global_batch_size={16 * WORKERS * nodes}"]
+        )
+    )
 
 
 @pytest.mark.parametrize("nodes", [512, 1024])
@@ -49,7 +52,9 @@ def test_the_job_for_512_and_1024_nodes_is_valid_and_small(nodes: int) -> None:
     validate_pod_templates(job)
     validate_k8s(cm)
     assert k8s_names.webhook_problems(job) == []
-    assert job["spec"]["minAvailable"] == job["spec"]["tasks"][0]["replicas"] == nodes  # the whole gang
+    assert (
+        job["spec"]["minAvailable"] == job["spec"]["tasks"][0]["replicas"] == nodes
+    )  # the whole gang
     # One pod template for all nodes: the size does not grow with the node count.
     small_cm, small_job = scale_objects(2)
     for big, small in ((cm, small_cm), (job, small_job)):
@@ -83,17 +88,25 @@ def pod_lists(fake: FakeCluster) -> list[tuple[dict[str, list[str]], int, int]]:
     return [(q, code, n) for q, (code, n) in zip(queries, pages, strict=True)]
 
 
-def test_status_of_1024_pods_is_paged_and_in_node_order(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
+def test_status_of_1024_pods_is_paged_and_in_node_order(
+    fake: FakeCluster, cluster: kubernetes.Cluster
+) -> None:
     kubernetes.submit(cluster, scale_objects(1024))
     add_pods(fake, "bert-large-trn1", 1024, rank0=777)
     st = kubernetes.status(cluster, "bert-large-trn1")
     assert len(st.pods) == st.replicas == 1024
     # The API lists by name (worker-0, worker-1, worker-10, worker-100, ...); status by node.
     assert [p.index for p in st.pods] == list(range(1024))
-    assert all(p.name == f"bert-large-trn1-worker-{p.index}" and p.phase == "Running" for p in st.pods)
+    assert all(
+        p.name == f"bert-large-trn1-worker-{p.index}" and p.phase == "Running" for p in st.pods
+    )
     assert st.rank0_pod == "bert-large-trn1-worker-777"
     lists = pod_lists(fake)
-    assert [(code, n) for _, code, n in lists] == [(200, 500), (200, 500), (200, 24)]  # none over the limit
+    assert [(code, n) for _, code, n in lists] == [
+        (200, 500),
+        (200, 500),
+        (200, 24),
+    ]  # none over the limit
     assert all(q["limit"] == [str(k8s_client.PAGE)] for q, _, _ in lists)
     assert ["continue" in q for q, _, _ in lists] == [False, True, True]
     # Each pod's log read once (rank 0 is looked for in all of them): n requests, not n^2.
@@ -101,18 +114,24 @@ def test_status_of_1024_pods_is_paged_and_in_node_order(fake: FakeCluster, clust
     assert len(logs) == 1024 and len({r[1] for r in logs}) == 1024
 
 
-def test_logs_are_read_concurrently_for_rank0(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
+def test_logs_are_read_concurrently_for_rank0(
+    fake: FakeCluster, cluster: kubernetes.Cluster
+) -> None:
     """A log read returns only once 4 are in flight together: one after another, the barrier
     would break after its timeout instead."""
     kubernetes.submit(cluster, scale_objects(8))
     add_pods(fake, "bert-large-trn1", 8, rank0=5)
     fake.log_barrier = threading.Barrier(4)
     assert kubernetes.status(cluster, "bert-large-trn1").rank0_pod == "bert-large-trn1-worker-5"
-    assert not fake.log_barrier.broken and len([r for r in fake.requests if r[1].endswith("/log")]) == 8
+    assert (
+        not fake.log_barrier.broken
+        and len([r for r in fake.requests if r[1].endswith("/log")]) == 8
+    )
 
 
-def test_short_pages_and_an_expired_token(fake: FakeCluster, cluster: kubernetes.Cluster,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_short_pages_and_an_expired_token(
+    fake: FakeCluster, cluster: kubernetes.Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A page may hold fewer items than the limit, even none, and a token may expire (410 Gone):
     the list goes on to the end, and starts over once after an expiry."""
     monkeypatch.setattr(k8s_client, "PAGE", 50)
@@ -124,24 +143,38 @@ def test_short_pages_and_an_expired_token(fake: FakeCluster, cluster: kubernetes
     pods = kubernetes.pods(cluster, "bert-large-trn1")
     assert [p.index for p in pods] == list(range(128))
     lists = pod_lists(fake)
-    assert all(n <= 50 for _, _, n in lists) and (200, 0) in [(c, n) for _, c, n in lists]  # empty pages
+    assert all(n <= 50 for _, _, n in lists) and (200, 0) in [
+        (c, n) for _, c, n in lists
+    ]  # empty pages
     assert [code for _, code, _ in lists].count(410) == 1
     starts = [i for i, (q, _, _) in enumerate(lists) if "continue" not in q]
     assert len(starts) == 2 and lists[starts[1] - 1][1] == 410  # the first try; again after the 410
-    assert sum(n for _, _, n in lists[starts[1]:]) == 128  # the second try alone saw every pod once
+    assert (
+        sum(n for _, _, n in lists[starts[1] :]) == 128
+    )  # the second try alone saw every pod once
     fake.expire_continues = 2  # expired again on the fresh start: a clear error, no loop
     with pytest.raises(JobFailed, match="list pods failed: 410"):
         kubernetes.pods(cluster, "bert-large-trn1")
 
 
-def test_list_jobs_is_paged(fake: FakeCluster, cluster: kubernetes.Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_list_jobs_is_paged(
+    fake: FakeCluster, cluster: kubernetes.Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(k8s_client, "PAGE", 5)
     _, job = scale_objects(2)
     for i in range(12):
         ns = NS if i % 3 else "ml"
-        fake.jobs[(ns, f"job-{i:02d}")] = job | {"metadata": job["metadata"] | {
-            "name": f"job-{i:02d}", "namespace": ns, "creationTimestamp": f"2026-01-01T00:00:{i:02d}Z"}}
-    assert [j.name for j in kubernetes.list_jobs(cluster)] == [f"job-{i:02d}" for i in (11, 10, 8, 7, 5, 4, 2, 1)]
+        fake.jobs[(ns, f"job-{i:02d}")] = job | {
+            "metadata": job["metadata"]
+            | {
+                "name": f"job-{i:02d}",
+                "namespace": ns,
+                "creationTimestamp": f"2026-01-01T00:00:{i:02d}Z",
+            }
+        }
+    assert [j.name for j in kubernetes.list_jobs(cluster)] == [
+        f"job-{i:02d}" for i in (11, 10, 8, 7, 5, 4, 2, 1)
+    ]
     everywhere = kubernetes.list_jobs(cluster, all_namespaces=True)
     assert len(everywhere) == 12 and everywhere[0].name == "job-11"
     pages = [n for path, code, n in fake.list_pages if path.endswith("/jobs")]

@@ -24,9 +24,16 @@ from trainmaster.backends.kubernetes import stage, volcano
 from trainmaster.errors import JobFailed, UserError
 
 GOLDEN = Path(__file__).parent / "golden"
-TUTORIAL_TAR = ("s3://neuron-s3/training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/"
-                "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128.tar")
-VERIFY = ["sh", "-c", 'test -f "$1/vocab.txt" && echo "verified $(ls "$1" | wc -l) files"', "verify"]
+TUTORIAL_TAR = (
+    "s3://neuron-s3/training_datasets/bert_pretrain_wikicorpus_tokenized_hdf5/"
+    "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128.tar"
+)
+VERIFY = [
+    "sh",
+    "-c",
+    'test -f "$1/vocab.txt" && echo "verified $(ls "$1" | wc -l) files"',
+    "verify",
+]
 AWS_STUB = """#!/bin/sh
 echo "$*" >> "$FAKE_S3/calls"
 key=${3#s3://}
@@ -52,8 +59,12 @@ def world(fake: FakeCluster, tmp_path: Path) -> tuple[Path, Path]:
 
 
 def shards(folder: Path) -> dict[str, bytes]:
-    files = {"vocab.txt": b"[PAD]\n[UNK]\n", "wiki_training_0.hdf5": os.urandom(3000),
-             "wiki_training_1.hdf5": os.urandom(5000), "dataset.json": b"{}"}
+    files = {
+        "vocab.txt": b"[PAD]\n[UNK]\n",
+        "wiki_training_0.hdf5": os.urandom(3000),
+        "wiki_training_1.hdf5": os.urandom(5000),
+        "dataset.json": b"{}",
+    }
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         (folder / name).write_bytes(data)
@@ -61,11 +72,14 @@ def shards(folder: Path) -> dict[str, bytes]:
 
 
 def tree(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
-def stage_it(cluster: kubernetes.Cluster, mount: Path, src: str, name: str = "wiki128",
-             **kw: object) -> tuple[str, list[str]]:
+def stage_it(
+    cluster: kubernetes.Cluster, mount: Path, src: str, name: str = "wiki128", **kw: object
+) -> tuple[str, list[str]]:
     cfg = job_cfg("trn1-32xl", [f"kubernetes.mount={mount}"])
     pod = stage.build_stage_pod(cfg, src, name, verify=VERIFY, **kw)  # type: ignore[arg-type]
     lines: list[str] = []
@@ -75,8 +89,9 @@ def stage_it(cluster: kubernetes.Cluster, mount: Path, src: str, name: str = "wi
 
 def test_golden_stage_pod() -> None:
     cfg = job_cfg("trn1-32xl", ["kubernetes.service_account=data-stager"])
-    pod = stage.build_stage_pod(cfg, TUTORIAL_TAR, "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128",
-                                no_sign_request=True)
+    pod = stage.build_stage_pod(
+        cfg, TUTORIAL_TAR, "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128", no_sign_request=True
+    )
     check(GOLDEN / "stage-wikicorpus-tar.yaml", volcano.render_yaml([pod]))
     validate_k8s(pod)
     assert k8s_names.is_dns1123_label(pod["metadata"]["name"])
@@ -86,11 +101,16 @@ def test_golden_stage_pod() -> None:
 
 def test_sources_and_names(tmp_path: Path) -> None:
     assert stage.parse_source(TUTORIAL_TAR).kind == "s3-archive"
-    assert stage.parse_source("s3://bkt/x.tgz") == stage.Source("s3-archive", "s3://bkt/x.tgz", gzip=True)
+    assert stage.parse_source("s3://bkt/x.tgz") == stage.Source(
+        "s3-archive", "s3://bkt/x.tgz", gzip=True
+    )
     assert stage.parse_source("s3://bkt/data") == stage.Source("s3-prefix", "s3://bkt/data/")
     assert stage.parse_source(str(tmp_path)).kind == "local"
-    for bad, says in [("s3:///x", "names no bucket"), ("gs://b/x", "use an s3:// URL"),
-                      (str(tmp_path / "nope"), "not a folder")]:
+    for bad, says in [
+        ("s3:///x", "names no bucket"),
+        ("gs://b/x", "use an s3:// URL"),
+        (str(tmp_path / "nope"), "not a folder"),
+    ]:
         with pytest.raises(UserError, match=says):
             stage.parse_source(bad)
     a, b = stage.pod_name("Wiki_128"), stage.pod_name("wiki-128")
@@ -99,8 +119,11 @@ def test_sources_and_names(tmp_path: Path) -> None:
 
 def test_bad_input_before_any_api_call(fake: FakeCluster, tmp_path: Path) -> None:
     cfg = job_cfg("trn1-32xl")
-    for src, name, says in [(TUTORIAL_TAR, "../etc", "--name: "), (TUTORIAL_TAR, "", "--name: "),
-                            (str(tmp_path / "missing"), "ok", "SRC: ")]:
+    for src, name, says in [
+        (TUTORIAL_TAR, "../etc", "--name: "),
+        (TUTORIAL_TAR, "", "--name: "),
+        (str(tmp_path / "missing"), "ok", "SRC: "),
+    ]:
         with pytest.raises(UserError, match=says):
             stage.build_stage_pod(cfg, src, name)
     with pytest.raises(UserError, match="kubernetes.image: no training image"):
@@ -108,8 +131,9 @@ def test_bad_input_before_any_api_call(fake: FakeCluster, tmp_path: Path) -> Non
     assert fake.requests == []
 
 
-def test_s3_archive_with_one_top_folder(world: tuple[Path, Path], fake: FakeCluster,
-                                        cluster: kubernetes.Cluster) -> None:
+def test_s3_archive_with_one_top_folder(
+    world: tuple[Path, Path], fake: FakeCluster, cluster: kubernetes.Cluster
+) -> None:
     mount, s3 = world
     files = shards(s3 / "src" / "bert_seqlen128")
     (s3 / "bucket").mkdir()
@@ -124,7 +148,9 @@ def test_s3_archive_with_one_top_folder(world: tuple[Path, Path], fake: FakeClus
     assert not fake.pods  # the pod is gone
 
 
-def test_s3_prefix(world: tuple[Path, Path], fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
+def test_s3_prefix(
+    world: tuple[Path, Path], fake: FakeCluster, cluster: kubernetes.Cluster
+) -> None:
     mount, s3 = world
     files = shards(s3 / "bucket" / "prefix")
     dest, _ = stage_it(cluster, mount, "s3://bucket/prefix")
@@ -134,8 +160,13 @@ def test_s3_prefix(world: tuple[Path, Path], fake: FakeCluster, cluster: kuberne
 
 
 @pytest.mark.parametrize("protocol", ["v5.channel.k8s.io", "v4.channel.k8s.io"])
-def test_local_folder_through_exec(world: tuple[Path, Path], fake: FakeCluster,
-                                   cluster: kubernetes.Cluster, tmp_path: Path, protocol: str) -> None:
+def test_local_folder_through_exec(
+    world: tuple[Path, Path],
+    fake: FakeCluster,
+    cluster: kubernetes.Cluster,
+    tmp_path: Path,
+    protocol: str,
+) -> None:
     mount, _ = world
     fake.ws_protocol = protocol  # v4 has no end-of-stdin: tar stops at the archive's end marker
     files = shards(tmp_path / "mine")
@@ -145,35 +176,47 @@ def test_local_folder_through_exec(world: tuple[Path, Path], fake: FakeCluster,
     assert tree(Path(dest)) == files | {"extra/notes.txt": b"n"}
     assert lines[-1] == f"trainmaster: staged {dest}\n"
     execs = [r for r in fake.requests if r[1].endswith("/exec")]
-    assert [r[2]["command"][0] for r in execs] == ["tar", "touch"] and execs[0][2]["stdin"][0] in ("true", "True")
+    assert [r[2]["command"][0] for r in execs] == ["tar", "touch"] and execs[0][2]["stdin"][0] in (
+        "true",
+        "True",
+    )
     assert not fake.pods
 
 
-def test_existing_dataset_is_kept(world: tuple[Path, Path], fake: FakeCluster, cluster: kubernetes.Cluster,
-                                  tmp_path: Path) -> None:
+def test_existing_dataset_is_kept(
+    world: tuple[Path, Path], fake: FakeCluster, cluster: kubernetes.Cluster, tmp_path: Path
+) -> None:
     mount, _ = world
     (mount / "datasets" / "wiki128").mkdir(parents=True)
     (mount / "datasets" / "wiki128" / "old").write_text("keep")
     shards(tmp_path / "mine")
-    with pytest.raises(UserError, match=r"--name: .*/datasets/wiki128 exists on the cluster's storage"):
+    with pytest.raises(
+        UserError, match=r"--name: .*/datasets/wiki128 exists on the cluster's storage"
+    ):
         stage_it(cluster, mount, str(tmp_path / "mine"))
     assert tree(mount / "datasets" / "wiki128") == {"old": b"keep"}
     assert not fake.pods
 
 
-def test_failed_verify_leaves_nothing(world: tuple[Path, Path], fake: FakeCluster,
-                                      cluster: kubernetes.Cluster) -> None:
+def test_failed_verify_leaves_nothing(
+    world: tuple[Path, Path], fake: FakeCluster, cluster: kubernetes.Cluster
+) -> None:
     mount, s3 = world
     shards(s3 / "bucket" / "prefix")
     (s3 / "bucket" / "prefix" / "vocab.txt").unlink()
-    with pytest.raises(JobFailed, match=r"staging s3://bucket/prefix into .* failed \(pod stage-wiki128-.*: Failed, exit 1\)"):
+    with pytest.raises(
+        JobFailed,
+        match=r"staging s3://bucket/prefix into .* failed \(pod stage-wiki128-.*: Failed, exit 1\)",
+    ):
         stage_it(cluster, mount, "s3://bucket/prefix")
     assert not (mount / "datasets" / "wiki128").exists()
     assert list((mount / "datasets").iterdir()) == []  # staging folder removed too
     assert not fake.pods
 
 
-def test_failed_download(world: tuple[Path, Path], fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
+def test_failed_download(
+    world: tuple[Path, Path], fake: FakeCluster, cluster: kubernetes.Cluster
+) -> None:
     mount, _ = world
     lines: list[str] = []
     with pytest.raises(JobFailed):
@@ -184,10 +227,16 @@ def test_failed_download(world: tuple[Path, Path], fake: FakeCluster, cluster: k
     assert not fake.pods
 
 
-def test_unschedulable_pod_is_reported_and_deleted(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
-    fake.pending_message = "0/2 nodes are available: 2 node(s) had untolerated taint {dedicated: system}"
+def test_unschedulable_pod_is_reported_and_deleted(
+    fake: FakeCluster, cluster: kubernetes.Cluster
+) -> None:
+    fake.pending_message = (
+        "0/2 nodes are available: 2 node(s) had untolerated taint {dedicated: system}"
+    )
     pod = stage.build_stage_pod(job_cfg("trn1-32xl"), TUTORIAL_TAR, "wiki")
-    with pytest.raises(UserError, match=r"did not start within 0 s: 0/2 nodes are available.*ContainerCreating"):
+    with pytest.raises(
+        UserError, match=r"did not start within 0 s: 0/2 nodes are available.*ContainerCreating"
+    ):
         stage.run_stage(cluster, pod, start_timeout_s=0.1, poll_s=0.02)
     assert not fake.pods and [r[0] for r in fake.requests if "/pods/stage-" in r[1]][-1] == "DELETE"
 

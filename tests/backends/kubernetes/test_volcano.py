@@ -27,10 +27,20 @@ GOLDEN = Path(__file__).parent / "golden"
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainmaster:0.1.0"
 CASES: dict[str, tuple[str, list[str]]] = {
     "trn1-32xl": ("trn1-bert-large", []),  # the tutorial's job
-    "trn1n-32xl": ("trn1-bert-large", ["kubernetes.instance_type=trn1n.32xlarge", "job.name=bert-large-trn1n"]),
+    "trn1n-32xl": (
+        "trn1-bert-large",
+        ["kubernetes.instance_type=trn1n.32xlarge", "job.name=bert-large-trn1n"],
+    ),
     "p5-48xl": ("p5-bert-large", []),
-    "cpu": ("local-cpu", ["job.backend=kubernetes", "kubernetes.instance_type=cpu", "train.compile=true",
-                          'kubernetes.node_selector={ "eks.amazonaws.com/nodegroup" = "cpu" }']),
+    "cpu": (
+        "local-cpu",
+        [
+            "job.backend=kubernetes",
+            "kubernetes.instance_type=cpu",
+            "train.compile=true",
+            'kubernetes.node_selector={ "eks.amazonaws.com/nodegroup" = "cpu" }',
+        ],
+    ),
 }
 
 
@@ -97,24 +107,37 @@ def test_tutorial_job_with_our_corrections() -> None:
     assert spec["schedulerName"] == "volcano" and spec["queue"] == "trainmaster"
     assert spec["minAvailable"] == 2 and spec["tasks"][0]["replicas"] == 2
     assert spec["maxRetry"] == 3
-    assert {(p["event"], p["action"]) for p in spec["policies"]} == {("PodEvicted", "RestartJob"),
-                                                                       ("PodFailed", "RestartJob")}
+    assert {(p["event"], p["action"]) for p in spec["policies"]} == {
+        ("PodEvicted", "RestartJob"),
+        ("PodFailed", "RestartJob"),
+    }
     res = pod["containers"][0]["resources"]
     assert res["requests"] == res["limits"]  # Guaranteed, never BestEffort
-    assert res["limits"]["aws.amazon.com/neuron"] == "16" and res["limits"]["vpc.amazonaws.com/efa"] == "8"
+    assert (
+        res["limits"]["aws.amazon.com/neuron"] == "16"
+        and res["limits"]["vpc.amazonaws.com/efa"] == "8"
+    )
     assert {"cpu", "memory"} <= set(res["limits"]) and "neurondevice" not in str(job)
     assert int(res["limits"]["cpu"]) < 128 and int(res["limits"]["memory"].removesuffix("Gi")) < 512
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory" and shm["emptyDir"]["sizeLimit"].endswith("Gi")
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
-    assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
     assert pod["restartPolicy"] == "Never"
     env = env_of(job)
-    for key, value in {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1",
-                       "CCOM_SOCKET_IFNAME": "eth0", "NEURON_RT_RESET_CORES": "1",
-                       "NEURON_RT_STOCHASTIC_ROUNDING_EN": "1", "TRAINMASTER_STORAGE": "/data",
-                       "NEURON_CC_FLAGS": "--model-type=transformer --retry_failed_compilation "
-                                          "--cache_dir=/data/cache/bert-large/neuron"}.items():
+    for key, value in {
+        "FI_PROVIDER": "efa",
+        "FI_EFA_USE_DEVICE_RDMA": "1",
+        "FI_EFA_FORK_SAFE": "1",
+        "CCOM_SOCKET_IFNAME": "eth0",
+        "NEURON_RT_RESET_CORES": "1",
+        "NEURON_RT_STOCHASTIC_ROUNDING_EN": "1",
+        "TRAINMASTER_STORAGE": "/data",
+        "NEURON_CC_FLAGS": "--model-type=transformer --retry_failed_compilation "
+        "--cache_dir=/data/cache/bert-large/neuron",
+    }.items():
         assert env[key] == value, key
     assert env["POD_NAME"] == "<ref>"
     script = script_of(job)
@@ -139,13 +162,22 @@ def test_every_pod_runs_the_local_backends_command_line() -> None:
 
 
 def test_resources_per_node_type() -> None:
-    limits = {case: pod_spec(volcano.build_job(job_cfg(case)))["containers"][0]["resources"]["limits"]
-              for case in CASES}
+    limits = {
+        case: pod_spec(volcano.build_job(job_cfg(case)))["containers"][0]["resources"]["limits"]
+        for case in CASES
+    }
     assert limits["trn1n-32xl"]["vpc.amazonaws.com/efa"] == "16"
-    assert limits["p5-48xl"]["nvidia.com/gpu"] == "8" and limits["p5-48xl"]["vpc.amazonaws.com/efa"] == "32"
+    assert (
+        limits["p5-48xl"]["nvidia.com/gpu"] == "8"
+        and limits["p5-48xl"]["vpc.amazonaws.com/efa"] == "32"
+    )
     assert set(limits["cpu"]) == {"cpu", "memory"}
     env = env_of(volcano.build_job(job_cfg("p5-48xl")))
-    assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["FI_PROVIDER"] == "efa" and "CCOM_SOCKET_IFNAME" not in env
+    assert (
+        env["NCCL_SOCKET_IFNAME"] == "eth0"
+        and env["FI_PROVIDER"] == "efa"
+        and "CCOM_SOCKET_IFNAME" not in env
+    )
     cpu = volcano.build_job(job_cfg("cpu"))
     assert pod_spec(cpu)["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "cpu"}
     assert "tolerations" not in pod_spec(cpu)
@@ -183,14 +215,22 @@ def test_precompile_job() -> None:
 
 
 def test_options_reach_the_pod() -> None:
-    cfg = job_cfg("trn1-32xl", ["kubernetes.service_account=trainer", "kubernetes.namespace=ml",
-                                'kubernetes.tolerations=[{ key = "team", operator = "Equal", value = "nlp", effect = "NoSchedule" }]',
-                                'kubernetes.node_selector={ "topology.kubernetes.io/zone" = "us-west-2d" }'])
+    cfg = job_cfg(
+        "trn1-32xl",
+        [
+            "kubernetes.service_account=trainer",
+            "kubernetes.namespace=ml",
+            'kubernetes.tolerations=[{ key = "team", operator = "Equal", value = "nlp", effect = "NoSchedule" }]',
+            'kubernetes.node_selector={ "topology.kubernetes.io/zone" = "us-west-2d" }',
+        ],
+    )
     job = volcano.build_job(cfg, priority_class="high")
     pod = pod_spec(job)
     assert pod["serviceAccountName"] == "trainer" and job["metadata"]["namespace"] == "ml"
     assert job["spec"]["priorityClassName"] == "high"
-    assert {"key": "team", "operator": "Equal", "value": "nlp", "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"key": "team", "operator": "Equal", "value": "nlp", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
     assert pod["nodeSelector"]["topology.kubernetes.io/zone"] == "us-west-2d"
     labels = job["spec"]["tasks"][0]["template"]["metadata"]["labels"]
     assert labels["trainmaster.io/job"] == "bert-large-trn1"
@@ -200,8 +240,9 @@ def test_options_reach_the_pod() -> None:
 
 
 # --- the pod's shell script, run for real (with python3 replaced by a stub) -------------------
-def run_script(job: dict[str, Any], tmp: Path, pod: str, pod_ip: str, host: str | None = None
-               ) -> subprocess.CompletedProcess[str]:
+def run_script(
+    job: dict[str, Any], tmp: Path, pod: str, pod_ip: str, host: str | None = None
+) -> subprocess.CompletedProcess[str]:
     conf, bin_dir = tmp / "etc", tmp / "bin"
     conf.mkdir(exist_ok=True)
     bin_dir.mkdir(exist_ok=True)
@@ -212,20 +253,37 @@ def run_script(job: dict[str, Any], tmp: Path, pod: str, pod_ip: str, host: str 
     script = script_of(job).replace("/etc/trainmaster", str(conf))
     if host:
         script = script.replace(host, "localhost")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "POD_NAME": pod, "POD_IP": pod_ip,
-           volcano.ENV_PODGROUP: "demo-0f2c", volcano.ENV_JOB_VERSION: "0"}
-    return subprocess.run(["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "POD_NAME": pod,
+        "POD_IP": pod_ip,
+        volcano.ENV_PODGROUP: "demo-0f2c",
+        volcano.ENV_JOB_VERSION: "0",
+    }
+    return subprocess.run(
+        ["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=30
+    )
 
 
 def test_script_writes_the_job_file_and_execs_torchrun(tmp_path: Path) -> None:
     mount = tmp_path / "data"
-    cfg = job_cfg("cpu", ["rendezvous.backend=etcd", "rendezvous.endpoint=localhost:2379", "job.nnodes=1",
-                          f"kubernetes.mount={mount}"])
+    cfg = job_cfg(
+        "cpu",
+        [
+            "rendezvous.backend=etcd",
+            "rendezvous.endpoint=localhost:2379",
+            "job.nnodes=1",
+            f"kubernetes.mount={mount}",
+        ],
+    )
     result = run_script(volcano.build_job(cfg), tmp_path, "demo-worker-1", "10.0.0.7")
     assert result.returncode == 0, result.stderr
     assert (mount / "runs" / "demo" / "job.toml").read_text() == "# resolved\n"
     assert not list((mount / "runs" / "demo").glob(".job.toml.*"))  # the temporary file was renamed
-    assert result.stdout.startswith("torchrun -m torch.distributed.run --nnodes=1 --nproc-per-node=1")
+    assert result.stdout.startswith(
+        "torchrun -m torch.distributed.run --nnodes=1 --nproc-per-node=1"
+    )
     assert f"--job {mount}/runs/demo/job.toml --storage {mount}" in result.stdout
 
 
@@ -238,5 +296,8 @@ def test_script_pod0_waits_until_the_name_is_its_own(tmp_path: Path) -> None:
     other = run_script(job, tmp_path, "demo-worker-1", "10.1.1.1", host)  # any address will do
     assert other.returncode == 0, other.stderr
     stale = run_script(job, tmp_path, "demo-worker-0", "10.1.1.1", host)  # a stale record
-    assert stale.returncode == 1 and "did not resolve to the rendezvous host within 2 s" in stale.stderr
+    assert (
+        stale.returncode == 1
+        and "did not resolve to the rendezvous host within 2 s" in stale.stderr
+    )
     assert "torchrun" not in stale.stdout

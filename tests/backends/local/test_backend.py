@@ -57,22 +57,39 @@ class FakeBackend:
     def handle(self, job: str) -> str:
         return f"{self.name}://{job}"
 
-    def plan(self, cfg: JobConfig, *, wait_lock_s: float = 0.0,
-             precompile_steps: int | None = None) -> DryRun:
+    def plan(
+        self, cfg: JobConfig, *, wait_lock_s: float = 0.0, precompile_steps: int | None = None
+    ) -> DryRun:
         resume, image = self.launch.resume, self.launch.image
-        self.calls.append(("plan", (cfg.job.name, cfg.job.backend, resume, image, precompile_steps)))
+        self.calls.append(
+            ("plan", (cfg.job.name, cfg.job.backend, resume, image, precompile_steps))
+        )
         purpose = "train" if precompile_steps is None else "precompile"
         return FakeDryRun(cfg.job.name, cfg.job.backend, purpose, ())
 
-    def submit(self, dry_run: DryRun, *, server_dry_run: bool = False, on_wait: Any = None,
-               on_start: Callable[[str], None] | None = None) -> Submitted:
+    def submit(
+        self,
+        dry_run: DryRun,
+        *,
+        server_dry_run: bool = False,
+        on_wait: Any = None,
+        on_start: Callable[[str], None] | None = None,
+    ) -> Submitted:
         self.calls.append(("submit", (dry_run.job, server_dry_run)))
         return Submitted(dry_run.job, (f"submitted {dry_run.job}",), ("a note",))
 
     def status(self, job: str) -> JobStatus:
         self.calls.append(("status", job))
-        return JobStatus(job, self.name, self.handle(job), Phase.SUCCEEDED, message=f"{job} is fine",
-                         nodes=(NodeStatus(0, "p0", "Succeeded"),), step=3, max_steps=3)
+        return JobStatus(
+            job,
+            self.name,
+            self.handle(job),
+            Phase.SUCCEEDED,
+            message=f"{job} is fine",
+            nodes=(NodeStatus(0, "p0", "Succeeded"),),
+            step=3,
+            max_steps=3,
+        )
 
     def logs(self, job: str, *, rank: int | None, node: int | None, follow: bool) -> LogStream:
         self.calls.append(("logs", (job, rank, node, follow)))
@@ -86,11 +103,15 @@ class FakeBackend:
         self.calls.append(("list", None))
         return [JobStatus("j1", self.name, self.handle("j1"), Phase.RUNNING)]
 
-    def top(self, job: str, *, interval_s: float, say: Callable[[str], None]) -> tuple[Callable[[], Any], float]:
+    def top(
+        self, job: str, *, interval_s: float, say: Callable[[str], None]
+    ) -> tuple[Callable[[], Any], float]:
         self.calls.append(("top", job))
         return (lambda: None), 0.0
 
-    def tensorboard(self, job: str | None, *, host: str, port: int, announce: Callable[[str], None]) -> None:
+    def tensorboard(
+        self, job: str | None, *, host: str, port: int, announce: Callable[[str], None]
+    ) -> None:
         self.calls.append(("tensorboard", (job, port)))
         announce("http://fake/")
 
@@ -106,28 +127,45 @@ def fake_backend(monkeypatch: pytest.MonkeyPatch) -> type[FakeBackend]:
 
 @pytest.mark.parametrize("backend", ["local", "kubernetes"])
 def test_dry_run_and_launch_go_through_plan_render_submit(
-        backend: str, fake_backend: type[FakeBackend], capsys: pytest.CaptureFixture[str]) -> None:
+    backend: str, fake_backend: type[FakeBackend], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["launch", LOCAL_JOB, "--backend", backend, "--dry-run", "--image", "img"]) == 0
-    assert fake_backend.calls == [("plan", ("demo", backend, False, "img", None)), ("render", "demo")]  # each backend's factory takes its own options
+    assert fake_backend.calls == [
+        ("plan", ("demo", backend, False, "img", None)),
+        ("render", "demo"),
+    ]  # each backend's factory takes its own options
     assert capsys.readouterr().out == f"fake plan of demo on {backend}\n"
 
     fake_backend.calls.clear()
     assert main(["launch", LOCAL_JOB, "--backend", backend, "--resume", "--follow"]) == 0
-    assert fake_backend.calls == [("plan", ("demo", backend, True, None, None)), ("submit", ("demo", False)),
-                                  ("status", "demo")]  # --follow: status until the job ends
+    assert fake_backend.calls == [
+        ("plan", ("demo", backend, True, None, None)),
+        ("submit", ("demo", False)),
+        ("status", "demo"),
+    ]  # --follow: status until the job ends
     out = capsys.readouterr()
     assert out.out == "submitted demo\n" and "a note" in out.err
 
     fake_backend.calls.clear()
     assert main(["launch", LOCAL_JOB, "--backend", backend, "--dry-run=server"]) == 0
-    assert fake_backend.calls == [("plan", ("demo", backend, False, None, None)), ("submit", ("demo", True))]
+    assert fake_backend.calls == [
+        ("plan", ("demo", backend, False, None, None)),
+        ("submit", ("demo", True)),
+    ]
 
 
 @pytest.mark.parametrize("backend", ["local", "kubernetes"])
-def test_every_job_command_uses_the_interface(backend: str, fake_backend: type[FakeBackend],
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["status", "j"], ["list"], ["logs", "j", "--node", "1"], ["cancel", "j", "--grace", "3"],
-                 ["top", "j", "--once"], ["precompile", LOCAL_JOB, "--steps", "2", "--dry-run"]):
+def test_every_job_command_uses_the_interface(
+    backend: str, fake_backend: type[FakeBackend], capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv in (
+        ["status", "j"],
+        ["list"],
+        ["logs", "j", "--node", "1"],
+        ["cancel", "j", "--grace", "3"],
+        ["top", "j", "--once"],
+        ["precompile", LOCAL_JOB, "--steps", "2", "--dry-run"],
+    ):
         assert main([*argv, "--backend", backend]) == 0, argv
     names = [c[0] for c in fake_backend.calls]
     assert names == ["status", "list", "logs", "cancel", "top", "plan", "render"]
@@ -138,32 +176,63 @@ def test_every_job_command_uses_the_interface(backend: str, fake_backend: type[F
     assert "j: cancelled by the fake" in out.out and "# from the fake" in out.err
 
 
-def test_global_options_before_or_after_the_command(fake_backend: type[FakeBackend],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    want = api.Target(storage="/s", backend="kubernetes", kubeconfig="/k", context="c", namespace="ns")
-    opts = ["--storage", "/s", "--backend=kubernetes", "--kubeconfig", "/k", "--context", "c", "--namespace", "ns"]
+def test_global_options_before_or_after_the_command(
+    fake_backend: type[FakeBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    want = api.Target(
+        storage="/s", backend="kubernetes", kubeconfig="/k", context="c", namespace="ns"
+    )
+    opts = [
+        "--storage",
+        "/s",
+        "--backend=kubernetes",
+        "--kubeconfig",
+        "/k",
+        "--context",
+        "c",
+        "--namespace",
+        "ns",
+    ]
     assert main([*opts, "status", "j"]) == 0
     assert main(["status", "j", *opts]) == 0
     assert fake_backend.targets == [want, want]
     fake_backend.targets.clear()
-    monkeypatch.setenv("TRAINMASTER_BACKEND", "kubernetes")  # still read for commands without a job file
+    monkeypatch.setenv(
+        "TRAINMASTER_BACKEND", "kubernetes"
+    )  # still read for commands without a job file
     assert api.backend_name(api.Target()) == "kubernetes"
     assert api.backend_name(api.Target(backend="local")) == "local"
 
 
 def test_hoisting_leaves_everything_else_alone() -> None:
-    assert hoist_global_options(["logs", "j", "-f", "--storage", "/s", "--rank", "1"]) == \
-        ["--storage", "/s", "logs", "j", "-f", "--rank", "1"]
-    assert hoist_global_options(["launch", "f", "--set", "job.name=x", "--namespace=a"]) == \
-        ["--namespace=a", "launch", "f", "--set", "job.name=x"]
-    assert hoist_global_options(["status", "--storage"]) == ["status", "--storage"]  # no value: click says so
+    assert hoist_global_options(["logs", "j", "-f", "--storage", "/s", "--rank", "1"]) == [
+        "--storage",
+        "/s",
+        "logs",
+        "j",
+        "-f",
+        "--rank",
+        "1",
+    ]
+    assert hoist_global_options(["launch", "f", "--set", "job.name=x", "--namespace=a"]) == [
+        "--namespace=a",
+        "launch",
+        "f",
+        "--set",
+        "job.name=x",
+    ]
+    assert hoist_global_options(["status", "--storage"]) == [
+        "status",
+        "--storage",
+    ]  # no value: click says so
     assert hoist_global_options(["x", "--", "--storage", "/s"]) == ["x", "--", "--storage", "/s"]
 
 
 def test_an_unknown_backend_is_one_line_naming_the_option() -> None:
     result = run_cli("status", "j", "--backend", "slurm")
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "error: --backend: unknown backend 'slurm'; use local or kubernetes"]
+        "error: --backend: unknown backend 'slurm'; use local or kubernetes"
+    ]
 
 
 def test_the_real_backends_are_chosen_once_in_api() -> None:
@@ -185,9 +254,15 @@ def test_the_job_files_storage_is_the_backends_without_storage_option(tmp_path: 
 def test_kubernetes_plan_renders_checked_yaml_without_a_cluster() -> None:
     cfg = api.load_job(ROOT / "examples" / "trn1-bert-large.toml")
     backend = api.backend(api.Target(kubeconfig="/nonexistent"), cfg)
-    dry = api.backend(api.Target(kubeconfig="/nonexistent"), cfg, api.LaunchOptions(image=IMAGE)).plan(cfg)
+    dry = api.backend(
+        api.Target(kubeconfig="/nonexistent"), cfg, api.LaunchOptions(image=IMAGE)
+    ).plan(cfg)
     cm, job = yaml.safe_load_all(dry.render())
-    assert (cm["kind"], job["kind"], job["metadata"]["name"]) == ("ConfigMap", "Job", "bert-large-trn1")
+    assert (cm["kind"], job["kind"], job["metadata"]["name"]) == (
+        "ConfigMap",
+        "Job",
+        "bert-large-trn1",
+    )
     assert dataclasses.is_dataclass(dry) and dataclasses.fields(dry)  # frozen, printable data
     with pytest.raises(dataclasses.FrozenInstanceError):
         dry.job = "other"  # type: ignore[misc]
@@ -196,45 +271,73 @@ def test_kubernetes_plan_renders_checked_yaml_without_a_cluster() -> None:
 
 
 def test_api_and_backends_never_import_the_cli() -> None:
-    code = ("import sys, trainmaster.api, trainmaster.backends.local.backend, trainmaster.backends.kubernetes.backend; "
-            "print(sorted(m for m in sys.modules if m.startswith(('trainmaster.cli', 'kubernetes'))))")
+    code = (
+        "import sys, trainmaster.api, trainmaster.backends.local.backend, trainmaster.backends.kubernetes.backend; "
+        "print(sorted(m for m in sys.modules if m.startswith(('trainmaster.cli', 'kubernetes'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"  # nor the kubernetes client: imported when a cluster is used
 
 
-@pytest.mark.parametrize(("text", "ref"), [
-    ("demo", JobRef("demo")),
-    ("local://demo", JobRef("demo", "local")),
-    ("kubernetes://team-a/bert", JobRef("bert", "kubernetes", "team-a")),
-    ("kubernetes://bert", JobRef("bert", "kubernetes")),
-])
+@pytest.mark.parametrize(
+    ("text", "ref"),
+    [
+        ("demo", JobRef("demo")),
+        ("local://demo", JobRef("demo", "local")),
+        ("kubernetes://team-a/bert", JobRef("bert", "kubernetes", "team-a")),
+        ("kubernetes://bert", JobRef("bert", "kubernetes")),
+    ],
+)
 def test_job_handles_parse(text: str, ref: JobRef) -> None:
     assert parse_job(text) == ref
 
 
-@pytest.mark.parametrize("text", ["slurm://x", "local://", "local://a/b", "kubernetes://a/b/c", "kubernetes:///x"])
+@pytest.mark.parametrize(
+    "text", ["slurm://x", "local://", "local://a/b", "kubernetes://a/b/c", "kubernetes:///x"]
+)
 def test_bad_handles_are_refused_naming_the_argument(text: str) -> None:
     with pytest.raises(UserError, match="JOB"):
         parse_job(text)
 
 
-def test_a_handle_chooses_the_backend_and_namespace(fake_backend: type[FakeBackend],
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_handle_chooses_the_backend_and_namespace(
+    fake_backend: type[FakeBackend], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["status", "kubernetes://team-a/bert", "--json"]) == 0
     assert fake_backend.targets[-1] == api.Target(backend="kubernetes", namespace="team-a")
     assert ("status", "bert") in fake_backend.calls
     data = json.loads(capsys.readouterr().out)
-    assert (data["job"], data["phase"], data["handle"]) == ("bert", "succeeded", "kubernetes://bert")
-    assert data["nodes"] == [{"index": 0, "name": "p0", "state": "Succeeded", "host": None, "pid": None,
-                              "exit_code": None, "restarts": 0, "rank0": False, "log": "", "reason": ""}]
+    assert (data["job"], data["phase"], data["handle"]) == (
+        "bert",
+        "succeeded",
+        "kubernetes://bert",
+    )
+    assert data["nodes"] == [
+        {
+            "index": 0,
+            "name": "p0",
+            "state": "Succeeded",
+            "host": None,
+            "pid": None,
+            "exit_code": None,
+            "restarts": 0,
+            "rank0": False,
+            "log": "",
+            "reason": "",
+        }
+    ]
     assert main(["cancel", "local://demo"]) == 0 and fake_backend.targets[-1].backend == "local"
     assert main(["status", "local://demo", "--backend", "kubernetes"]) == 2
     assert "is a local job, but --backend says kubernetes" in capsys.readouterr().err
 
 
-def test_list_json_is_a_list_of_statuses(fake_backend: type[FakeBackend], capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_json_is_a_list_of_statuses(
+    fake_backend: type[FakeBackend], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["list", "--json"]) == 0
-    assert [(j["job"], j["phase"]) for j in json.loads(capsys.readouterr().out)] == [("j1", "running")]
+    assert [(j["job"], j["phase"]) for j in json.loads(capsys.readouterr().out)] == [
+        ("j1", "running")
+    ]
 
 
 def test_image_is_refused_on_the_local_backend() -> None:

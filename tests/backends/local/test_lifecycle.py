@@ -26,8 +26,11 @@ from trainmaster.storage import RunPaths, Storage
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     """A process in a session (and process group) of its own, standing in for one that now
     owns a recorded pid; it ends when its stdin closes."""
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                            stdin=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         yield proc
     finally:
@@ -41,12 +44,17 @@ def _state(path: Path, **kw: object) -> None:
 
 
 def _dead_pid() -> int:
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(done.stdout)
 
 
 # --- 17.5: a pid is a process only with its start time ------------------------------------------
+
 
 def test_start_time_names_one_process(sleeper: subprocess.Popen[bytes]) -> None:
     started = pids.start_time(sleeper.pid)
@@ -56,46 +64,66 @@ def test_start_time_names_one_process(sleeper: subprocess.Popen[bytes]) -> None:
     assert pids.start_time(_dead_pid()) is None
 
 
-def test_cancel_of_a_finished_job_signals_nothing(tmp_path: Path,
-                                                  sleeper: subprocess.Popen[bytes]) -> None:
+def test_cancel_of_a_finished_job_signals_nothing(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
     """The job ended long ago; its agent's pid now belongs to an unrelated process."""
     run = RunPaths(tmp_path / "run")
     other = (pids.start_time(sleeper.pid) or 0) + 1
-    _state(run.state, phase="succeeded", supervisor_pid=_dead_pid(),
-           nodes=[state.NodeState(index=0, pid=sleeper.pid, start_time=other)])
+    _state(
+        run.state,
+        phase="succeeded",
+        supervisor_pid=_dead_pid(),
+        nodes=[state.NodeState(index=0, pid=sleeper.pid, start_time=other)],
+    )
     st = local.cancel(run, grace_s=1.0)
     assert st.phase == "succeeded" and not st.cancel_requested
     assert sleeper.poll() is None  # not signalled
 
 
-def test_cancel_skips_a_reused_pid_of_a_running_record(tmp_path: Path,
-                                                       sleeper: subprocess.Popen[bytes]) -> None:
+def test_cancel_skips_a_reused_pid_of_a_running_record(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
     """state.json says running (its supervisor died), the agent's pid was reused."""
     run = RunPaths(tmp_path / "run")
     other = (pids.start_time(sleeper.pid) or 0) + 1
-    _state(run.state, phase="running", supervisor_pid=_dead_pid(),
-           nodes=[state.NodeState(index=0, pid=sleeper.pid, start_time=other)])
+    _state(
+        run.state,
+        phase="running",
+        supervisor_pid=_dead_pid(),
+        nodes=[state.NodeState(index=0, pid=sleeper.pid, start_time=other)],
+    )
     local.cancel(run, grace_s=1.0)
     assert sleeper.poll() is None
 
 
 # --- 17.1: cancel during start-up, and no second copy --------------------------------------------
 
+
 def _run_folder(tmp_path: Path, **kw: object) -> RunPaths:
     cfg = jobfile.preset("local-cpu", ['job.name="early"', "job.nnodes=1"])
     run = RunPaths(tmp_path / "runs" / "early")
     run.logs.mkdir(parents=True)
     run.job_toml.write_text(jobfile.render(cfg, "test"))
-    _state(run.state, nodes=[state.NodeState(index=0)],
-           rendezvous={"backend": "c10d", "endpoint": "127.0.0.1:1"}, storage=str(tmp_path), **kw)
+    _state(
+        run.state,
+        nodes=[state.NodeState(index=0)],
+        rendezvous={"backend": "c10d", "endpoint": "127.0.0.1:1"},
+        storage=str(tmp_path),
+        **kw,
+    )
     return run
 
 
 def test_supervisor_honours_a_cancel_recorded_before_it_started(tmp_path: Path) -> None:
     """`cancel` of a pending run only records the request: the supervisor must start nothing."""
     run = _run_folder(tmp_path, cancel_requested=True)
-    done = subprocess.run([sys.executable, "-m", "trainmaster.backends.local.supervisor", str(run.dir)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainmaster.backends.local.supervisor", str(run.dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     st = state.read(run.state)
     assert st.phase == "cancelled", done.stderr
     assert st.nodes[0].pid is None  # no agent was started
@@ -103,18 +131,24 @@ def test_supervisor_honours_a_cancel_recorded_before_it_started(tmp_path: Path) 
 
 
 def test_resume_is_refused_while_a_process_of_the_run_lives(
-        tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
     """A cancelled run whose supervisor still winds down: a second copy would share its folder."""
     store = Storage(tmp_path)
     cfg = jobfile.preset("local-cpu", ['job.name="early"', "job.nnodes=1"])
     run = RunPaths(store.run_dir("early"))
-    _state(run.state, phase="cancelled", supervisor_pid=sleeper.pid,
-           supervisor_start=pids.start_time(sleeper.pid))
+    _state(
+        run.state,
+        phase="cancelled",
+        supervisor_pid=sleeper.pid,
+        supervisor_start=pids.start_time(sleeper.pid),
+    )
     with pytest.raises(UserError, match="still running"):
         local.plan(cfg, store, resume=True)
 
 
 # --- 17.8: only this attempt's summary counts -----------------------------------------------------
+
 
 def test_stale_summary_does_not_make_an_elastic_run_succeed(tmp_path: Path) -> None:
     run = RunPaths(tmp_path / "run")
@@ -131,12 +165,20 @@ def test_stale_summary_does_not_make_an_elastic_run_succeed(tmp_path: Path) -> N
 
 # --- 17.7: a supervisor that died ------------------------------------------------------------------
 
+
 def test_dead_supervisor_run_that_completed_is_succeeded_and_its_etcd_stopped(
-        tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
     run = RunPaths(tmp_path / "run")
-    _state(run.state, phase="running", started_at=time.time() - 60, supervisor_pid=_dead_pid(),
-           etcd_pid=sleeper.pid, etcd_start=pids.start_time(sleeper.pid),
-           nodes=[state.NodeState(index=0, pid=_dead_pid())])
+    _state(
+        run.state,
+        phase="running",
+        started_at=time.time() - 60,
+        supervisor_pid=_dead_pid(),
+        etcd_pid=sleeper.pid,
+        etcd_start=pids.start_time(sleeper.pid),
+        nodes=[state.NodeState(index=0, pid=_dead_pid())],
+    )
     run.summary.write_text(json.dumps({"status": "completed"}))
     seen = state.observed(run.state)
     assert seen.phase == "succeeded"
@@ -163,15 +205,35 @@ def test_supervisor_cleanup_that_fails_does_not_raise() -> None:
     assert stuck.killed
 
 
-def test_cancel_cli_says_a_finished_job_had_ended(tmp_path: Path,
-                                                  sleeper: subprocess.Popen[bytes]) -> None:
+def test_cancel_cli_says_a_finished_job_had_ended(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
     """`trainmaster cancel` of a job that ended long ago says so, and signals nothing."""
     run = RunPaths(Storage(tmp_path).run_dir("old"))
     other = (pids.start_time(sleeper.pid) or 0) + 1
-    _state(run.state, phase="succeeded", supervisor_pid=_dead_pid(), finished_at=time.time() - 3600,
-           nodes=[state.NodeState(index=0, pid=sleeper.pid, start_time=other)])
-    done = subprocess.run([sys.executable, "-m", "trainmaster", "cancel", "old", "--storage",
-                           str(tmp_path), "--grace", "1"], capture_output=True, text=True, timeout=120)
+    _state(
+        run.state,
+        phase="succeeded",
+        supervisor_pid=_dead_pid(),
+        finished_at=time.time() - 3600,
+        nodes=[state.NodeState(index=0, pid=sleeper.pid, start_time=other)],
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainmaster",
+            "cancel",
+            "old",
+            "--storage",
+            str(tmp_path),
+            "--grace",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "already succeeded; nothing to cancel" in done.stdout
     assert sleeper.poll() is None

@@ -24,7 +24,9 @@ from trainmaster.run import state
 from trainmaster.storage import Storage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-needs_etcd = pytest.mark.skipif(not etcd_available(), reason="etcd not installed (apt-get install etcd-server)")
+needs_etcd = pytest.mark.skipif(
+    not etcd_available(), reason="etcd not installed (apt-get install etcd-server)"
+)
 
 JOB_STEPS = 40
 # Fault tests: a collective left waiting on a dead peer fails after 180 s (default 1800) and
@@ -37,9 +39,16 @@ def job_file(tmp_path: Path, name: str, *extra: str) -> Path:
     path = tmp_path / f"{name}.toml"
     # max_restarts 6: room for a slow machine; the fault tests below expect exactly one.
     # rendezvous.timeout 180 (default 600): a stuck rendezvous fails well within the test's wait.
-    sets = [f'job.name="{name}"', f"train.max_steps={JOB_STEPS}", "train.warmup_steps=5", "job.max_restarts=6",
-            "rendezvous.timeout=180",
-            "train.checkpoint_every=10", "train.keep_checkpoints=3", *extra]
+    sets = [
+        f'job.name="{name}"',
+        f"train.max_steps={JOB_STEPS}",
+        "train.warmup_steps=5",
+        "job.max_restarts=6",
+        "rendezvous.timeout=180",
+        "train.checkpoint_every=10",
+        "train.keep_checkpoints=3",
+        *extra,
+    ]
     args = ["init", "--preset", "local-cpu", "--out", str(path)]
     for s in sets:
         args += ["--set", s]
@@ -118,7 +127,9 @@ def test_two_node_c10d_job_completes(straight: dict) -> None:
 
 
 @needs_etcd
-def test_two_node_job_with_private_etcd(pydoc_storage: Path, tmp_path: Path, straight: dict) -> None:
+def test_two_node_job_with_private_etcd(
+    pydoc_storage: Path, tmp_path: Path, straight: dict
+) -> None:
     path = job_file(tmp_path, "with-etcd", 'rendezvous.backend="etcd"')
     result = run_cli("launch", str(path), "--storage", str(pydoc_storage), "--follow", timeout=600)
     assert result.returncode == 0, result.stderr
@@ -126,16 +137,25 @@ def test_two_node_job_with_private_etcd(pydoc_storage: Path, tmp_path: Path, str
     assert st.phase == "succeeded" and st.private_etcd
     assert no_processes_left(st)  # the private etcd is stopped too
     # Same config, same data, same seed: rendezvous does not change the result.
-    assert summary(pydoc_storage, "with-etcd")["final_loss"] == pytest.approx(straight["final_loss"], rel=1e-4)
+    assert summary(pydoc_storage, "with-etcd")["final_loss"] == pytest.approx(
+        straight["final_loss"], rel=1e-4
+    )
 
 
 @needs_etcd
 def test_two_node_job_with_external_etcd(pydoc_storage: Path, tmp_path: Path) -> None:
     proc, endpoint = rendezvous.start_private_etcd(tmp_path / "etcd", tmp_path / "etcd.log", 30)
     try:
-        path = job_file(tmp_path, "ext-etcd", 'rendezvous.backend="etcd"',
-                        f'rendezvous.endpoint="{endpoint}"', "train.max_steps=12")
-        result = run_cli("launch", str(path), "--storage", str(pydoc_storage), "--follow", timeout=600)
+        path = job_file(
+            tmp_path,
+            "ext-etcd",
+            'rendezvous.backend="etcd"',
+            f'rendezvous.endpoint="{endpoint}"',
+            "train.max_steps=12",
+        )
+        result = run_cli(
+            "launch", str(path), "--storage", str(pydoc_storage), "--follow", timeout=600
+        )
         assert result.returncode == 0, result.stderr
         assert wait_final(pydoc_storage, "ext-etcd").rendezvous["endpoint"] == endpoint
     finally:
@@ -155,12 +175,24 @@ def test_status_logs_cancel_from_other_processes(pydoc_storage: Path, tmp_path: 
     assert all(f"\n {r} " in status.stdout or f"│ {r} " in status.stdout for r in ("0", "1"))
     as_json = run_cli("status", "local://long", "--json", "--storage", str(pydoc_storage))
     data = json.loads(as_json.stdout)
-    assert (data["job"], data["backend"], data["handle"], data["phase"]) == ("long", "local", "local://long", "running")
+    assert (data["job"], data["backend"], data["handle"], data["phase"]) == (
+        "long",
+        "local",
+        "local://long",
+        "running",
+    )
     assert [n["index"] for n in data["nodes"]] == [0, 1] and all(n["pid"] for n in data["nodes"])
     assert sorted(w["rank"] for w in data["workers"]) == [0, 1]
-    assert data["step"] >= 11 and data["max_steps"] > data["step"] and data["metrics"]["step"] == data["step"]
+    assert (
+        data["step"] >= 11
+        and data["max_steps"] > data["step"]
+        and data["metrics"]["step"] == data["step"]
+    )
     assert data["loss"] is not None and data["eta_s"] is not None
-    workers_before = [w.pid for w in runinfo.workers(state.read(Storage(pydoc_storage).run_dir("long") / "state.json"))]
+    workers_before = [
+        w.pid
+        for w in runinfo.workers(state.read(Storage(pydoc_storage).run_dir("long") / "state.json"))
+    ]
     assert len(workers_before) == 2
     logs = run_cli("logs", "long", "--storage", str(pydoc_storage))
     assert logs.returncode == 0 and "rank 0" in logs.stdout
@@ -175,9 +207,13 @@ def test_status_logs_cancel_from_other_processes(pydoc_storage: Path, tmp_path: 
     assert "phase cancelled" in again.stdout
 
 
-def test_killed_worker_is_restarted_and_resumes(pydoc_storage: Path, tmp_path: Path, straight: dict) -> None:
+def test_killed_worker_is_restarted_and_resumes(
+    pydoc_storage: Path, tmp_path: Path, straight: dict
+) -> None:
     path = job_file(tmp_path, "killed")
-    assert run_cli("launch", str(path), "--storage", str(pydoc_storage), env=FAULT_ENV).returncode == 0
+    assert (
+        run_cli("launch", str(path), "--storage", str(pydoc_storage), env=FAULT_ENV).returncode == 0
+    )
     wait_step(pydoc_storage, "killed", 13, 600)
     st = state.read(Storage(pydoc_storage).run_dir("killed") / "state.json")
     victims = [w for w in runinfo.workers(st) if w.rank == 1]
@@ -205,8 +241,9 @@ def test_kill_during_checkpoint_keeps_the_previous_one(pydoc_storage: Path, tmp_
 
 @needs_etcd
 def test_elastic_job_survives_losing_a_node(pydoc_storage: Path, tmp_path: Path) -> None:
-    path = job_file(tmp_path, "elastic", "job.min_nnodes=1", 'rendezvous.backend="etcd"',
-                    "train.max_steps=60")
+    path = job_file(
+        tmp_path, "elastic", "job.min_nnodes=1", 'rendezvous.backend="etcd"', "train.max_steps=60"
+    )
     assert run_cli("launch", str(path), "--storage", str(pydoc_storage)).returncode == 0
     wait_step(pydoc_storage, "elastic", 12, 300)
     st = state.read(Storage(pydoc_storage).run_dir("elastic") / "state.json")
@@ -223,7 +260,10 @@ def test_elastic_job_survives_losing_a_node(pydoc_storage: Path, tmp_path: Path)
 
 # --- bad input: exit 2, one line, nothing left running ------------------------------------------
 
-def _assert_refused(result: subprocess.CompletedProcess[str], text: str, store: Path, job: str) -> None:
+
+def _assert_refused(
+    result: subprocess.CompletedProcess[str], text: str, store: Path, job: str
+) -> None:
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and text in lines[0], result.stderr
@@ -242,12 +282,19 @@ def test_rendezvous_port_in_use(pydoc_storage: Path, tmp_path: Path) -> None:
 
 def test_unreachable_etcd_fails_within_the_timeout(pydoc_storage: Path, tmp_path: Path) -> None:
     port = rendezvous.free_port()
-    path = job_file(tmp_path, "noetcd", 'rendezvous.backend="etcd"',
-                    f'rendezvous.endpoint="127.0.0.1:{port}"', "rendezvous.timeout=3")
+    path = job_file(
+        tmp_path,
+        "noetcd",
+        'rendezvous.backend="etcd"',
+        f'rendezvous.endpoint="127.0.0.1:{port}"',
+        "rendezvous.timeout=3",
+    )
     t0 = time.monotonic()
     result = run_cli("launch", str(path), "--storage", str(pydoc_storage))
     assert time.monotonic() - t0 < 60
-    _assert_refused(result, f"no etcd with the v2 API answers at 127.0.0.1:{port}", pydoc_storage, "noetcd")
+    _assert_refused(
+        result, f"no etcd with the v2 API answers at 127.0.0.1:{port}", pydoc_storage, "noetcd"
+    )
 
 
 def test_storage_not_writable(tmp_path: Path) -> None:
@@ -258,10 +305,16 @@ def test_storage_not_writable(tmp_path: Path) -> None:
     assert result.returncode == 2 and "storage is not writable" in result.stderr
 
 
-def test_existing_job_name_is_refused_unless_resume(pydoc_storage: Path, tmp_path: Path, straight: dict) -> None:
+def test_existing_job_name_is_refused_unless_resume(
+    pydoc_storage: Path, tmp_path: Path, straight: dict
+) -> None:
     path = job_file(tmp_path, "straight")
     result = run_cli("launch", str(path), "--storage", str(pydoc_storage))
-    assert result.returncode == 2 and "job straight exists" in result.stderr and "--resume" in result.stderr
+    assert (
+        result.returncode == 2
+        and "job straight exists" in result.stderr
+        and "--resume" in result.stderr
+    )
 
 
 def test_etcd_requested_but_not_installed(pydoc_storage: Path, tmp_path: Path) -> None:
@@ -272,6 +325,7 @@ def test_etcd_requested_but_not_installed(pydoc_storage: Path, tmp_path: Path) -
 
 
 # --- issue 12.1: a fresh rendezvous id per launch ------------------------------------------------
+
 
 @pytest.fixture
 def external_etcd(tmp_path: Path) -> Iterator[str]:
@@ -291,12 +345,19 @@ def _launch(path: Path, store: Path, *extra: str, env: dict[str, str] | None = N
 
 @needs_etcd
 def test_relaunch_of_the_same_job_name_meets_in_a_fresh_rendezvous(
-        pydoc_storage: Path, tmp_path: Path, external_etcd: str) -> None:
+    pydoc_storage: Path, tmp_path: Path, external_etcd: str
+) -> None:
     """torch's etcd handler closes a rendezvous when its agent exits and keeps it for 2 h: a
     second launch under the job name as --rdzv-id failed at once with RendezvousClosedError."""
-    path = job_file(tmp_path, "chunks", "job.nnodes=1", 'rendezvous.backend="etcd"',
-                    f'rendezvous.endpoint="{external_etcd}"', "train.max_steps=20",
-                    "train.steps_this_run=10")
+    path = job_file(
+        tmp_path,
+        "chunks",
+        "job.nnodes=1",
+        'rendezvous.backend="etcd"',
+        f'rendezvous.endpoint="{external_etcd}"',
+        "train.max_steps=20",
+        "train.steps_this_run=10",
+    )
     _launch(path, pydoc_storage)
     first = wait_final(pydoc_storage, "chunks")
     assert first.phase == "succeeded", diagnosis(pydoc_storage, "chunks")
@@ -309,11 +370,18 @@ def test_relaunch_of_the_same_job_name_meets_in_a_fresh_rendezvous(
 
 
 @needs_etcd
-def test_relaunch_after_torchrun_gave_up_succeeds(pydoc_storage: Path, tmp_path: Path,
-                                                 external_etcd: str) -> None:
-    path = job_file(tmp_path, "gaveup", "job.nnodes=1", 'rendezvous.backend="etcd"',
-                    f'rendezvous.endpoint="{external_etcd}"', "train.max_steps=20",
-                    "job.max_restarts=0")
+def test_relaunch_after_torchrun_gave_up_succeeds(
+    pydoc_storage: Path, tmp_path: Path, external_etcd: str
+) -> None:
+    path = job_file(
+        tmp_path,
+        "gaveup",
+        "job.nnodes=1",
+        'rendezvous.backend="etcd"',
+        f'rendezvous.endpoint="{external_etcd}"',
+        "train.max_steps=20",
+        "job.max_restarts=0",
+    )
     _launch(path, pydoc_storage, env=FAULT_ENV | {"TRAINMASTER_FAULT_KILL_IN_CHECKPOINT": "20"})
     assert wait_final(pydoc_storage, "gaveup").phase == "failed"  # no restarts left
     _launch(path, pydoc_storage, "--resume")
@@ -333,8 +401,13 @@ def test_cancel_right_after_launch_stops_the_job(pydoc_storage: Path, tmp_path: 
     st = wait_final(pydoc_storage, "early")
     assert st.phase == "cancelled"
     # Whatever the supervisor had started by then, nothing of the run is left running.
-    wait_job(pydoc_storage, "early", lambda: not state.live_processes(state.read(run / "state.json")),
-             60, "every process of the run to exit")
+    wait_job(
+        pydoc_storage,
+        "early",
+        lambda: not state.live_processes(state.read(run / "state.json")),
+        60,
+        "every process of the run to exit",
+    )
     assert not runinfo.workers(state.read(run / "state.json"))
 
 
@@ -342,8 +415,9 @@ def test_cancel_right_after_launch_stops_the_job(pydoc_storage: Path, tmp_path: 
 def test_killed_supervisor_run_still_ends_right(pydoc_storage: Path, tmp_path: Path) -> None:
     """Issue 17.7: the agents outlive a SIGKILLed supervisor and finish the run; whoever sees
     the end then records it from the workers' summary (not `failed`) and stops the private etcd."""
-    path = job_file(tmp_path, "orphan", "job.nnodes=1", 'rendezvous.backend="etcd"',
-                    "train.max_steps=20")
+    path = job_file(
+        tmp_path, "orphan", "job.nnodes=1", 'rendezvous.backend="etcd"', "train.max_steps=20"
+    )
     _launch(path, pydoc_storage)
     wait_step(pydoc_storage, "orphan", 2, 300)
     run = Storage(pydoc_storage).run_dir("orphan")
@@ -352,6 +426,11 @@ def test_killed_supervisor_run_still_ends_right(pydoc_storage: Path, tmp_path: P
     os.kill(before.supervisor_pid or 0, signal.SIGKILL)
     final = wait_final(pydoc_storage, "orphan")
     assert final.phase == "succeeded", diagnosis(pydoc_storage, "orphan")
-    wait_job(pydoc_storage, "orphan", lambda: not state.pid_alive(before.etcd_pid, before.etcd_start),
-             60, "the private etcd to stop")
+    wait_job(
+        pydoc_storage,
+        "orphan",
+        lambda: not state.pid_alive(before.etcd_pid, before.etcd_start),
+        60,
+        "the private etcd to stop",
+    )
     assert no_processes_left(final)

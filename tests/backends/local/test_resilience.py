@@ -30,7 +30,8 @@ HANG_TIMEOUT = 15  # a bert-tiny step takes well under a second here, even on a 
 
 
 def test_hung_rank_is_dumped_and_the_job_restarts_from_its_checkpoint(
-        pydoc_storage: Path, tmp_path: Path) -> None:
+    pydoc_storage: Path, tmp_path: Path
+) -> None:
     job = "hung"
     path = job_file(tmp_path, job, f"train.hang_timeout={HANG_TIMEOUT}")
     env = FAULT_ENV | {faults.HANG_AT_STEP_ENV: "1:15"}
@@ -58,7 +59,8 @@ def test_hung_rank_is_dumped_and_the_job_restarts_from_its_checkpoint(
 
 
 def test_a_node_failing_preflight_stops_the_job_naming_node_and_check(
-        pydoc_storage: Path, tmp_path: Path) -> None:
+    pydoc_storage: Path, tmp_path: Path
+) -> None:
     """Issue 14.2: node 1's device computes its check matmul 1% off (fault hook); the job stops
     before its first step with one line naming node 1 and the check, in `status`."""
     job = "badnode"
@@ -76,13 +78,16 @@ def test_a_node_failing_preflight_stops_the_job_naming_node_and_check(
 
 
 def test_cancel_is_a_preemption_saved_at_the_current_step_and_resumed_from_there(
-        pydoc_storage: Path, tmp_path: Path) -> None:
+    pydoc_storage: Path, tmp_path: Path
+) -> None:
     """Issue 14.3: SIGTERM (here `cancel`, as a spot interruption or an eviction would send it)
     makes every rank stop at the same step with a checkpoint of it, not lose the steps since
     the last periodic checkpoint; the next launch resumes exactly there."""
     job = "preempted"
     path = job_file(tmp_path, job, "train.max_steps=400", "train.checkpoint_every=100")
-    assert run_cli("launch", str(path), "--storage", str(pydoc_storage), env=FAULT_ENV).returncode == 0
+    assert (
+        run_cli("launch", str(path), "--storage", str(pydoc_storage), env=FAULT_ENV).returncode == 0
+    )
     wait_step(pydoc_storage, job, 13, timeout=600)
     cancelled = run_cli("cancel", job, "--storage", str(pydoc_storage), "--grace", "120")
     assert cancelled.returncode == 0, cancelled.stderr
@@ -93,12 +98,23 @@ def test_cancel_is_a_preemption_saved_at_the_current_step_and_resumed_from_there
     assert 13 <= p["step"] < 400 and p["checkpoint_s"] >= 0
     assert ckptdir.latest(run.checkpoints).step == p["step"], diagnosis(pydoc_storage, job)
     for rank in (0, 1):  # both ranks stopped at that step, on purpose, not killed
-        assert f"stopped after step {p['step']} with a checkpoint" in (run.logs / f"rank{rank}.log").read_text()
+        assert (
+            f"stopped after step {p['step']} with a checkpoint"
+            in (run.logs / f"rank{rank}.log").read_text()
+        )
     shown = run_cli("status", job, "--storage", str(pydoc_storage))
     assert "preemptions 1 (SIGTERM, checkpointed)" in shown.stdout
 
-    resumed = run_cli("launch", str(path), "--storage", str(pydoc_storage), "--resume",
-                      "--set", "train.steps_this_run=5", env=FAULT_ENV)
+    resumed = run_cli(
+        "launch",
+        str(path),
+        "--storage",
+        str(pydoc_storage),
+        "--resume",
+        "--set",
+        "train.steps_this_run=5",
+        env=FAULT_ENV,
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert wait_final(pydoc_storage, job).phase == "succeeded", diagnosis(pydoc_storage, job)
     s = summary(pydoc_storage, job)

@@ -63,8 +63,9 @@ class KubernetesBackend:
         ns = namespace or self.options.namespace or self._cluster().namespace
         return f"kubernetes://{ns}/{job}"
 
-    def plan(self, cfg: JobConfig, *, wait_lock_s: float = 0.0,
-             precompile_steps: int | None = None) -> KubernetesDryRun:
+    def plan(
+        self, cfg: JobConfig, *, wait_lock_s: float = 0.0, precompile_steps: int | None = None
+    ) -> KubernetesDryRun:
         """Build (and so check) every object. A Kubernetes job always resumes from its last
         checkpoint (the trainer's own rule); wait_lock_s: pod 0 waits for the lock itself."""
         from trainmaster.backends.kubernetes import volcano
@@ -72,51 +73,106 @@ class KubernetesBackend:
 
         precompile = precompile_steps is not None
         image = self.options.image
-        objects = volcano.objects(cfg, image=image, precompile=precompile,
-                                  steps=precompile_steps or pre_mod.DEFAULT_STEPS)
+        objects = volcano.objects(
+            cfg, image=image, precompile=precompile, steps=precompile_steps or pre_mod.DEFAULT_STEPS
+        )
         job = objects[-1]["metadata"]
-        return KubernetesDryRun(job["name"], self.name, "precompile" if precompile else "train", (),
-                                tuple(objects), job["namespace"], volcano.image_of(cfg, image))
+        return KubernetesDryRun(
+            job["name"],
+            self.name,
+            "precompile" if precompile else "train",
+            (),
+            tuple(objects),
+            job["namespace"],
+            volcano.image_of(cfg, image),
+        )
 
-    def submit(self, dry_run: base.DryRun, *, server_dry_run: bool = False, on_wait: base.Waiting | None = None,
-               on_start: Callable[[str], None] | None = None) -> base.Submitted:
+    def submit(
+        self,
+        dry_run: base.DryRun,
+        *,
+        server_dry_run: bool = False,
+        on_wait: base.Waiting | None = None,
+        on_start: Callable[[str], None] | None = None,
+    ) -> base.Submitted:
         from trainmaster.backends.kubernetes import jobs
 
         if not isinstance(dry_run, KubernetesDryRun):
             raise UserError(f"a {dry_run.backend} plan cannot run on Kubernetes", where="--backend")
         if EXAMPLE_ACCOUNT in dry_run.image and not server_dry_run:
-            raise UserError(f"the image still names the example account {EXAMPLE_ACCOUNT}; push the "
-                            "image to your ECR (see `trainmaster cluster plan`) and set it",
-                            where="kubernetes.image")
+            raise UserError(
+                f"the image still names the example account {EXAMPLE_ACCOUNT}; push the "
+                "image to your ECR (see `trainmaster cluster plan`) and set it",
+                where="kubernetes.image",
+            )
         cluster = self._cluster(dry_run.namespace)
-        name = jobs.submit(cluster, list(dry_run.objects), dry_run=server_dry_run)["metadata"]["name"]
+        name = jobs.submit(cluster, list(dry_run.objects), dry_run=server_dry_run)["metadata"][
+            "name"
+        ]
         if server_dry_run:
-            return base.Submitted(name, (f"{name}: the API server accepts the Job and its ConfigMap "
-                                    "(server dry run; nothing created)",))
-        more = ("; its rank 0 writes the cacheset's fingerprint after the first step"
-                if dry_run.purpose == "precompile" else "")
+            return base.Submitted(
+                name,
+                (
+                    f"{name}: the API server accepts the Job and its ConfigMap "
+                    "(server dry run; nothing created)",
+                ),
+            )
+        more = (
+            "; its rank 0 writes the cacheset's fingerprint after the first step"
+            if dry_run.purpose == "precompile"
+            else ""
+        )
         handle = self.handle(name, cluster.namespace)
-        return base.Submitted(name, (f"{handle}  (Volcano job in namespace {cluster.namespace}; "
-                                     f"`trainmaster status {handle}`{more})",))
+        return base.Submitted(
+            name,
+            (
+                f"{handle}  (Volcano job in namespace {cluster.namespace}; "
+                f"`trainmaster status {handle}`{more})",
+            ),
+        )
 
     def status(self, job: str) -> base.JobStatus:
         from trainmaster.backends.kubernetes import jobs
 
         st = jobs.status(self._cluster(), job)
-        nodes = tuple(base.NodeStatus(
-            index=p.index, name=p.name, state=p.phase, host=p.node, exit_code=p.exit_code,
-            restarts=p.restarts, rank0=p.name == st.rank0_pod, reason=p.reason) for p in st.pods)
+        nodes = tuple(
+            base.NodeStatus(
+                index=p.index,
+                name=p.name,
+                state=p.phase,
+                host=p.node,
+                exit_code=p.exit_code,
+                restarts=p.restarts,
+                rank0=p.name == st.rank0_pod,
+                reason=p.reason,
+            )
+            for p in st.pods
+        )
         return base.JobStatus(
-            job=st.name, backend=self.name, handle=self.handle(st.name, st.namespace),
-            phase=base.Phase(st.phase), message=st.message, nnodes=st.replicas, created=st.created,
-            nodes=nodes, restarts=st.retries, job_retries=st.retries,
-            details={"namespace": st.namespace, "Volcano": st.volcano_phase, "restarts": str(st.retries)})
+            job=st.name,
+            backend=self.name,
+            handle=self.handle(st.name, st.namespace),
+            phase=base.Phase(st.phase),
+            message=st.message,
+            nnodes=st.replicas,
+            created=st.created,
+            nodes=nodes,
+            restarts=st.retries,
+            job_retries=st.retries,
+            details={
+                "namespace": st.namespace,
+                "Volcano": st.volcano_phase,
+                "restarts": str(st.retries),
+            },
+        )
 
     def logs(self, job: str, *, rank: int | None, node: int | None, follow: bool) -> base.LogStream:
         from trainmaster.backends.kubernetes import jobs
 
         if rank not in (None, 0):
-            raise UserError("kubernetes jobs: logs shows rank 0's pod or --node N's pod", where="--rank")
+            raise UserError(
+                "kubernetes jobs: logs shows rank 0's pod or --node N's pod", where="--rank"
+            )
         pod, lines = jobs.logs(self._cluster(), job, node=node, follow=follow)
         return base.LogStream(f"# {pod}", lines)
 
@@ -130,14 +186,26 @@ class KubernetesBackend:
     def list(self) -> list[base.JobStatus]:
         from trainmaster.backends.kubernetes import jobs
 
-        return [base.JobStatus(
-            job=j.name, backend=self.name, handle=self.handle(j.name, j.namespace),
-            phase=base.Phase(j.phase), nnodes=j.nodes, created=j.created,
-            details={"namespace": j.namespace, "Volcano": j.volcano_phase, "running": str(j.running)})
-            for j in jobs.list_jobs(self._cluster())]
+        return [
+            base.JobStatus(
+                job=j.name,
+                backend=self.name,
+                handle=self.handle(j.name, j.namespace),
+                phase=base.Phase(j.phase),
+                nnodes=j.nodes,
+                created=j.created,
+                details={
+                    "namespace": j.namespace,
+                    "Volcano": j.volcano_phase,
+                    "running": str(j.running),
+                },
+            )
+            for j in jobs.list_jobs(self._cluster())
+        ]
 
-    def top(self, job: str, *, interval_s: float, say: Callable[[str], None]
-            ) -> tuple[Callable[[], Any], float]:
+    def top(
+        self, job: str, *, interval_s: float, say: Callable[[str], None]
+    ) -> tuple[Callable[[], Any], float]:
         import time
 
         from trainmaster.backends.kubernetes import top as top_k8s
@@ -148,12 +216,18 @@ class KubernetesBackend:
         def sample() -> Any:  # the first call fails clearly: no job, no running pods
             rows = top_k8s.k8s_rows(cluster, job)
             stamp = time.strftime("%H:%M:%S")
-            return top_mod.table(rows, f"{job}  (kubernetes, namespace {cluster.namespace})  {stamp}")
+            return top_mod.table(
+                rows, f"{job}  (kubernetes, namespace {cluster.namespace})  {stamp}"
+            )
 
         return sample, interval_s
 
-    def tensorboard(self, job: str | None, *, host: str, port: int, announce: Callable[[str], None]) -> None:
+    def tensorboard(
+        self, job: str | None, *, host: str, port: int, announce: Callable[[str], None]
+    ) -> None:
         """kubectl port-forward to the cluster's TensorBoard (`host` is the local backend's)."""
         from trainmaster.backends.kubernetes import tensorboard
 
-        tensorboard.serve_k8s(self._cluster(), port, self.options.kubeconfig, self.options.context, announce, job)
+        tensorboard.serve_k8s(
+            self._cluster(), port, self.options.kubeconfig, self.options.context, announce, job
+        )

@@ -34,8 +34,10 @@ EXIT_BAD_INPUT = 2
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" not in argv:
-        raise UserError("usage: cache_hold --cache DIR --job NAME --token T [--wait S] -- COMMAND...",
-                        where="cache_hold")
+        raise UserError(
+            "usage: cache_hold --cache DIR --job NAME --token T [--wait S] -- COMMAND...",
+            where="cache_hold",
+        )
     cut = argv.index("--")
     parser = argparse.ArgumentParser(prog="trainmaster.backends.kubernetes.cache_hold")
     parser.add_argument("--cache", required=True, type=Path)
@@ -44,7 +46,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--purpose", default="train")
     parser.add_argument("--wait", type=float, default=600.0)
     args = parser.parse_args(argv[:cut])
-    command = argv[cut + 1:]
+    command = argv[cut + 1 :]
     if not command or not args.token:
         raise UserError("needs a token and a command after --", where="cache_hold")
     return args, command
@@ -53,11 +55,20 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     try:
         args, command = parse(sys.argv[1:] if argv is None else argv)
-        held = lock.acquire(args.cache, job=args.job, purpose=args.purpose, wait_s=args.wait,
-                            reclaim_own_job=True, token=args.token,
-                            on_wait=lambda h: print(f"trainmaster: waiting up to {args.wait:g} s for "
-                                                    f"the compile cache, in use by {h.describe()}",
-                                                    file=sys.stderr, flush=True))
+        held = lock.acquire(
+            args.cache,
+            job=args.job,
+            purpose=args.purpose,
+            wait_s=args.wait,
+            reclaim_own_job=True,
+            token=args.token,
+            on_wait=lambda h: print(
+                f"trainmaster: waiting up to {args.wait:g} s for "
+                f"the compile cache, in use by {h.describe()}",
+                file=sys.stderr,
+                flush=True,
+            ),
+        )
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

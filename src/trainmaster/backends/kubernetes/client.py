@@ -38,8 +38,10 @@ PAGE = 500
 # Concurrent requests of one command (pod logs when looking for rank 0): also the size of the
 # client's connection pool, so that no connection is opened and dropped per request.
 CONNECTIONS = 16
-FIX_CREDENTIALS = ("refresh them (`aws eks update-kubeconfig --name CLUSTER`) or pick others with "
-                   "--kubeconfig / --context")
+FIX_CREDENTIALS = (
+    "refresh them (`aws eks update-kubeconfig --name CLUSTER`) or pick others with "
+    "--kubeconfig / --context"
+)
 
 
 @dataclass
@@ -59,8 +61,9 @@ class Cluster:
         return k8s.CustomObjectsApi(self.api)
 
 
-def connect(kubeconfig: str | None = None, context: str | None = None,
-            namespace: str | None = None) -> Cluster:
+def connect(
+    kubeconfig: str | None = None, context: str | None = None, namespace: str | None = None
+) -> Cluster:
     """From a kubeconfig (--kubeconfig, else $KUBECONFIG, else ~/.kube/config) or, inside a pod, the
     service account. Namespace: --namespace, else the context's, else "default"."""
     env = os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
@@ -71,16 +74,25 @@ def connect(kubeconfig: str | None = None, context: str | None = None,
         if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ:
             k8s_config.load_incluster_config(client_configuration=configuration)
             return Cluster(k8s.ApiClient(configuration), namespace or "default", None)
-        raise UserError(f"no kubeconfig at {path}; create it with `aws eks update-kubeconfig --name "
-                        "CLUSTER` or pass --kubeconfig", where="--kubeconfig")
+        raise UserError(
+            f"no kubeconfig at {path}; create it with `aws eks update-kubeconfig --name "
+            "CLUSTER` or pass --kubeconfig",
+            where="--kubeconfig",
+        )
     try:
         contexts, active = k8s_config.list_kube_config_contexts(str(path))
         chosen = next((c for c in contexts if c["name"] == context), None) if context else active
         if chosen is None:
             names = ", ".join(c["name"] for c in contexts) or "none"
-            raise UserError(f"no context {context!r} in {path} (contexts: {names})", where="--context")
-        k8s_config.load_kube_config(config_file=str(path), context=chosen["name"],
-                                    client_configuration=configuration, persist_config=False)
+            raise UserError(
+                f"no context {context!r} in {path} (contexts: {names})", where="--context"
+            )
+        k8s_config.load_kube_config(
+            config_file=str(path),
+            context=chosen["name"],
+            client_configuration=configuration,
+            persist_config=False,
+        )
     except k8s_config.ConfigException as exc:
         raise UserError(f"cannot use {path}: {exc}", where="--kubeconfig") from exc
     ns = namespace or chosen.get("context", {}).get("namespace") or "default"
@@ -112,8 +124,13 @@ def _missing_object(exc: ApiException, name: str | None) -> bool:
 
 
 @contextlib.contextmanager
-def call(cluster: Cluster, verb: str, resource: str, name: str | None = None,
-         namespace: str | None = None) -> Iterator[None]:
+def call(
+    cluster: Cluster,
+    verb: str,
+    resource: str,
+    name: str | None = None,
+    namespace: str | None = None,
+) -> Iterator[None]:
     """Turn what the API answers into errors that say what to do."""
     ns = namespace or cluster.namespace
     try:
@@ -121,34 +138,51 @@ def call(cluster: Cluster, verb: str, resource: str, name: str | None = None,
     except ApiException as exc:
         msg, code = _message(exc), exc.status
         if code == 401:
-            raise UserError(f"the API server did not accept the credentials (401 Unauthorized); "
-                            f"{FIX_CREDENTIALS}", where="kubernetes") from exc
+            raise UserError(
+                f"the API server did not accept the credentials (401 Unauthorized); "
+                f"{FIX_CREDENTIALS}",
+                where="kubernetes",
+            ) from exc
         if "admission webhook" in msg:
-            raise UserError(f"Volcano refused the job: {msg} (is kubernetes.queue created and "
-                            "open? `trainmaster cluster up` creates it)", where="kubernetes") from exc
+            raise UserError(
+                f"Volcano refused the job: {msg} (is kubernetes.queue created and "
+                "open? `trainmaster cluster up` creates it)",
+                where="kubernetes",
+            ) from exc
         if code == 403:
-            raise UserError(f"not allowed to {verb} {resource} in namespace {ns} (403 Forbidden: "
-                            f"{msg}); ask for an RBAC Role that grants {verb} on {resource}",
-                            where="kubernetes") from exc
+            raise UserError(
+                f"not allowed to {verb} {resource} in namespace {ns} (403 Forbidden: "
+                f"{msg}); ask for an RBAC Role that grants {verb} on {resource}",
+                where="kubernetes",
+            ) from exc
         if code == 404 and _missing_object(exc, name):
             what = "job" if resource == JOBS else resource.rstrip("s")
             raise NotFound(f"no {what} {name} in namespace {ns}", where="JOB") from exc
         if code == 404:
-            raise UserError(f"the API server has no {resource} ({msg}); is Volcano installed? "
-                            "(`trainmaster cluster up` installs it)", where="kubernetes") from exc
+            raise UserError(
+                f"the API server has no {resource} ({msg}); is Volcano installed? "
+                "(`trainmaster cluster up` installs it)",
+                where="kubernetes",
+            ) from exc
         if code == 409:
             raise Conflict(msg, where="kubernetes") from exc
         if code in (400, 422):
-            raise UserError(f"the API server refused to {verb} {resource}: {msg}", where="kubernetes") from exc
+            raise UserError(
+                f"the API server refused to {verb} {resource}: {msg}", where="kubernetes"
+            ) from exc
         raise JobFailed(f"{verb} {resource} failed: {code} {exc.reason}: {msg}") from exc
     except urllib3.exceptions.HTTPError as exc:
         host = cluster.api.configuration.host
-        raise UserError(f"cannot reach the API server at {host} ({type(exc).__name__}); check the "
-                        "network and --kubeconfig / --context", where="kubernetes") from exc
+        raise UserError(
+            f"cannot reach the API server at {host} ({type(exc).__name__}); check the "
+            "network and --kubeconfig / --context",
+            where="kubernetes",
+        ) from exc
 
 
-def list_all(cluster: Cluster, resource: str, fetch: Callable[..., Any], *,
-             limit: int | None = None) -> list[dict[str, Any]]:
+def list_all(
+    cluster: Cluster, resource: str, fetch: Callable[..., Any], *, limit: int | None = None
+) -> list[dict[str, Any]]:
     """Every item of a list call, `limit` (default PAGE) per request, following `continue`.
 
     `fetch` is a list method of the client with its arguments bound (functools.partial); it
@@ -223,7 +257,18 @@ def best_effort() -> Iterator[None]:
         yield
 
 
-def exec_stream(cluster: Cluster, pod: str, namespace: str, command: list[str], **kwargs: Any) -> Any:
+def exec_stream(
+    cluster: Cluster, pod: str, namespace: str, command: list[str], **kwargs: Any
+) -> Any:
     """An exec websocket into `pod` (kubernetes.stream); the caller reads and closes it."""
-    return _stream(cluster.core.connect_get_namespaced_pod_exec, pod, namespace, command=command,
-                   stdout=True, stderr=True, tty=False, _preload_content=False, **kwargs)
+    return _stream(
+        cluster.core.connect_get_namespaced_pod_exec,
+        pod,
+        namespace,
+        command=command,
+        stdout=True,
+        stderr=True,
+        tty=False,
+        _preload_content=False,
+        **kwargs,
+    )

@@ -19,7 +19,9 @@ from trainmaster.errors import UserError
 TIMEOUT_S = 20
 
 
-def fill(plan: LoadedPlan, st: Status, kubeconfig: str | None = None, context: str | None = None) -> None:
+def fill(
+    plan: LoadedPlan, st: Status, kubeconfig: str | None = None, context: str | None = None
+) -> None:
     c = plan.cluster
     fix = f"run `aws eks update-kubeconfig --name {c['name']} --region {c['region']}`"
     try:
@@ -34,20 +36,24 @@ def fill(plan: LoadedPlan, st: Status, kubeconfig: str | None = None, context: s
         return
     try:
         nodes: Any = cluster.core.list_node(_preload_content=False, _request_timeout=TIMEOUT_S)
-        st.nodes = sorted((node_of(i) for i in json.loads(nodes.data).get("items", [])),
-                          key=lambda n: (n.role, n.name))
+        st.nodes = sorted(
+            (node_of(i) for i in json.loads(nodes.data).get("items", [])),
+            key=lambda n: (n.role, n.name),
+        )
     except (ApiError, OSError, ValueError) as exc:
         st.kube_error = f"cannot list nodes: {getattr(exc, 'reason', None) or exc}"
         return
     try:
-        cluster.custom.get_cluster_custom_object("scheduling.volcano.sh", "v1beta1", "queues",
-                                                 c["queue"], _request_timeout=TIMEOUT_S)
+        cluster.custom.get_cluster_custom_object(
+            "scheduling.volcano.sh", "v1beta1", "queues", c["queue"], _request_timeout=TIMEOUT_S
+        )
         st.queue = True
     except ApiError as exc:
         st.queue = False if exc.status == 404 else None
     try:
         pvc: Any = cluster.core.read_namespaced_persistent_volume_claim(
-            c["pvc"], c["namespace"], _preload_content=False, _request_timeout=TIMEOUT_S)
+            c["pvc"], c["namespace"], _preload_content=False, _request_timeout=TIMEOUT_S
+        )
         st.claim_phase = json.loads(pvc.data).get("status", {}).get("phase")
     except ApiError as exc:
         st.claim_phase = "missing" if exc.status == 404 else None

@@ -41,8 +41,22 @@ from trainmaster.backends.kubernetes.volcano import (
 )
 from trainmaster.errors import JobFailed, UserError
 
-__all__ = ["Cluster", "JobStatus", "JobSummary", "PodInfo", "as_run_state", "cancel", "connect",
-           "list_jobs", "logs", "pods", "rank0_pod", "render_yaml", "status", "submit"]
+__all__ = [
+    "Cluster",
+    "JobStatus",
+    "JobSummary",
+    "PodInfo",
+    "as_run_state",
+    "cancel",
+    "connect",
+    "list_jobs",
+    "logs",
+    "pods",
+    "rank0_pod",
+    "render_yaml",
+    "status",
+    "submit",
+]
 
 
 def _job_exists(cluster: Cluster, name: str, ns: str) -> bool:
@@ -54,7 +68,9 @@ def _job_exists(cluster: Cluster, name: str, ns: str) -> bool:
     return True
 
 
-def submit(cluster: Cluster, objects: list[dict[str, Any]], *, dry_run: bool = False) -> dict[str, Any]:
+def submit(
+    cluster: Cluster, objects: list[dict[str, Any]], *, dry_run: bool = False
+) -> dict[str, Any]:
     """Create the ConfigMap, then the Job; `dry_run` has the API server check them, persisting nothing.
 
     Fields are validated strictly (an unknown field is an error, not silently dropped). When the
@@ -62,10 +78,17 @@ def submit(cluster: Cluster, objects: list[dict[str, Any]], *, dry_run: bool = F
     owns the ConfigMap, so deleting the Job by any means removes both.
     """
     cm, job = objects
-    ns, name, cm_name = job["metadata"]["namespace"], job["metadata"]["name"], cm["metadata"]["name"]
+    ns, name, cm_name = (
+        job["metadata"]["namespace"],
+        job["metadata"]["name"],
+        cm["metadata"]["name"],
+    )
     opts: dict[str, Any] = {"field_validation": "Strict"} | ({"dry_run": "All"} if dry_run else {})
-    exists = UserError(f"job {name} exists in namespace {ns}; cancel it (`trainmaster cancel {name}`) "
-                       "or choose another job.name", where="job.name")
+    exists = UserError(
+        f"job {name} exists in namespace {ns}; cancel it (`trainmaster cancel {name}`) "
+        "or choose another job.name",
+        where="job.name",
+    )
     try:
         with call(cluster, "create", "configmaps", cm_name, ns):
             cluster.core.create_namespaced_config_map(ns, as_body(cm), **opts)
@@ -77,7 +100,11 @@ def submit(cluster: Cluster, objects: list[dict[str, Any]], *, dry_run: bool = F
             cluster.core.replace_namespaced_config_map(cm_name, ns, as_body(cm), **opts)
     try:
         with call(cluster, "create", JOBS, name, ns):
-            created = obj(cluster.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job, **opts))
+            created = obj(
+                cluster.custom.create_namespaced_custom_object(
+                    GROUP, VERSION, ns, PLURAL, job, **opts
+                )
+            )
     except Conflict as exc:
         raise exists from exc
     except (UserError, JobFailed):
@@ -85,10 +112,17 @@ def submit(cluster: Cluster, objects: list[dict[str, Any]], *, dry_run: bool = F
             _delete_config_map(cluster, cm_name, ns)
         raise
     if not dry_run:
-        owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Job", "name": name,
-                 "uid": created["metadata"]["uid"], "blockOwnerDeletion": False}
+        owner = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Job",
+            "name": name,
+            "uid": created["metadata"]["uid"],
+            "blockOwnerDeletion": False,
+        }
         with best_effort():
-            cluster.core.patch_namespaced_config_map(cm_name, ns, {"metadata": {"ownerReferences": [owner]}})
+            cluster.core.patch_namespaced_config_map(
+                cm_name, ns, {"metadata": {"ownerReferences": [owner]}}
+            )
     return obj(created)
 
 
@@ -101,7 +135,8 @@ def cancel(cluster: Cluster, name: str) -> None:
     """Delete the Job (Foreground: its pods go first) and its ConfigMap."""
     with call(cluster, "delete", JOBS, name):
         cluster.custom.delete_namespaced_custom_object(
-            GROUP, VERSION, cluster.namespace, PLURAL, name, propagation_policy="Foreground")
+            GROUP, VERSION, cluster.namespace, PLURAL, name, propagation_policy="Foreground"
+        )
     _delete_config_map(cluster, config_map_name(name), cluster.namespace)
 
 
@@ -120,19 +155,36 @@ class JobSummary:
 def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[JobSummary]:
     """Jobs trainmaster made (label app.kubernetes.io/managed-by=trainmaster), newest first."""
     if all_namespaces:
-        fetch = functools.partial(cluster.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
-                                  label_selector=MANAGED_SELECTOR)
+        fetch = functools.partial(
+            cluster.custom.list_cluster_custom_object,
+            GROUP,
+            VERSION,
+            PLURAL,
+            label_selector=MANAGED_SELECTOR,
+        )
     else:
-        fetch = functools.partial(cluster.custom.list_namespaced_custom_object, GROUP, VERSION,
-                                  cluster.namespace, PLURAL, label_selector=MANAGED_SELECTOR)
+        fetch = functools.partial(
+            cluster.custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            cluster.namespace,
+            PLURAL,
+            label_selector=MANAGED_SELECTOR,
+        )
     out = []
     for job in list_all(cluster, JOBS, fetch):  # in pages (k8s_client.list_all)
         meta, st = job["metadata"], job.get("status", {})
         vphase = st.get("state", {}).get("phase", "Pending")
-        out.append(JobSummary(
-            name=meta["name"], namespace=meta.get("namespace", cluster.namespace),
-            phase=PHASES.get(vphase, "pending"), volcano_phase=vphase,
-            nodes=sum(int(t.get("replicas", 0)) for t in job.get("spec", {}).get("tasks", [])),
-            running=int(st.get("running", 0)), created=meta.get("creationTimestamp", ""),
-            kind=meta.get("labels", {}).get("trainmaster.io/kind", "")))
+        out.append(
+            JobSummary(
+                name=meta["name"],
+                namespace=meta.get("namespace", cluster.namespace),
+                phase=PHASES.get(vphase, "pending"),
+                volcano_phase=vphase,
+                nodes=sum(int(t.get("replicas", 0)) for t in job.get("spec", {}).get("tasks", [])),
+                running=int(st.get("running", 0)),
+                created=meta.get("creationTimestamp", ""),
+                kind=meta.get("labels", {}).get("trainmaster.io/kind", ""),
+            )
+        )
     return sorted(out, key=lambda j: j.created, reverse=True)

@@ -27,10 +27,12 @@ GROUP, VERSION, PLURAL = "batch.volcano.sh", "v1alpha1", "jobs"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 # Volcano's policy events and actions that a user may set (policyEventMap / policyActionMap).
-POLICY_EVENTS = frozenset({"*", "PodFailed", "PodEvicted", "Unknown", "TaskCompleted",
-                           "TaskFailed", "JobUpdated"})
-POLICY_ACTIONS = frozenset({"AbortJob", "RestartJob", "RestartTask", "TerminateJob",
-                            "CompleteJob", "ResumeJob"})
+POLICY_EVENTS = frozenset(
+    {"*", "PodFailed", "PodEvicted", "Unknown", "TaskCompleted", "TaskFailed", "JobUpdated"}
+)
+POLICY_ACTIONS = frozenset(
+    {"AbortJob", "RestartJob", "RestartTask", "TerminateJob", "CompleteJob", "ResumeJob"}
+)
 TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect"})
 
 
@@ -42,41 +44,69 @@ def pod_name(job: str, task: str, index: int) -> str:
 def check_job_name(job: str, task: str, replicas: int, *, where: str = "job.name") -> None:
     """The job's own objects: a Service named after it (svc plugin) and its pods' host names."""
     if not is_dns1035_label(job):
-        raise UserError(f"{job!r} is not a valid Kubernetes service name (lower-case letters, "
-                        "digits and '-', starting with a letter, at most 63 characters)", where=where)
+        raise UserError(
+            f"{job!r} is not a valid Kubernetes service name (lower-case letters, "
+            "digits and '-', starting with a letter, at most 63 characters)",
+            where=where,
+        )
     last = pod_name(job, task, max(replicas - 1, 0))
     if len(last) > LABEL_MAX:
         longest = LABEL_MAX - (len(last) - len(job))
-        raise UserError(f"{job!r} makes the pod name {last!r} {len(last)} characters long; "
-                        f"Kubernetes allows at most {LABEL_MAX}: use a job name of at most "
-                        f"{longest} characters", where=where)
+        raise UserError(
+            f"{job!r} makes the pod name {last!r} {len(last)} characters long; "
+            f"Kubernetes allows at most {LABEL_MAX}: use a job name of at most "
+            f"{longest} characters",
+            where=where,
+        )
 
 
-def check_settings(*, queue: str, pvc: str, namespace: str, mount: str,
-                   service_account: str | None, node_selector: dict[str, str],
-                   tolerations: Iterable[dict[str, str]]) -> None:
+def check_settings(
+    *,
+    queue: str,
+    pvc: str,
+    namespace: str,
+    mount: str,
+    service_account: str | None,
+    node_selector: dict[str, str],
+    tolerations: Iterable[dict[str, str]],
+) -> None:
     """The [kubernetes] section, field by field."""
     if not queue.strip():
-        raise UserError("the Volcano queue name is empty; set it (e.g. trainmaster)",
-                        where="kubernetes.queue")
+        raise UserError(
+            "the Volcano queue name is empty; set it (e.g. trainmaster)", where="kubernetes.queue"
+        )
     if not is_dns1123_subdomain(queue):
-        raise UserError(f"{queue!r} is not a valid queue name (DNS-1123: lower-case letters, "
-                        "digits, '-' and '.')", where="kubernetes.queue")
+        raise UserError(
+            f"{queue!r} is not a valid queue name (DNS-1123: lower-case letters, "
+            "digits, '-' and '.')",
+            where="kubernetes.queue",
+        )
     if not is_dns1123_subdomain(pvc):
-        raise UserError(f"{pvc!r} is not a valid PersistentVolumeClaim name (DNS-1123: lower-case "
-                        "letters, digits, '-' and '.', at most 253 characters)", where="kubernetes.pvc")
+        raise UserError(
+            f"{pvc!r} is not a valid PersistentVolumeClaim name (DNS-1123: lower-case "
+            "letters, digits, '-' and '.', at most 253 characters)",
+            where="kubernetes.pvc",
+        )
     if not is_dns1123_label(namespace):
-        raise UserError(f"{namespace!r} is not a valid namespace (DNS-1123 label)",
-                        where="kubernetes.namespace")
+        raise UserError(
+            f"{namespace!r} is not a valid namespace (DNS-1123 label)", where="kubernetes.namespace"
+        )
     if not mount.startswith("/") or mount.rstrip("/") == "":
-        raise UserError(f"{mount!r} must be an absolute path other than /", where="kubernetes.mount")
+        raise UserError(
+            f"{mount!r} must be an absolute path other than /", where="kubernetes.mount"
+        )
     if service_account is not None and not is_dns1123_subdomain(service_account):
-        raise UserError(f"{service_account!r} is not a valid service account name",
-                        where="kubernetes.service_account")
+        raise UserError(
+            f"{service_account!r} is not a valid service account name",
+            where="kubernetes.service_account",
+        )
     for key, value in node_selector.items():
         if not is_qualified_name(key) or not is_label_value(value):
-            raise UserError(f"{key}={value!r} is not a valid node label (key: [prefix/]name, "
-                            "value: at most 63 of A-Z a-z 0-9 - _ .)", where="kubernetes.node_selector")
+            raise UserError(
+                f"{key}={value!r} is not a valid node label (key: [prefix/]name, "
+                "value: at most 63 of A-Z a-z 0-9 - _ .)",
+                where="kubernetes.node_selector",
+            )
     for tol in tolerations:
         check_toleration(tol)
 
@@ -85,16 +115,20 @@ def check_toleration(tol: dict[str, str]) -> None:
     where = "kubernetes.tolerations"
     unknown = set(tol) - TOLERATION_KEYS
     if unknown:
-        raise UserError(f"unknown toleration key(s) {sorted(unknown)}; use {sorted(TOLERATION_KEYS)}",
-                        where=where)
+        raise UserError(
+            f"unknown toleration key(s) {sorted(unknown)}; use {sorted(TOLERATION_KEYS)}",
+            where=where,
+        )
     op = tol.get("operator", "Equal")
     if op not in ("Equal", "Exists"):
         raise UserError(f"operator {op!r} must be Equal or Exists", where=where)
     if op == "Exists" and tol.get("value"):
         raise UserError("a toleration with operator Exists takes no value", where=where)
     if tol.get("effect", "") not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
-        raise UserError(f"effect {tol['effect']!r} must be NoSchedule, PreferNoSchedule or NoExecute",
-                        where=where)
+        raise UserError(
+            f"effect {tol['effect']!r} must be NoSchedule, PreferNoSchedule or NoExecute",
+            where=where,
+        )
     if "key" in tol and not is_qualified_name(tol["key"]):
         raise UserError(f"{tol['key']!r} is not a valid taint key", where=where)
 
@@ -139,7 +173,9 @@ def webhook_problems(job: dict[str, Any]) -> list[str]:
             problems.append(f"duplicate task name {tname!r}")
         names.add(tname)
         if task.get("minAvailable") is not None and task["minAvailable"] > replicas:
-            problems.append(f"task {tname}: minAvailable {task['minAvailable']} > replicas {replicas}")
+            problems.append(
+                f"task {tname}: minAvailable {task['minAvailable']} > replicas {replicas}"
+            )
         last = pod_name(name, tname, max(replicas - 1, 0))
         if len(last) > LABEL_MAX:
             problems.append(f"pod name {last!r} is longer than {LABEL_MAX} characters")
@@ -166,5 +202,7 @@ def webhook_problems(job: dict[str, Any]) -> list[str]:
 def check_job(job: dict[str, Any]) -> None:
     problems = webhook_problems(job)
     if problems:
-        raise UserError("the Volcano Job would be rejected: " + "; ".join(problems),
-                        where=f"job {job['metadata']['name']}")
+        raise UserError(
+            "the Volcano Job would be rejected: " + "; ".join(problems),
+            where=f"job {job['metadata']['name']}",
+        )

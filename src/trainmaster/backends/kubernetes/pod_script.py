@@ -58,12 +58,25 @@ def lock_lines(cfg: JobConfig, purpose: str) -> list[str]:
     if not podspec.uses_cache(cfg):
         return ["set --"]
     q = shlex.quote
-    hold = ["python3", "-m", CACHE_HOLD, "--cache", str(podspec.cache_dir(cfg)), "--job", cfg.job.name,
-            "--purpose", purpose, "--wait", f"{LOCK_WAIT_S:g}"]
+    hold = [
+        "python3",
+        "-m",
+        CACHE_HOLD,
+        "--cache",
+        str(podspec.cache_dir(cfg)),
+        "--job",
+        cfg.job.name,
+        "--purpose",
+        purpose,
+        "--wait",
+        f"{LOCK_WAIT_S:g}",
+    ]
     pod0 = k8s_names.pod_name(cfg.job.name, TASK, 0)
-    return [f'export {cache.LOCK_ENV}="$rdzv_id"',
-            "set --",
-            f'if [ "$POD_NAME" = {q(pod0)} ]; then set -- {shlex.join(hold)} --token "$rdzv_id" --; fi']
+    return [
+        f'export {cache.LOCK_ENV}="$rdzv_id"',
+        "set --",
+        f'if [ "$POD_NAME" = {q(pod0)} ]; then set -- {shlex.join(hold)} --token "$rdzv_id" --; fi',
+    ]
 
 
 def annotation_env(env: str, key: str) -> dict[str, Any]:

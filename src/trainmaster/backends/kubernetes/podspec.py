@@ -106,8 +106,12 @@ def security_context(inst: catalog.InstanceType | None) -> dict[str, Any]:
     caps: dict[str, list[str]] = {"drop": ["ALL"]}
     if inst is not None and inst.efa_interfaces:
         caps["add"] = ["IPC_LOCK"]
-    return {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
-            "capabilities": caps}
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": caps,
+    }
 
 
 def scratch_env() -> dict[str, str]:
@@ -124,15 +128,20 @@ def _field(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def env(cfg: JobConfig, inst: catalog.InstanceType, *, precompile: bool = False) -> list[dict[str, Any]]:
+def env(
+    cfg: JobConfig, inst: catalog.InstanceType, *, precompile: bool = False
+) -> list[dict[str, Any]]:
     """Environment of a training container: the device stack's network and cache settings.
 
     The compile cache's settings come from compile/cache.py, as for the local launcher and the
     trainer. Neuron compiles every graph whether or not train.compile is set, so its cache is
     always configured; torch.compile's only for compile jobs. `precompile` adds what the
     precompile job's wrapper (neuron_parallel_compile) reads."""
-    plain: dict[str, str] = {"TRAINMASTER_STORAGE": cfg.kubernetes.mount, "PYTHONUNBUFFERED": "1",
-                             **torchrun.AGENT_ENV}
+    plain: dict[str, str] = {
+        "TRAINMASTER_STORAGE": cfg.kubernetes.mount,
+        "PYTHONUNBUFFERED": "1",
+        **torchrun.AGENT_ENV,
+    }
     if inst.device_kind == "xla":
         plain |= {
             "FI_PROVIDER": "efa",
@@ -157,8 +166,11 @@ def env(cfg: JobConfig, inst: catalog.InstanceType, *, precompile: bool = False)
         plain |= (cache.precompile_env if precompile else cache.env)(kind, cache_dir(cfg))
     plain |= scratch_env()  # after the cache's settings: scratch is node-local, never on FSx
     out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in plain.items()]
-    return out + [_field("POD_NAME", "metadata.name"), _field("POD_IP", "status.podIP"),
-                  _field("NODE_NAME", "spec.nodeName")]
+    return out + [
+        _field("POD_NAME", "metadata.name"),
+        _field("POD_IP", "status.podIP"),
+        _field("NODE_NAME", "spec.nodeName"),
+    ]
 
 
 def scratch_volume() -> dict[str, Any]:

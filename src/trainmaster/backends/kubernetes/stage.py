@@ -50,7 +50,11 @@ DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 S3_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 S3_KEY = re.compile(r"[A-Za-z0-9!_.*'()/-]*")
 CHUNK = 256 << 10
-ANN_SOURCE, ANN_DEST, ANN_STAGING = "trainmaster.io/source", "trainmaster.io/dest", "trainmaster.io/staging"
+ANN_SOURCE, ANN_DEST, ANN_STAGING = (
+    "trainmaster.io/source",
+    "trainmaster.io/dest",
+    "trainmaster.io/staging",
+)
 
 
 @dataclass(frozen=True)
@@ -66,11 +70,15 @@ def parse_source(src: str) -> Source:
         if not bucket:
             raise UserError(f"{src!r} names no bucket (s3://BUCKET/PREFIX)", where="SRC")
         if not S3_BUCKET.fullmatch(bucket):
-            raise UserError(f"{src!r}: {bucket!r} is not an S3 bucket name (3-63 of a-z 0-9 . -)",
-                            where="SRC")
+            raise UserError(
+                f"{src!r}: {bucket!r} is not an S3 bucket name (3-63 of a-z 0-9 . -)", where="SRC"
+            )
         if not S3_KEY.fullmatch(key):
-            raise UserError(f"{src!r}: an S3 key here is letters, digits and ! - _ . * ' ( ) / "
-                            "(S3's safe characters)", where="SRC")
+            raise UserError(
+                f"{src!r}: an S3 key here is letters, digits and ! - _ . * ' ( ) / "
+                "(S3's safe characters)",
+                where="SRC",
+            )
         if key.endswith((".tar.gz", ".tgz")):
             return Source("s3-archive", src, gzip=True)
         if key.endswith(".tar"):
@@ -96,47 +104,76 @@ def paths(cfg: JobConfig, dataset: str) -> tuple[str, str]:
     return str(datasets / dataset), str(datasets / f".{dataset}.staging-{pod_name(dataset)}")
 
 
-def script(source: Source, dest: str, tmp: str, *, no_sign_request: bool = False,
-           verify: list[str] | None = None) -> str:
+def script(
+    source: Source,
+    dest: str,
+    tmp: str,
+    *,
+    no_sign_request: bool = False,
+    verify: list[str] | None = None,
+) -> str:
     q = shlex.quote  # every value below enters the shell quoted (issue 17.9)
     unsigned = " --no-sign-request" if no_sign_request else ""
     if source.kind == "s3-prefix":
-        copy = [f"aws s3 sync \"$src_url\" \"$tmp\" --no-progress{unsigned}"]
+        copy = [f'aws s3 sync "$src_url" "$tmp" --no-progress{unsigned}']
     elif source.kind == "s3-archive":
         flags = "-xzf" if source.gzip else "-xf"
-        copy = ["rc=0",
-                f"( aws s3 cp \"$src_url\" -{unsigned} || touch \"$tmp.failed\" ) | "
-                f"tar {flags} - -C \"$tmp\" || rc=$?",
-                "if [ -e \"$tmp.failed\" ]; then echo \"trainmaster: aws s3 cp $src_url "
-                "failed\" >&2; exit 1; fi",
-                "if [ \"$rc\" -ne 0 ]; then echo \"trainmaster: $src_url is not a readable "
-                "tar archive (tar exit $rc)\" >&2; exit 1; fi"]
+        copy = [
+            "rc=0",
+            f'( aws s3 cp "$src_url" -{unsigned} || touch "$tmp.failed" ) | '
+            f'tar {flags} - -C "$tmp" || rc=$?',
+            'if [ -e "$tmp.failed" ]; then echo "trainmaster: aws s3 cp $src_url '
+            'failed" >&2; exit 1; fi',
+            'if [ "$rc" -ne 0 ]; then echo "trainmaster: $src_url is not a readable '
+            'tar archive (tar exit $rc)" >&2; exit 1; fi',
+        ]
     else:  # the runner streams a tar into $tmp over exec, then creates $tmp.done
-        copy = ["n=0", "until [ -e \"$tmp.done\" ]; do",
-                f"  n=$((n + 1)); if [ \"$n\" -ge {WAIT_UPLOAD_S} ]; then echo \"trainmaster: no "
-                "upload arrived\" >&2; exit 1; fi", "  sleep 1", "done"]
-    return "\n".join([
-        "set -eu",
-        f"dest={q(dest)}", f"tmp={q(tmp)}", f"src_url={q(source.location)}",
-        "if [ -e \"$dest\" ]; then echo \"trainmaster: $dest exists; choose another --name or "
-        f"remove it\" >&2; exit {EXISTS_EXIT}; fi",
-        "trap 'rm -rf \"$tmp\" \"$tmp.done\" \"$tmp.failed\"' EXIT",
-        "rm -rf \"$tmp\" \"$tmp.done\" \"$tmp.failed\"", "mkdir -p \"$tmp\"",
-        *copy,
-        "src=\"$tmp\"; top=$(ls -A \"$tmp\")",
-        "if [ \"$(printf '%s\\n' \"$top\" | wc -l)\" -eq 1 ] && [ -d \"$tmp/$top\" ]; then src=\"$tmp/$top\"; fi",
-        f"{shlex.join(verify or VERIFY)} \"$src\"",
-        "mv -T \"$src\" \"$dest\"",
-        "echo \"trainmaster: staged $dest\"",
-    ]) + "\n"
+        copy = [
+            "n=0",
+            'until [ -e "$tmp.done" ]; do',
+            f'  n=$((n + 1)); if [ "$n" -ge {WAIT_UPLOAD_S} ]; then echo "trainmaster: no '
+            'upload arrived" >&2; exit 1; fi',
+            "  sleep 1",
+            "done",
+        ]
+    return (
+        "\n".join(
+            [
+                "set -eu",
+                f"dest={q(dest)}",
+                f"tmp={q(tmp)}",
+                f"src_url={q(source.location)}",
+                'if [ -e "$dest" ]; then echo "trainmaster: $dest exists; choose another --name or '
+                f'remove it" >&2; exit {EXISTS_EXIT}; fi',
+                'trap \'rm -rf "$tmp" "$tmp.done" "$tmp.failed"\' EXIT',
+                'rm -rf "$tmp" "$tmp.done" "$tmp.failed"',
+                'mkdir -p "$tmp"',
+                *copy,
+                'src="$tmp"; top=$(ls -A "$tmp")',
+                'if [ "$(printf \'%s\\n\' "$top" | wc -l)" -eq 1 ] && [ -d "$tmp/$top" ]; then src="$tmp/$top"; fi',
+                f'{shlex.join(verify or VERIFY)} "$src"',
+                'mv -T "$src" "$dest"',
+                'echo "trainmaster: staged $dest"',
+            ]
+        )
+        + "\n"
+    )
 
 
-def build_stage_pod(cfg: JobConfig, src: str, dataset: str, *, image: str | None = None,
-                    no_sign_request: bool = False, verify: list[str] | None = None) -> dict[str, Any]:
+def build_stage_pod(
+    cfg: JobConfig,
+    src: str,
+    dataset: str,
+    *,
+    image: str | None = None,
+    no_sign_request: bool = False,
+    verify: list[str] | None = None,
+) -> dict[str, Any]:
     """The stage pod: a pure function of the config, the source and the dataset name."""
     if not DATASET_NAME.match(dataset):
-        raise UserError(f"{dataset!r}: a dataset name is letters, digits, '.', '_' and '-'",
-                        where="--name")
+        raise UserError(
+            f"{dataset!r}: a dataset name is letters, digits, '.', '_' and '-'", where="--name"
+        )
     image = image_of(cfg, image)
     check_settings(cfg)
     source = parse_source(src)
@@ -146,20 +183,32 @@ def build_stage_pod(cfg: JobConfig, src: str, dataset: str, *, image: str | None
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "activeDeadlineSeconds": DEADLINE_S,
-        "containers": [{
-            "name": "stage", "image": image,
-            "command": ["/bin/sh", "-c", script(source, dest, tmp, no_sign_request=no_sign_request,
-                                                verify=verify)],
-            "env": [{"name": "TRAINMASTER_STORAGE", "value": k.mount},
-                    *({"name": key, "value": v} for key, v in podspec.scratch_env().items())],
-            "resources": {"requests": dict(res), "limits": dict(res)},
-            "volumeMounts": [{"name": podspec.STORAGE_VOLUME, "mountPath": k.mount},
-                             podspec.scratch_mount()],
-            "securityContext": podspec.security_context(None),
-            "workingDir": podspec.WORKING_DIR,
-        }],
-        "volumes": [{"name": podspec.STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": k.pvc}},
-                    podspec.scratch_volume()],
+        "containers": [
+            {
+                "name": "stage",
+                "image": image,
+                "command": [
+                    "/bin/sh",
+                    "-c",
+                    script(source, dest, tmp, no_sign_request=no_sign_request, verify=verify),
+                ],
+                "env": [
+                    {"name": "TRAINMASTER_STORAGE", "value": k.mount},
+                    *({"name": key, "value": v} for key, v in podspec.scratch_env().items()),
+                ],
+                "resources": {"requests": dict(res), "limits": dict(res)},
+                "volumeMounts": [
+                    {"name": podspec.STORAGE_VOLUME, "mountPath": k.mount},
+                    podspec.scratch_mount(),
+                ],
+                "securityContext": podspec.security_context(None),
+                "workingDir": podspec.WORKING_DIR,
+            }
+        ],
+        "volumes": [
+            {"name": podspec.STORAGE_VOLUME, "persistentVolumeClaim": {"claimName": k.pvc}},
+            podspec.scratch_volume(),
+        ],
         # No node selector: any node that can mount the volume, accelerator nodes included.
         "tolerations": podspec.tolerations(cfg, None),
     }
@@ -167,10 +216,17 @@ def build_stage_pod(cfg: JobConfig, src: str, dataset: str, *, image: str | None
         spec["serviceAccountName"] = k.service_account
     if not k8s_names.is_dns1123_label(name):  # pragma: no cover - pod_name() makes valid names
         raise UserError(f"bad pod name {name!r}", where="--name")
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": k.namespace, "labels": labels(name, "stage"),
-                         "annotations": {ANN_SOURCE: src, ANN_DEST: dest, ANN_STAGING: tmp}},
-            "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": k.namespace,
+            "labels": labels(name, "stage"),
+            "annotations": {ANN_SOURCE: src, ANN_DEST: dest, ANN_STAGING: tmp},
+        },
+        "spec": spec,
+    }
 
 
 def _phase(cluster: Cluster, name: str, ns: str) -> tuple[str, Any]:
@@ -179,8 +235,9 @@ def _phase(cluster: Cluster, name: str, ns: str) -> tuple[str, Any]:
     return (pod.status.phase if pod.status else None) or "Pending", pod
 
 
-def _wait(cluster: Cluster, name: str, ns: str, until: tuple[str, ...], timeout_s: float,
-          poll_s: float) -> tuple[str, Any]:
+def _wait(
+    cluster: Cluster, name: str, ns: str, until: tuple[str, ...], timeout_s: float, poll_s: float
+) -> tuple[str, Any]:
     end = time.monotonic() + timeout_s
     while True:
         phase, pod = _phase(cluster, name, ns)
@@ -189,19 +246,24 @@ def _wait(cluster: Cluster, name: str, ns: str, until: tuple[str, ...], timeout_
         time.sleep(poll_s)  # polling the API server for another machine's progress
 
 
-def _exec(cluster: Cluster, name: str, ns: str, command: list[str], folder: Path | None = None) -> None:
+def _exec(
+    cluster: Cluster, name: str, ns: str, command: list[str], folder: Path | None = None
+) -> None:
     """Run a command in the pod; with `folder`, stream it as a tar to the command's stdin."""
     with call(cluster, "exec in", "pods", name, ns):
         ws = exec_stream(cluster, name, ns, command, stdin=folder is not None, binary=True)
     try:
         if folder is not None:
+
             class _Writer:
                 def write(self, data: bytes) -> int:
                     for i in range(0, len(data), CHUNK):
-                        ws.write_stdin(bytes(data[i:i + CHUNK]))
+                        ws.write_stdin(bytes(data[i : i + CHUNK]))
                     return len(data)
 
-            with tarfile.open(fileobj=cast(IO[bytes], _Writer()), mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            with tarfile.open(
+                fileobj=cast(IO[bytes], _Writer()), mode="w|", format=tarfile.PAX_FORMAT
+            ) as tar:
                 tar.add(folder, arcname=".")
             close = getattr(ws, "close_channel", None)  # kubernetes >= 36 speaks v5
             if close is not None:
@@ -219,9 +281,14 @@ def _exec(cluster: Cluster, name: str, ns: str, command: list[str], folder: Path
         raise JobFailed(f"`{shlex.join(command)}` in pod {name} failed (exit {code}): {text}")
 
 
-def run_stage(cluster: Cluster, pod: dict[str, Any], *,
-              on_line: Callable[[str], None] = lambda line: None,
-              start_timeout_s: float = 600, poll_s: float = 2.0) -> str:
+def run_stage(
+    cluster: Cluster,
+    pod: dict[str, Any],
+    *,
+    on_line: Callable[[str], None] = lambda line: None,
+    start_timeout_s: float = 600,
+    poll_s: float = 2.0,
+) -> str:
     """Create the pod, feed it (local sources), show its log, delete it; return the dataset path."""
     meta = pod["metadata"]
     name, ns, ann = meta["name"], meta["namespace"], meta["annotations"]
@@ -231,17 +298,31 @@ def run_stage(cluster: Cluster, pod: dict[str, Any], *,
         with call(cluster, "create", "pods", name, ns):
             cluster.core.create_namespaced_pod(ns, as_body(pod))
     except Conflict as exc:
-        raise UserError(f"a stage pod {name} exists in namespace {ns} (another stage of this dataset?); "
-                        f"wait for it or delete it: kubectl delete pod -n {ns} {name}", where="--name") from exc
+        raise UserError(
+            f"a stage pod {name} exists in namespace {ns} (another stage of this dataset?); "
+            f"wait for it or delete it: kubectl delete pod -n {ns} {name}",
+            where="--name",
+        ) from exc
     try:
-        phase, obj = _wait(cluster, name, ns, ("Running", "Succeeded", "Failed"), start_timeout_s, poll_s)
+        phase, obj = _wait(
+            cluster, name, ns, ("Running", "Succeeded", "Failed"), start_timeout_s, poll_s
+        )
         if phase == "Pending":
-            why = "; ".join([c.message for c in obj.status.conditions or [] if c.message]
-                            + [f"{cs.state.waiting.reason}: {cs.state.waiting.message}"
-                               for cs in obj.status.container_statuses or []
-                               if cs.state and cs.state.waiting]) or "not scheduled"
-            raise UserError(f"the stage pod did not start within {start_timeout_s:.0f} s: {why}",
-                            where="kubernetes")
+            why = (
+                "; ".join(
+                    [c.message for c in obj.status.conditions or [] if c.message]
+                    + [
+                        f"{cs.state.waiting.reason}: {cs.state.waiting.message}"
+                        for cs in obj.status.container_statuses or []
+                        if cs.state and cs.state.waiting
+                    ]
+                )
+                or "not scheduled"
+            )
+            raise UserError(
+                f"the stage pod did not start within {start_timeout_s:.0f} s: {why}",
+                where="kubernetes",
+            )
         if source.kind == "local" and phase == "Running":
             try:
                 _exec(cluster, name, ns, ["tar", "-x", "-f", "-", "-C", tmp], Path(source.location))
@@ -251,17 +332,27 @@ def run_stage(cluster: Cluster, pod: dict[str, Any], *,
                 if _wait(cluster, name, ns, ("Succeeded", "Failed"), 30, poll_s)[0] == "Running":
                     raise
         with call(cluster, "read log of", "pods", name, ns):
-            resp = cluster.core.read_namespaced_pod_log(name, ns, follow=True, _preload_content=False)
+            resp = cluster.core.read_namespaced_pod_log(
+                name, ns, follow=True, _preload_content=False
+            )
         for line in lines(resp):
             on_line(line)
         phase, obj = _wait(cluster, name, ns, ("Succeeded", "Failed"), start_timeout_s, poll_s)
-        term = [cs.state.terminated for cs in obj.status.container_statuses or [] if cs.state and cs.state.terminated]
+        term = [
+            cs.state.terminated
+            for cs in obj.status.container_statuses or []
+            if cs.state and cs.state.terminated
+        ]
         code = term[0].exit_code if term else None
         if code == EXISTS_EXIT:
-            raise UserError(f"{dest} exists on the cluster's storage; choose another --name", where="--name")
+            raise UserError(
+                f"{dest} exists on the cluster's storage; choose another --name", where="--name"
+            )
         if phase != "Succeeded":
-            raise JobFailed(f"staging {src} into {dest} failed (pod {name}: {phase}, exit {code}); "
-                            "its log is above")
+            raise JobFailed(
+                f"staging {src} into {dest} failed (pod {name}: {phase}, exit {code}); "
+                "its log is above"
+            )
         return dest
     finally:
         with contextlib.suppress(UserError, JobFailed), call(cluster, "delete", "pods", name, ns):

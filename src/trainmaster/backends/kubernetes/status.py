@@ -41,9 +41,18 @@ from trainmaster.run import state
 
 RANK0_LINE = re.compile(r"trainmaster: rank 0 on pod (\S+)")
 RANK0_SCAN_BYTES = 64 << 20  # per pod: the line is printed at start, long before this
-PHASES = {"Pending": "pending", "Running": "running", "Restarting": "running",
-          "Completing": "running", "Completed": "succeeded", "Aborting": "cancelled",
-          "Aborted": "cancelled", "Terminating": "failed", "Terminated": "failed", "Failed": "failed"}
+PHASES = {
+    "Pending": "pending",
+    "Running": "running",
+    "Restarting": "running",
+    "Completing": "running",
+    "Completed": "succeeded",
+    "Aborting": "cancelled",
+    "Aborted": "cancelled",
+    "Terminating": "failed",
+    "Terminated": "failed",
+    "Failed": "failed",
+}
 
 
 @dataclass
@@ -79,8 +88,12 @@ def _pod_info(pod: dict[str, Any]) -> PodInfo:
     name = pod["metadata"]["name"]
     suffix = name.rpartition("-")[2]
     spec, st = pod.get("spec") or {}, pod.get("status") or {}
-    info = PodInfo(name=name, index=int(suffix) if suffix.isdigit() else -1,
-                   phase=st.get("phase") or "Unknown", node=spec.get("nodeName"))
+    info = PodInfo(
+        name=name,
+        index=int(suffix) if suffix.isdigit() else -1,
+        phase=st.get("phase") or "Unknown",
+        node=spec.get("nodeName"),
+    )
     for cs in st.get("containerStatuses") or []:
         info.restarts += cs.get("restartCount") or 0
         term = (cs.get("state") or {}).get("terminated")
@@ -91,23 +104,40 @@ def _pod_info(pod: dict[str, Any]) -> PodInfo:
 
 def pods(cluster: Cluster, name: str) -> list[PodInfo]:
     """The job's pods in node order (the API lists by name: worker-10 before worker-2)."""
-    found = list_all(cluster, "pods", functools.partial(
-        cluster.core.list_namespaced_pod, cluster.namespace, label_selector=f"{LABEL_JOB}={name}"))
+    found = list_all(
+        cluster,
+        "pods",
+        functools.partial(
+            cluster.core.list_namespaced_pod,
+            cluster.namespace,
+            label_selector=f"{LABEL_JOB}={name}",
+        ),
+    )
     return sorted((_pod_info(p) for p in found), key=lambda p: (p.index, p.name))
 
 
 def status(cluster: Cluster, name: str, *, find_rank0: bool = True) -> JobStatus:
     with call(cluster, "get", JOBS, name):
-        job = obj(cluster.custom.get_namespaced_custom_object(GROUP, VERSION, cluster.namespace, PLURAL, name))
+        job = obj(
+            cluster.custom.get_namespaced_custom_object(
+                GROUP, VERSION, cluster.namespace, PLURAL, name
+            )
+        )
     meta, spec, st = job["metadata"], job.get("spec", {}), job.get("status", {})
     vphase = st.get("state", {}).get("phase", "Pending")
     ann = meta.get("annotations", {})
     out = JobStatus(
-        name=name, namespace=cluster.namespace, phase=PHASES.get(vphase, "pending"), volcano_phase=vphase,
-        retries=int(st.get("retryCount", 0)), min_available=int(spec.get("minAvailable", 0)),
+        name=name,
+        namespace=cluster.namespace,
+        phase=PHASES.get(vphase, "pending"),
+        volcano_phase=vphase,
+        retries=int(st.get("retryCount", 0)),
+        min_available=int(spec.get("minAvailable", 0)),
         replicas=sum(int(t.get("replicas", 0)) for t in spec.get("tasks", [])),
-        message=st.get("state", {}).get("message", ""), config_hash=ann.get(ANN_CONFIG_HASH, ""),
-        storage=ann.get(ANN_STORAGE, ""), created=meta.get("creationTimestamp", ""),
+        message=st.get("state", {}).get("message", ""),
+        config_hash=ann.get(ANN_CONFIG_HASH, ""),
+        storage=ann.get(ANN_STORAGE, ""),
+        created=meta.get("creationTimestamp", ""),
     )
     out.pods = pods(cluster, name)
     if find_rank0:
@@ -126,7 +156,12 @@ def _rank0_claim(cluster: Cluster, pod: str) -> tuple[str, int] | None:
     try:
         with call(cluster, "read log of", "pods", pod):
             resp = cluster.core.read_namespaced_pod_log(
-                pod, cluster.namespace, timestamps=True, limit_bytes=RANK0_SCAN_BYTES, _preload_content=False)
+                pod,
+                cluster.namespace,
+                timestamps=True,
+                limit_bytes=RANK0_SCAN_BYTES,
+                _preload_content=False,
+            )
     except UserError:
         return None  # gone or not started since it was listed: not rank 0 now
     newest: tuple[str, int] | None = None
@@ -153,8 +188,14 @@ def rank0_pod(cluster: Cluster, infos: list[PodInfo]) -> str | None:
     return best[1] if best else None
 
 
-def logs(cluster: Cluster, name: str, *, node: int | None = None, follow: bool = False,
-         tail_lines: int | None = None) -> tuple[str, Iterator[str]]:
+def logs(
+    cluster: Cluster,
+    name: str,
+    *,
+    node: int | None = None,
+    follow: bool = False,
+    tail_lines: int | None = None,
+) -> tuple[str, Iterator[str]]:
     """(pod, its lines): rank 0's pod by default (pod 0 until the trainer has said which), or a node's."""
     infos = pods(cluster, name)
     if not infos:
@@ -178,6 +219,12 @@ def logs(cluster: Cluster, name: str, *, node: int | None = None, follow: bool =
 def as_run_state(st: JobStatus) -> state.RunState:
     """The local backend's state shape, so `status` can print both backends alike."""
     nodes = [state.NodeState(index=p.index, exit_code=p.exit_code, log=p.name) for p in st.pods]
-    return state.RunState(job=st.name, backend="kubernetes", phase=st.phase,
-                          config_hash=st.config_hash, nnodes=st.replicas, nodes=nodes,
-                          message=st.message or f"Volcano phase {st.volcano_phase}, {st.retries} restart(s)")
+    return state.RunState(
+        job=st.name,
+        backend="kubernetes",
+        phase=st.phase,
+        config_hash=st.config_hash,
+        nnodes=st.replicas,
+        nodes=nodes,
+        message=st.message or f"Volcano phase {st.volcano_phase}, {st.retries} restart(s)",
+    )

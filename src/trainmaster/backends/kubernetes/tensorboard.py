@@ -19,11 +19,20 @@ from trainmaster.errors import UserError
 from trainmaster.monitor.tensorboard import check_port, serve
 
 
-def forward_command(namespace: str, port: int, kubeconfig: str | None = None,
-                    context: str | None = None) -> list[str]:
+def forward_command(
+    namespace: str, port: int, kubeconfig: str | None = None, context: str | None = None
+) -> list[str]:
     """kubectl port-forward to the add-ons' TensorBoard Service, listening on 127.0.0.1 only."""
-    cmd = ["kubectl", "port-forward", "--namespace", namespace, "--address", "127.0.0.1",
-           f"service/{TENSORBOARD}", f"{port}:{TENSORBOARD_PORT}"]
+    cmd = [
+        "kubectl",
+        "port-forward",
+        "--namespace",
+        namespace,
+        "--address",
+        "127.0.0.1",
+        f"service/{TENSORBOARD}",
+        f"{port}:{TENSORBOARD_PORT}",
+    ]
     cmd += ["--kubeconfig", kubeconfig] if kubeconfig else []
     cmd += ["--context", context] if context else []
     return cmd
@@ -34,20 +43,36 @@ def check_service(cluster: Cluster) -> Any:
         with call(cluster, "get", "services", TENSORBOARD):
             return cluster.core.read_namespaced_service(TENSORBOARD, cluster.namespace)
     except NotFound as exc:
-        raise UserError(f"no TensorBoard Service {TENSORBOARD!r} in namespace {cluster.namespace}: "
-                        "the cluster add-ons install it (`trainmaster cluster up`); pass "
-                        "--namespace if they live elsewhere", where="kubernetes") from exc
+        raise UserError(
+            f"no TensorBoard Service {TENSORBOARD!r} in namespace {cluster.namespace}: "
+            "the cluster add-ons install it (`trainmaster cluster up`); pass "
+            "--namespace if they live elsewhere",
+            where="kubernetes",
+        ) from exc
 
 
-def serve_k8s(cluster: Cluster, port: int, kubeconfig: str | None, context: str | None,
-              announce: Callable[[str], None], job: str | None = None) -> None:
+def serve_k8s(
+    cluster: Cluster,
+    port: int,
+    kubeconfig: str | None,
+    context: str | None,
+    announce: Callable[[str], None],
+    job: str | None = None,
+) -> None:
     check_port("127.0.0.1", port)
     check_service(cluster)
     cmd = forward_command(cluster.namespace, port, kubeconfig, cluster.context or context)
     if shutil.which("kubectl") is None:
-        raise UserError(f"kubectl is not installed; install it, or forward the port yourself: "
-                        f"{' '.join(cmd)}", where="kubectl")
+        raise UserError(
+            f"kubectl is not installed; install it, or forward the port yourself: {' '.join(cmd)}",
+            where="kubectl",
+        )
     url = f"http://127.0.0.1:{port}/"
     runs = f"runs of job {job} are named {job}/tensorboard" if job else "every run under /data/runs"
-    serve(cmd, f"{url}  (cluster TensorBoard via kubectl port-forward; {runs}; Ctrl-C stops it)",
-           url, "kubectl port-forward", announce)
+    serve(
+        cmd,
+        f"{url}  (cluster TensorBoard via kubectl port-forward; {runs}; Ctrl-C stops it)",
+        url,
+        "kubectl port-forward",
+        announce,
+    )

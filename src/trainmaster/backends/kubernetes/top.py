@@ -36,12 +36,23 @@ EXEC_TIMEOUT_S = 30
 MIB = 1 << 20
 NEURON_MONITOR_CONFIG = {
     "period": "1s",
-    "neuron_runtimes": [{"tag_filter": ".*", "metrics": [
-        {"type": "neuroncore_counters"}, {"type": "memory_used"}, {"type": "neuron_runtime_vcpu_usage"}]}],
+    "neuron_runtimes": [
+        {
+            "tag_filter": ".*",
+            "metrics": [
+                {"type": "neuroncore_counters"},
+                {"type": "memory_used"},
+                {"type": "neuron_runtime_vcpu_usage"},
+            ],
+        }
+    ],
     "system_metrics": [{"type": "memory_info"}],
 }
-NVIDIA_QUERY = ["nvidia-smi", "--query-gpu=index,name,utilization.gpu,memory.used,memory.total",
-                "--format=csv,noheader,nounits"]
+NVIDIA_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=index,name,utilization.gpu,memory.used,memory.total",
+    "--format=csv,noheader,nounits",
+]
 
 PROBE = r"""
 import json, os, select, subprocess, sys, tempfile, time
@@ -124,13 +135,24 @@ def device_kind(pod: Any) -> str:
 
 def probe_command(kind: str) -> list[str]:
     tool = ["neuron-monitor"] if kind == "neuron" else NVIDIA_QUERY if kind == "cuda" else ["true"]
-    return ["python", "-c", PROBE, kind, str(TOOL_TIMEOUT_S), json.dumps(tool),
-            json.dumps(NEURON_MONITOR_CONFIG)]
+    return [
+        "python",
+        "-c",
+        PROBE,
+        kind,
+        str(TOOL_TIMEOUT_S),
+        json.dumps(tool),
+        json.dumps(NEURON_MONITOR_CONFIG),
+    ]
 
 
 def _worker_rows(pod: str, workers: list[dict[str, Any]]) -> dict[int, Row]:
-    return {int(w["pid"]): Row(pod, int(w["rank"]), int(w["local_rank"]), int(w["pid"]),
-                               w.get("cpu_pct"), w.get("rss")) for w in workers}
+    return {
+        int(w["pid"]): Row(
+            pod, int(w["rank"]), int(w["local_rank"]), int(w["pid"]), w.get("cpu_pct"), w.get("rss")
+        )
+        for w in workers
+    }
 
 
 def _num(value: object) -> float | None:
@@ -142,7 +164,10 @@ def parse_neuron_monitor(pod: str, doc: dict[str, Any], workers: list[dict[str, 
     base = _worker_rows(pod, workers)
     by_local = {r.local_rank: r for r in base.values()}
     hw = doc.get("neuron_hardware_info") or {}
-    dev_mem, per_dev = _num(hw.get("neuron_device_memory_size")), _num(hw.get("neuroncore_per_device_count"))
+    dev_mem, per_dev = (
+        _num(hw.get("neuron_device_memory_size")),
+        _num(hw.get("neuroncore_per_device_count")),
+    )
     core_total = int(dev_mem / per_dev) if dev_mem and per_dev else None
     rows, used = [], set()
     for rt in doc.get("neuron_runtime_data") or []:
@@ -154,8 +179,13 @@ def parse_neuron_monitor(pod: str, doc: dict[str, Any], workers: list[dict[str, 
         for idx in sorted(cores, key=lambda k: int(k)):
             owner = base.get(pid) if isinstance(pid, int) else None
             owner = owner or by_local.get(int(idx))
-            row = Row(pod, None, None, pid if isinstance(pid, int) and pid else None,
-                      note=str(rt.get("error") or ""))
+            row = Row(
+                pod,
+                None,
+                None,
+                pid if isinstance(pid, int) and pid else None,
+                note=str(rt.get("error") or ""),
+            )
             if owner is not None:
                 used.add(owner.pid)
                 row.rank, row.local_rank, row.pid = owner.rank, owner.local_rank, owner.pid
@@ -166,7 +196,11 @@ def parse_neuron_monitor(pod: str, doc: dict[str, Any], workers: list[dict[str, 
                 row.rss_bytes = int(mem["host"])
             breakdown = per_core.get(idx) or {}
             row.device, row.util_pct = f"nc{idx}", _num(cores[idx].get("neuroncore_utilization"))
-            row.dev_mem_used = int(sum(v for v in breakdown.values() if _num(v) is not None)) if breakdown else None
+            row.dev_mem_used = (
+                int(sum(v for v in breakdown.values() if _num(v) is not None))
+                if breakdown
+                else None
+            )
             row.dev_mem_total = core_total
             rows.append(row)
     return rows + [r for pid, r in base.items() if pid not in used]
@@ -194,7 +228,15 @@ def parse_nvidia_smi(pod: str, text: str, workers: list[dict[str, Any]]) -> list
         row = Row(pod, None, None, None, note=cells[1])
         if owner is not None:
             used.add(owner.pid)
-            row = Row(pod, owner.rank, owner.local_rank, owner.pid, owner.cpu_pct, owner.rss_bytes, note=cells[1])
+            row = Row(
+                pod,
+                owner.rank,
+                owner.local_rank,
+                owner.pid,
+                owner.cpu_pct,
+                owner.rss_bytes,
+                note=cells[1],
+            )
         used_mib, total_mib = number(cells[3]), number(cells[4])
         row.device, row.util_pct = f"cuda:{index}", number(cells[2])
         row.dev_mem_used = int(used_mib * MIB) if used_mib is not None else None
@@ -233,15 +275,18 @@ def exec_probe(cluster: Cluster, pod: str, container: str | None, kind: str) -> 
     from trainmaster.backends.kubernetes.client import call, exec_stream
 
     with call(cluster, "exec in", "pods", pod):
-        ws = exec_stream(cluster, pod, cluster.namespace, probe_command(kind), container=container,
-                         stdin=False)
+        ws = exec_stream(
+            cluster, pod, cluster.namespace, probe_command(kind), container=container, stdin=False
+        )
     try:
         ws.run_forever(timeout=EXEC_TIMEOUT_S)
         stdout, stderr = ws.read_stdout(), ws.read_stderr()
     finally:
         ws.close()
     if not str(stdout).strip():
-        raise JobFailed(f"the monitoring probe in pod {pod} printed nothing: {str(stderr).strip()[-300:]}")
+        raise JobFailed(
+            f"the monitoring probe in pod {pod} printed nothing: {str(stderr).strip()[-300:]}"
+        )
     return str(stdout)
 
 
@@ -259,8 +304,11 @@ def k8s_rows(cluster: Cluster, job: str) -> list[Row]:
     st = k8s_status.status(cluster, job, find_rank0=False)  # "no job NAME in namespace ..."
     running = [p.name for p in st.pods if p.phase == "Running"]
     if not running:
-        raise UserError(f"job {job} has no running pods (phase {st.phase}, Volcano {st.volcano_phase}); "
-                        f"see `trainmaster status {job} --backend kubernetes`", where="JOB")
+        raise UserError(
+            f"job {job} has no running pods (phase {st.phase}, Volcano {st.volcano_phase}); "
+            f"see `trainmaster status {job} --backend kubernetes`",
+            where="JOB",
+        )
     with call(cluster, "get", "pods", running[0]):
         first = cluster.core.read_namespaced_pod(running[0], cluster.namespace)
     kind = device_kind(first)

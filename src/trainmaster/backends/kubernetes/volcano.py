@@ -87,7 +87,12 @@ _ENDPOINT = re.compile(rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\]):([0-9]{
 
 
 def labels(job: str, kind: str) -> dict[str, str]:
-    return {LABEL_NAME: "trainmaster", LABEL_MANAGED: "trainmaster", LABEL_JOB: job, LABEL_KIND: kind}
+    return {
+        LABEL_NAME: "trainmaster",
+        LABEL_MANAGED: "trainmaster",
+        LABEL_JOB: job,
+        LABEL_KIND: kind,
+    }
 
 
 def config_map_name(job: str) -> str:
@@ -105,8 +110,11 @@ def rendezvous(cfg: JobConfig) -> Rendezvous:
 def image_of(cfg: JobConfig, image: str | None) -> str:
     image = image or cfg.kubernetes.image
     if not image or not image.strip() or any(c.isspace() for c in image):
-        raise UserError("no training image: set kubernetes.image (e.g. --set kubernetes.image="
-                        "ACCOUNT.dkr.ecr.REGION.amazonaws.com/trainmaster:TAG)", where="kubernetes.image")
+        raise UserError(
+            "no training image: set kubernetes.image (e.g. --set kubernetes.image="
+            "ACCOUNT.dkr.ecr.REGION.amazonaws.com/trainmaster:TAG)",
+            where="kubernetes.image",
+        )
     return image
 
 
@@ -117,14 +125,22 @@ def check_endpoint(endpoint: str | None, where: str = "rendezvous.endpoint") -> 
         return
     m = _ENDPOINT.fullmatch(endpoint)
     if m is None or not 0 < int(m.group(1)) < 65536:
-        raise UserError(f"{endpoint!r} is not host:port (e.g. etcd.example.internal:2379)", where=where)
+        raise UserError(
+            f"{endpoint!r} is not host:port (e.g. etcd.example.internal:2379)", where=where
+        )
 
 
 def check_settings(cfg: JobConfig) -> None:
     k = cfg.kubernetes
-    k8s_names.check_settings(queue=k.queue, pvc=k.pvc, namespace=k.namespace, mount=k.mount,
-                             service_account=k.service_account, node_selector=k.node_selector,
-                             tolerations=k.tolerations)
+    k8s_names.check_settings(
+        queue=k.queue,
+        pvc=k.pvc,
+        namespace=k.namespace,
+        mount=k.mount,
+        service_account=k.service_account,
+        node_selector=k.node_selector,
+        tolerations=k.tolerations,
+    )
 
 
 def check(cfg: JobConfig, image: str | None) -> tuple[catalog.InstanceType, str]:
@@ -140,12 +156,17 @@ def check(cfg: JobConfig, image: str | None) -> tuple[catalog.InstanceType, str]
     host = rendezvous(cfg).endpoint.rpartition(":")[0]
     if cfg.job.nnodes > 1 and (host == "localhost" or host.startswith("127.") or not host):
         default = "the job's own service" if cfg.rendezvous.backend == "c10d" else DEFAULT_ETCD
-        raise UserError(f"{cfg.rendezvous.endpoint!r} is not reachable from other pods; leave it "
-                        f"unset on Kubernetes ({default} is used)", where="rendezvous.endpoint")
+        raise UserError(
+            f"{cfg.rendezvous.endpoint!r} is not reachable from other pods; leave it "
+            f"unset on Kubernetes ({default} is used)",
+            where="rendezvous.endpoint",
+        )
     return inst, image
 
 
-def container_script(cfg: JobConfig, rdzv: Rendezvous, wrapper: list[str], purpose: str = "train") -> str:
+def container_script(
+    cfg: JobConfig, rdzv: Rendezvous, wrapper: list[str], purpose: str = "train"
+) -> str:
     """The pod's shell: run folder + job file, wait for the rendezvous name, exec torchrun.
 
     Every value from the config enters the script through shlex.quote; the rendezvous id is
@@ -156,65 +177,103 @@ def container_script(cfg: JobConfig, rdzv: Rendezvous, wrapper: list[str], purpo
     job_toml, tmp = q(str(run.job_toml)), q(str(run.dir)) + '/.job.toml."$POD_NAME"'
     host = rdzv.endpoint.rpartition(":")[0]
     pod0 = k8s_names.pod_name(name, TASK, 0)
-    own = f' && {{ [ "$POD_NAME" != {q(pod0)} ] || [ "$ip" = "$POD_IP" ]; }}' if host == f"{pod0}.{name}" else ""
+    own = (
+        f' && {{ [ "$POD_NAME" != {q(pod0)} ] || [ "$ip" = "$POD_IP" ]; }}'
+        if host == f"{pod0}.{name}"
+        else ""
+    )
     timeout = cfg.rendezvous.timeout
     # A custom job.entrypoint comes with the image: relative paths and -m modules are found in
     # its /workspace (kubernetes.workspace: cluster/image.py), never copied in at run time.
-    torchrun = command(cfg, dataclasses.replace(rdzv, run_id=_ID_MARK), job_file=str(run.job_toml),
-                       storage=mount, python="python3", workdir=entry.WORKSPACE_DIR)
+    torchrun = command(
+        cfg,
+        dataclasses.replace(rdzv, run_id=_ID_MARK),
+        job_file=str(run.job_toml),
+        storage=mount,
+        python="python3",
+        workdir=entry.WORKSPACE_DIR,
+    )
     line = shlex.join([*wrapper, *torchrun])
     mark = shlex.quote(f"--rdzv-id={_ID_MARK}")
     if line.count(mark) != 1:  # pragma: no cover - torchrun.py renders --rdzv-id once
         raise AssertionError(f"--rdzv-id not found once in {line!r}")
     line = line.replace(mark, '"--rdzv-id=$rdzv_id"')
     late = q(f"trainmaster: {host} did not resolve to the rendezvous host within {timeout} s")
-    return "\n".join([
-        "set -eu",
-        f"mkdir -p {q(str(run.dir))}",
-        f"cp {podspec.CONFIG_DIR}/job.toml {tmp}",
-        f"mv -f {tmp} {job_toml}",
-        "n=0",
-        f"until ip=$(getent hosts {q(host)} | head -n 1 | cut -d' ' -f1) && [ -n \"$ip\" ]{own}; do",
-        "  n=$((n + 1))",
-        f"  if [ \"$n\" -ge {timeout} ]; then echo {late} >&2; exit 1; fi",
-        "  sleep 1",
-        "done",
-        *rdzv_id_lines(name),
-        *lock_lines(cfg, purpose),
-        'exec "$@" ' + line,
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "set -eu",
+                f"mkdir -p {q(str(run.dir))}",
+                f"cp {podspec.CONFIG_DIR}/job.toml {tmp}",
+                f"mv -f {tmp} {job_toml}",
+                "n=0",
+                f"until ip=$(getent hosts {q(host)} | head -n 1 | cut -d' ' -f1) && [ -n \"$ip\" ]{own}; do",
+                "  n=$((n + 1))",
+                f'  if [ "$n" -ge {timeout} ]; then echo {late} >&2; exit 1; fi',
+                "  sleep 1",
+                "done",
+                *rdzv_id_lines(name),
+                *lock_lines(cfg, purpose),
+                'exec "$@" ' + line,
+            ]
+        )
+        + "\n"
+    )
 
 
 def build_config_map(cfg: JobConfig, kind: str = "train") -> dict[str, Any]:
     name = cfg.job.name
     return {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": config_map_name(name), "namespace": cfg.kubernetes.namespace,
-                     "labels": labels(name, kind)},
-        "data": {"job.toml": jobfile.render(cfg, f"resolved job {name} (launch --backend kubernetes)")},
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": config_map_name(name),
+            "namespace": cfg.kubernetes.namespace,
+            "labels": labels(name, kind),
+        },
+        "data": {
+            "job.toml": jobfile.render(cfg, f"resolved job {name} (launch --backend kubernetes)")
+        },
     }
 
 
-def _build(cfg: JobConfig, image: str | None, kind: str, wrapper: list[str],
-           priority_class: str | None) -> dict[str, Any]:
+def _build(
+    cfg: JobConfig, image: str | None, kind: str, wrapper: list[str], priority_class: str | None
+) -> dict[str, Any]:
     inst, image = check(cfg, image)
     name, job, k = cfg.job.name, cfg.job, cfg.kubernetes
     gang = job.min_nnodes or job.nnodes
     action = "RestartJob" if job.max_restarts else "TerminateJob"
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "containers": [{
-            "name": "trainer", "image": image,
-            "command": ["/bin/sh", "-c", container_script(cfg, rendezvous(cfg), wrapper,
-                                                          "precompile" if kind == "precompile" else "train")],
-            "env": podspec.env(cfg, inst, precompile=kind == "precompile") + [
-                annotation_env(ENV_PODGROUP, ANN_PODGROUP), annotation_env(ENV_JOB_VERSION, ANN_JOB_VERSION)],
-            "resources": podspec.resources(inst),
-            "volumeMounts": podspec.volume_mounts(cfg, config_map=True),
-            "securityContext": podspec.security_context(inst),
-            "workingDir": podspec.WORKING_DIR,
-        }],
-        "volumes": podspec.volumes(cfg, config_map=config_map_name(name), shm_size_gib=podspec.shm_gib(inst)),
+        "containers": [
+            {
+                "name": "trainer",
+                "image": image,
+                "command": [
+                    "/bin/sh",
+                    "-c",
+                    container_script(
+                        cfg,
+                        rendezvous(cfg),
+                        wrapper,
+                        "precompile" if kind == "precompile" else "train",
+                    ),
+                ],
+                "env": podspec.env(cfg, inst, precompile=kind == "precompile")
+                + [
+                    annotation_env(ENV_PODGROUP, ANN_PODGROUP),
+                    annotation_env(ENV_JOB_VERSION, ANN_JOB_VERSION),
+                ],
+                "resources": podspec.resources(inst),
+                "volumeMounts": podspec.volume_mounts(cfg, config_map=True),
+                "securityContext": podspec.security_context(inst),
+                "workingDir": podspec.WORKING_DIR,
+            }
+        ],
+        "volumes": podspec.volumes(
+            cfg, config_map=config_map_name(name), shm_size_gib=podspec.shm_gib(inst)
+        ),
     }
     tolerations = podspec.tolerations(cfg, inst)
     if tolerations:
@@ -225,31 +284,51 @@ def _build(cfg: JobConfig, image: str | None, kind: str, wrapper: list[str],
     if k.service_account:
         pod_spec["serviceAccountName"] = k.service_account
     spec: dict[str, Any] = {
-        "schedulerName": "volcano", "queue": k.queue, "minAvailable": gang, "maxRetry": job.max_restarts,
+        "schedulerName": "volcano",
+        "queue": k.queue,
+        "minAvailable": gang,
+        "maxRetry": job.max_restarts,
         "plugins": {"svc": ["--publish-not-ready-addresses"], "env": []},
-        "policies": [{"event": "PodEvicted", "action": action}, {"event": "PodFailed", "action": action}],
-        "tasks": [{"name": TASK, "replicas": job.nnodes, "minAvailable": gang,
-                   "template": {"metadata": {"labels": labels(name, kind)}, "spec": pod_spec}}],
+        "policies": [
+            {"event": "PodEvicted", "action": action},
+            {"event": "PodFailed", "action": action},
+        ],
+        "tasks": [
+            {
+                "name": TASK,
+                "replicas": job.nnodes,
+                "minAvailable": gang,
+                "template": {"metadata": {"labels": labels(name, kind)}, "spec": pod_spec},
+            }
+        ],
     }
     if priority_class:
         spec["priorityClassName"] = priority_class
     out = {
-        "apiVersion": API_VERSION, "kind": "Job",
-        "metadata": {"name": name, "namespace": k.namespace, "labels": labels(name, kind),
-                     "annotations": {ANN_CONFIG_HASH: cfg.derived.config_hash, ANN_STORAGE: k.mount}},
+        "apiVersion": API_VERSION,
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": k.namespace,
+            "labels": labels(name, kind),
+            "annotations": {ANN_CONFIG_HASH: cfg.derived.config_hash, ANN_STORAGE: k.mount},
+        },
         "spec": spec,
     }
     k8s_names.check_job(out)
     return out
 
 
-def build_job(cfg: JobConfig, *, image: str | None = None, priority_class: str | None = None) -> dict[str, Any]:
+def build_job(
+    cfg: JobConfig, *, image: str | None = None, priority_class: str | None = None
+) -> dict[str, Any]:
     """The training job: image from the argument, else kubernetes.image."""
     return _build(cfg, image, "train", [], priority_class)
 
 
-def build_precompile_job(cfg: JobConfig, *, image: str | None = None,
-                        steps: int = pre_mod.DEFAULT_STEPS) -> dict[str, Any]:
+def build_precompile_job(
+    cfg: JobConfig, *, image: str | None = None, steps: int = pre_mod.DEFAULT_STEPS
+) -> dict[str, Any]:
     """`<job>-precompile` (compile/precompile.py): the job itself, a few steps, compile on, with
     the precompile environment of compile/cache.py; on Neuron torchrun runs under
     neuron_parallel_compile."""
@@ -258,13 +337,22 @@ def build_precompile_job(cfg: JobConfig, *, image: str | None = None,
     return _build(pre, image, "precompile", wrapper, None)
 
 
-def objects(cfg: JobConfig, *, image: str | None = None, precompile: bool = False,
-            steps: int = pre_mod.DEFAULT_STEPS, priority_class: str | None = None) -> list[dict[str, Any]]:
+def objects(
+    cfg: JobConfig,
+    *,
+    image: str | None = None,
+    precompile: bool = False,
+    steps: int = pre_mod.DEFAULT_STEPS,
+    priority_class: str | None = None,
+) -> list[dict[str, Any]]:
     """Everything a launch creates, in creation order: the ConfigMap, then the Job; with
     precompile, those of `<job>-precompile` (`steps` steps)."""
     if precompile:
         pre = pre_mod.precompile_config(cfg, steps)
-        return [build_config_map(pre, "precompile"), build_precompile_job(cfg, image=image, steps=steps)]
+        return [
+            build_config_map(pre, "precompile"),
+            build_precompile_job(cfg, image=image, steps=steps),
+        ]
     return [build_config_map(cfg), build_job(cfg, image=image, priority_class=priority_class)]
 
 

@@ -40,8 +40,10 @@ class LocalDryRun(DryRun):
         lines = []
         if self.purpose == "train":  # a precompile says what it does on stderr (notes)
             c, r = self.cfg.job, self.plan.rdzv
-            lines.append(f"# job {c.name}: {c.nnodes} node(s) x {c.nproc_per_node} worker(s), "
-                         f"rendezvous {r.backend} at {r.endpoint}")
+            lines.append(
+                f"# job {c.name}: {c.nnodes} node(s) x {c.nproc_per_node} worker(s), "
+                f"rendezvous {r.backend} at {r.endpoint}"
+            )
         for i, cmd in enumerate(self.plan.commands):
             lines += [f"# node {i}", " ".join(cmd)]
         return "\n".join(lines) + "\n"
@@ -49,7 +51,9 @@ class LocalDryRun(DryRun):
 
 @dataclass(frozen=True)
 class LocalOptions:
-    storage: str | None = None  # --storage; else job.storage, $TRAINMASTER_STORAGE, ./trainmaster-data
+    storage: str | None = (
+        None  # --storage; else job.storage, $TRAINMASTER_STORAGE, ./trainmaster-data
+    )
     resume: bool = False  # launch --resume: continue an existing run from its last checkpoint
 
 
@@ -68,24 +72,36 @@ class LocalBackend:
     def handle(self, job: str) -> str:
         return f"local://{job}"
 
-    def plan(self, cfg: JobConfig, *, wait_lock_s: float = 0.0,
-             precompile_steps: int | None = None) -> LocalDryRun:
+    def plan(
+        self, cfg: JobConfig, *, wait_lock_s: float = 0.0, precompile_steps: int | None = None
+    ) -> LocalDryRun:
         store = Storage.at(self.storage, cfg.job.storage)
         if precompile_steps is not None:
             # Planned as a dry run: the folder of a finished earlier precompile is removed by
             # submit(), not here (a running one is refused either way).
-            pre, plan = runner.plan_local(cfg, store, steps=precompile_steps, wait_lock_s=wait_lock_s,
-                                          dry_run=True)
-            note = (f"precompile {pre.job.name}: {pre.train.steps_this_run} step(s) of {cfg.job.name} "
-                    f"({cfg.job.nnodes} node(s) x {cfg.job.nproc_per_node}) in compile mode into "
-                    f"{store.cache_dir(cfg.train.cacheset)}")
+            pre, plan = runner.plan_local(
+                cfg, store, steps=precompile_steps, wait_lock_s=wait_lock_s, dry_run=True
+            )
+            note = (
+                f"precompile {pre.job.name}: {pre.train.steps_this_run} step(s) of {cfg.job.name} "
+                f"({cfg.job.nnodes} node(s) x {cfg.job.nproc_per_node}) in compile mode into "
+                f"{store.cache_dir(cfg.train.cacheset)}"
+            )
             return LocalDryRun(pre.job.name, self.name, "precompile", (note,), pre, store, plan)
         store.ensure_writable()
-        plan = dataclasses.replace(local.plan(cfg, store, resume=self.resume), lock_wait_s=wait_lock_s)
+        plan = dataclasses.replace(
+            local.plan(cfg, store, resume=self.resume), lock_wait_s=wait_lock_s
+        )
         return LocalDryRun(cfg.job.name, self.name, "train", (), cfg, store, plan)
 
-    def submit(self, dry_run: DryRun, *, server_dry_run: bool = False, on_wait: Waiting | None = None,
-               on_start: Callable[[str], None] | None = None) -> Submitted:
+    def submit(
+        self,
+        dry_run: DryRun,
+        *,
+        server_dry_run: bool = False,
+        on_wait: Waiting | None = None,
+        on_start: Callable[[str], None] | None = None,
+    ) -> Submitted:
         dry = _own(dry_run)
         if server_dry_run:  # no server here: the same as --dry-run
             return Submitted(dry.job, tuple(dry.render().splitlines()))
@@ -95,14 +111,24 @@ class LocalBackend:
 
             def started(st: state.RunState) -> None:
                 if on_start is not None:
-                    on_start(f"{st.job} started (runs in {run.dir}; `trainmaster logs {st.job} -f`)")
+                    on_start(
+                        f"{st.job} started (runs in {run.dir}; `trainmaster logs {st.job} -f`)"
+                    )
 
-            result = runner.run_local(dry.cfg, dry.store, dry.plan, on_wait=on_wait, on_start=started)
+            result = runner.run_local(
+                dry.cfg, dry.store, dry.plan, on_wait=on_wait, on_start=started
+            )
             return Submitted(dry.job, (), result=result)
         st = local.start(dry.cfg, dry.store, dry.plan, on_wait=on_wait)
         notes = (dry.plan.compile_note,) if dry.plan.compile_note else ()
-        return Submitted(st.job, (f"{self.handle(st.job)}  (runs in {run.dir}; `trainmaster status "
-                                  f"{st.job}`, `trainmaster logs {st.job} -f`)",), notes)
+        return Submitted(
+            st.job,
+            (
+                f"{self.handle(st.job)}  (runs in {run.dir}; `trainmaster status "
+                f"{st.job}`, `trainmaster logs {st.job} -f`)",
+            ),
+            notes,
+        )
 
     def status(self, job: str) -> JobStatus:
         store = self._store()
@@ -127,11 +153,14 @@ class LocalBackend:
         """The jobs under the storage root, newest first."""
         store = self._store()
         found = [runinfo.status(store, job) for job in runinfo.list_jobs(store)]
-        return [_job_status(self.handle(s.state.job), s, store, detail=False)
-                for s in sorted(found, key=lambda s: s.state.created_at, reverse=True)]
+        return [
+            _job_status(self.handle(s.state.job), s, store, detail=False)
+            for s in sorted(found, key=lambda s: s.state.created_at, reverse=True)
+        ]
 
-    def top(self, job: str, *, interval_s: float, say: Callable[[str], None]
-            ) -> tuple[Callable[[], Any], float]:
+    def top(
+        self, job: str, *, interval_s: float, say: Callable[[str], None]
+    ) -> tuple[Callable[[], Any], float]:
         from trainmaster.monitor import top as top_mod
 
         store = self._store()
@@ -143,14 +172,18 @@ class LocalBackend:
                 say(f"{job}: {st.phase}")
                 return None
             rows = top_mod.local_rows(st, interval_s)  # samples CPU use over interval_s
-            title = (f"{job}  ({st.phase}, {st.nnodes} node(s) x {st.nproc_per_node})  "
-                     f"{time.strftime('%H:%M:%S')}")
+            title = (
+                f"{job}  ({st.phase}, {st.nnodes} node(s) x {st.nproc_per_node})  "
+                f"{time.strftime('%H:%M:%S')}"
+            )
             note = "" if rows else "no worker processes yet (the job is starting)"
             return top_mod.table(rows, title, " ".join(filter(None, [top_mod.host_line(), note])))
 
         return sample, 0.0  # the sample itself takes interval_s
 
-    def tensorboard(self, job: str | None, *, host: str, port: int, announce: Callable[[str], None]) -> None:
+    def tensorboard(
+        self, job: str | None, *, host: str, port: int, announce: Callable[[str], None]
+    ) -> None:
         from trainmaster.monitor import tensorboard as tb
 
         tb.serve_local(self._store(), job, host, port, announce)
@@ -158,7 +191,9 @@ class LocalBackend:
 
 def _own(dry_run: DryRun) -> LocalDryRun:
     if not isinstance(dry_run, LocalDryRun):
-        raise UserError(f"a {dry_run.backend} plan cannot run on the local backend", where="--backend")
+        raise UserError(
+            f"a {dry_run.backend} plan cannot run on the local backend", where="--backend"
+        )
     return dry_run
 
 
@@ -186,20 +221,41 @@ def _job_status(handle: str, s: runinfo.Status, store: Storage, *, detail: bool)
     if phase == Phase.RUNNING and state.summary_of_attempt(run.state, st):
         phase = Phase.FINISHING  # the workers are done; the supervisor has yet to record it
     return JobStatus(
-        job=st.job, backend="local", handle=handle, phase=phase, message=st.message,
-        nnodes=st.nnodes, nproc_per_node=st.nproc_per_node,
+        job=st.job,
+        backend="local",
+        handle=handle,
+        phase=phase,
+        message=st.message,
+        nnodes=st.nnodes,
+        nproc_per_node=st.nproc_per_node,
         created=datetime.fromtimestamp(st.created_at).isoformat(timespec="seconds"),
-        nodes=tuple(NodeStatus(index=n.index, name=f"node-{n.index}",
-                               state="running" if state.pid_alive(n.pid, n.start_time) else "exited",
-                               pid=n.pid, exit_code=n.exit_code, log=n.log) for n in st.nodes),
+        nodes=tuple(
+            NodeStatus(
+                index=n.index,
+                name=f"node-{n.index}",
+                state="running" if state.pid_alive(n.pid, n.start_time) else "exited",
+                pid=n.pid,
+                exit_code=n.exit_code,
+                log=n.log,
+            )
+            for n in st.nodes
+        ),
         workers=tuple(WorkerStatus(w.rank, w.node, w.local_rank, w.pid) for w in s.workers),
-        restarts=s.restarts, preemptions=s.preemptions,
-        step=int(s.last["step"]) if s.last else None, max_steps=s.max_steps,
-        loss=_number(s.last, "loss"), seq_per_s=_number(s.last, "seq_per_s"),
+        restarts=s.restarts,
+        preemptions=s.preemptions,
+        step=int(s.last["step"]) if s.last else None,
+        max_steps=s.max_steps,
+        loss=_number(s.last, "loss"),
+        seq_per_s=_number(s.last, "seq_per_s"),
         progress=progress.fraction if progress else None,
         eta_s=progress.eta_s if progress else s.eta_s,
         cost_so_far_usd=progress.spent if progress else None,
         cost_to_finish_usd=progress.to_finish if progress else None,
-        hangs=tuple(f"{h.describe()} (stacks in logs/{h.dump})" for h in s.hangs[-runinfo.HANGS_SHOWN:]),
+        hangs=tuple(
+            f"{h.describe()} (stacks in logs/{h.dump})" for h in s.hangs[-runinfo.HANGS_SHOWN :]
+        ),
         details={"rendezvous": f"{st.rendezvous.get('backend')} {st.rendezvous.get('endpoint')}"},
-        metrics=dict(s.last or {}), summary=s.summary, notes=tuple(notes))
+        metrics=dict(s.last or {}),
+        summary=s.summary,
+        notes=tuple(notes),
+    )

@@ -53,8 +53,11 @@ def _rendezvous(cfg: JobConfig) -> tuple[Rendezvous, bool]:
             return Rendezvous("c10d", f"{rendezvous.LOOPBACK}:{rendezvous.free_port()}"), False
         host, port = rendezvous.split_endpoint(r.endpoint, "rendezvous.endpoint")
         if rendezvous.port_in_use(host, port):
-            raise UserError(f"port {port} on {host} is in use; free it or leave rendezvous.endpoint "
-                            "unset for a free port", where="rendezvous.endpoint")
+            raise UserError(
+                f"port {port} on {host} is in use; free it or leave rendezvous.endpoint "
+                "unset for a free port",
+                where="rendezvous.endpoint",
+            )
         return Rendezvous("c10d", r.endpoint), False
     if r.endpoint is None:
         rendezvous.etcd_binary()  # installed? (says how to install it when not)
@@ -64,10 +67,17 @@ def _rendezvous(cfg: JobConfig) -> tuple[Rendezvous, bool]:
     return Rendezvous(r.backend, r.endpoint), False
 
 
-def agent_commands(cfg: JobConfig, rdzv: Rendezvous, run: RunPaths, storage: Path,
-                   workdir: str | None = None) -> list[list[str]]:
-    cmd = command(cfg, rdzv, job_file=str(run.job_toml.resolve()), storage=str(storage.resolve()),
-                  python=sys.executable, workdir=workdir or str(Path.cwd()))
+def agent_commands(
+    cfg: JobConfig, rdzv: Rendezvous, run: RunPaths, storage: Path, workdir: str | None = None
+) -> list[list[str]]:
+    cmd = command(
+        cfg,
+        rdzv,
+        job_file=str(run.job_toml.resolve()),
+        storage=str(storage.resolve()),
+        python=sys.executable,
+        workdir=workdir or str(Path.cwd()),
+    )
     return [cmd for _ in range(cfg.job.nnodes)]
 
 
@@ -76,13 +86,17 @@ def check_shards(cfg: JobConfig, store: Storage) -> None:
     shards = sorted(folder.glob(SHARD_GLOB))
     world = cfg.derived.world_size
     if not shards:
-        raise UserError(f"no {SHARD_GLOB} shards in {folder}; make them with "
-                        f"`trainmaster data prepare --builtin pydoc --storage {store.root}`",
-                        where="data.dataset")
+        raise UserError(
+            f"no {SHARD_GLOB} shards in {folder}; make them with "
+            f"`trainmaster data prepare --builtin pydoc --storage {store.root}`",
+            where="data.dataset",
+        )
     if len(shards) < world:
-        raise UserError(f"{len(shards)} shards in {folder} for {world} workers; every worker reads "
-                        f"its own shard: prepare at least {world} (data prepare --shards {world})",
-                        where="data.dataset")
+        raise UserError(
+            f"{len(shards)} shards in {folder} for {world} workers; every worker reads "
+            f"its own shard: prepare at least {world} (data prepare --shards {world})",
+            where="data.dataset",
+        )
 
 
 def plan(cfg: JobConfig, store: Storage, *, resume: bool = False, precompile: bool = False) -> Plan:
@@ -95,17 +109,25 @@ def plan(cfg: JobConfig, store: Storage, *, resume: bool = False, precompile: bo
     if run.state.exists():
         current = state.observed(run.state)
         if current.phase in ("pending", "running"):
-            raise UserError(f"job {cfg.job.name} is {current.phase}; see `trainmaster status "
-                            f"{cfg.job.name}` or cancel it first", where="job.name")
+            raise UserError(
+                f"job {cfg.job.name} is {current.phase}; see `trainmaster status "
+                f"{cfg.job.name}` or cancel it first",
+                where="job.name",
+            )
         live = state.live_processes(current)
         if live:  # e.g. a cancelled run whose agents still exit: two copies would share the folder
-            raise UserError(f"job {cfg.job.name} is {current.phase} but its processes "
-                            f"{', '.join(map(str, live))} are still running; wait for them to "
-                            f"exit or `trainmaster cancel {cfg.job.name}`", where="job.name")
+            raise UserError(
+                f"job {cfg.job.name} is {current.phase} but its processes "
+                f"{', '.join(map(str, live))} are still running; wait for them to "
+                f"exit or `trainmaster cancel {cfg.job.name}`",
+                where="job.name",
+            )
         if not resume:
-            raise UserError(f"job {cfg.job.name} exists ({run.dir}, {current.phase}); pass --resume "
-                            "to continue it from its last checkpoint, or choose another job.name",
-                            where="job.name")
+            raise UserError(
+                f"job {cfg.job.name} exists ({run.dir}, {current.phase}); pass --resume "
+                "to continue it from its last checkpoint, or choose another job.name",
+                where="job.name",
+            )
     if entry.is_builtin(cfg):  # a custom entrypoint reads what it likes (H2, issue 13.1)
         check_shards(cfg, store)
     entry.check_local(cfg, Path.cwd())
@@ -115,18 +137,30 @@ def plan(cfg: JobConfig, store: Storage, *, resume: bool = False, precompile: bo
     rdzv, private = _rendezvous(cfg)
     # The id is chosen here, so that --dry-run shows the command that start() runs.
     rdzv = dataclasses.replace(rdzv, run_id=rdzv_id(cfg.job.name))
-    return Plan(run, rdzv, private, agent_commands(cfg, rdzv, run, store.root), compile_note=note,
-                purpose="precompile" if precompile else "train")
+    return Plan(
+        run,
+        rdzv,
+        private,
+        agent_commands(cfg, rdzv, run, store.root),
+        compile_note=note,
+        purpose="precompile" if precompile else "train",
+    )
 
 
-def _take_cache_lock(cfg: JobConfig, store: Storage, p: Plan,
-                     on_wait: Callable[[lock.Holder], None] | None) -> lock.CacheLock | None:
+def _take_cache_lock(
+    cfg: JobConfig, store: Storage, p: Plan, on_wait: Callable[[lock.Holder], None] | None
+) -> lock.CacheLock | None:
     """One job at a time per cacheset: the lock, then (it may have changed while we waited)
     the fingerprint again."""
     if not cfg.train.compile:
         return None
-    held = lock.acquire(store.cache_dir(cfg.train.cacheset), job=cfg.job.name, purpose=p.purpose,
-                        wait_s=p.lock_wait_s, on_wait=on_wait)
+    held = lock.acquire(
+        store.cache_dir(cfg.train.cacheset),
+        job=cfg.job.name,
+        purpose=p.purpose,
+        wait_s=p.lock_wait_s,
+        on_wait=on_wait,
+    )
     try:
         if p.purpose == "train":
             compile_precompile.expect(cfg, store)
@@ -136,8 +170,9 @@ def _take_cache_lock(cfg: JobConfig, store: Storage, p: Plan,
     return held
 
 
-def start(cfg: JobConfig, store: Storage, p: Plan,
-          on_wait: Callable[[lock.Holder], None] | None = None) -> state.RunState:
+def start(
+    cfg: JobConfig, store: Storage, p: Plan, on_wait: Callable[[lock.Holder], None] | None = None
+) -> state.RunState:
     """Write the run folder and start the supervisor; return the recorded state.
 
     A compile job first takes its cacheset's lock (waiting up to p.lock_wait_s) and hands it
@@ -167,24 +202,42 @@ def _start(cfg: JobConfig, store: Storage, p: Plan, held: lock.CacheLock | None)
     run.logs.mkdir(exist_ok=True)
     run.job_toml.write_text(jobfile.render(cfg, f"resolved job {cfg.job.name} (written by launch)"))
     st = state.RunState(
-        job=cfg.job.name, backend="local", config_hash=cfg.derived.config_hash,
-        nnodes=cfg.job.nnodes, nproc_per_node=cfg.job.nproc_per_node,
-        rendezvous={"backend": p.rdzv.backend, "endpoint": p.rdzv.endpoint,
-                    "run_id": p.rdzv.run_id or rdzv_id(cfg.job.name)},
-        storage=str(store.root.resolve()), private_etcd=p.private_etcd, workdir=str(Path.cwd()),
-        nodes=[state.NodeState(index=i, log=str(run.logs / f"node{i}.log")) for i in range(cfg.job.nnodes)],
+        job=cfg.job.name,
+        backend="local",
+        config_hash=cfg.derived.config_hash,
+        nnodes=cfg.job.nnodes,
+        nproc_per_node=cfg.job.nproc_per_node,
+        rendezvous={
+            "backend": p.rdzv.backend,
+            "endpoint": p.rdzv.endpoint,
+            "run_id": p.rdzv.run_id or rdzv_id(cfg.job.name),
+        },
+        storage=str(store.root.resolve()),
+        private_etcd=p.private_etcd,
+        workdir=str(Path.cwd()),
+        nodes=[
+            state.NodeState(index=i, log=str(run.logs / f"node{i}.log"))
+            for i in range(cfg.job.nnodes)
+        ],
     )
     state.write_atomic(run.state, st.model_dump_json(indent=2))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if held is not None:
         env[cache.LOCK_ENV] = held.holder.token
     with (run.logs / "supervisor.log").open("ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "trainmaster.backends.local.supervisor", str(run.dir)],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainmaster.backends.local.supervisor", str(run.dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
     if held is not None:
         held.hand_over(proc.pid)
-    return state.update(run.state, supervisor_pid=proc.pid, supervisor_start=state.start_time(proc.pid))
+    return state.update(
+        run.state, supervisor_pid=proc.pid, supervisor_start=state.start_time(proc.pid)
+    )
 
 
 def cancel(run: RunPaths, grace_s: float = 10.0) -> state.RunState:
@@ -198,8 +251,9 @@ def cancel(run: RunPaths, grace_s: float = 10.0) -> state.RunState:
     if current.phase in state.FINAL:
         return current
     st = state.update(run.state, cancel_requested=True)
-    groups = state.live_agents(st) + ([st.etcd_pid] if st.etcd_pid and
-                                      state.pid_alive(st.etcd_pid, st.etcd_start) else [])
+    groups = state.live_agents(st) + (
+        [st.etcd_pid] if st.etcd_pid and state.pid_alive(st.etcd_pid, st.etcd_start) else []
+    )
     workers = [w.pid for w in procs.workers(st)]  # own sessions: not in the agents' groups
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         live = [g for g in groups if state.pid_alive(g)]

@@ -35,13 +35,16 @@ def remove_previous(run: RunPaths) -> None:
     if not run.dir.exists():
         return
     if run.state.exists() and state.observed(run.state).phase in ("pending", "running"):
-        raise UserError(f"{run.dir.name} is running; wait for it or `trainmaster cancel "
-                        f"{run.dir.name}`", where="job.name")
+        raise UserError(
+            f"{run.dir.name} is running; wait for it or `trainmaster cancel {run.dir.name}`",
+            where="job.name",
+        )
     shutil.rmtree(run.dir)
 
 
-def plan_local(cfg: JobConfig, store: Storage, *, steps: int, wait_lock_s: float,
-               dry_run: bool = False) -> tuple[JobConfig, local.Plan]:
+def plan_local(
+    cfg: JobConfig, store: Storage, *, steps: int, wait_lock_s: float, dry_run: bool = False
+) -> tuple[JobConfig, local.Plan]:
     """Every check, nothing started; unless dry_run, a finished previous precompile run is
     removed (a running one is refused either way)."""
     pre = pre_mod.precompile_config(cfg, steps)
@@ -52,9 +55,14 @@ def plan_local(cfg: JobConfig, store: Storage, *, steps: int, wait_lock_s: float
     return pre, dataclasses.replace(plan, lock_wait_s=wait_lock_s)
 
 
-def run_local(pre: JobConfig, store: Storage, plan: local.Plan, *,
-              on_wait: Callable[[lock.Holder], None] | None = None,
-              on_start: Callable[[state.RunState], None] | None = None) -> dict[str, Any]:
+def run_local(
+    pre: JobConfig,
+    store: Storage,
+    plan: local.Plan,
+    *,
+    on_wait: Callable[[lock.Holder], None] | None = None,
+    on_start: Callable[[state.RunState], None] | None = None,
+) -> dict[str, Any]:
     """Start the precompile job, wait for its end, return compile/precompile.outcome."""
     st = local.start(pre, store, plan, on_wait=on_wait)
     try:
@@ -67,9 +75,13 @@ def run_local(pre: JobConfig, store: Storage, plan: local.Plan, *,
         raise
     result = pre_mod.outcome(store, pre) | {"phase": final.phase}
     if final.phase != "succeeded":
-        raise JobFailed(f"precompile job {pre.job.name} {final.phase}: "
-                        f"{final.message or 'see `trainmaster logs ' + pre.job.name + '`'}")
+        raise JobFailed(
+            f"precompile job {pre.job.name} {final.phase}: "
+            f"{final.message or 'see `trainmaster logs ' + pre.job.name + '`'}"
+        )
     if not result["ok"]:
-        raise JobFailed(f"precompile job {pre.job.name} ended, but the cache is not warm for the "
-                        f"job (fingerprint {result['fingerprint']}, entries {result['entries']})")
+        raise JobFailed(
+            f"precompile job {pre.job.name} ended, but the cache is not warm for the "
+            f"job (fingerprint {result['fingerprint']}, entries {result['entries']})"
+        )
     return result

@@ -60,39 +60,61 @@ def check_etcd(endpoint: str, deadline_s: float) -> None:
             raise UserError(
                 f"no etcd with the v2 API answers at {endpoint} (within {deadline_s:.0f} s); "
                 "start one with --enable-v2, or leave rendezvous.endpoint unset for a private one",
-                where="rendezvous.endpoint")
+                where="rendezvous.endpoint",
+            )
         time.sleep(0.2)  # polling a network service, not synchronising our own processes
 
 
 def etcd_binary() -> str:
     path = shutil.which("etcd")
     if path is None:
-        raise UserError(f"rendezvous.backend is etcd but the etcd server is not installed; {INSTALL_ETCD}",
-                        where="rendezvous.backend")
+        raise UserError(
+            f"rendezvous.backend is etcd but the etcd server is not installed; {INSTALL_ETCD}",
+            where="rendezvous.backend",
+        )
     return path
 
 
-def start_private_etcd(data_dir: Path, log_file: Path, timeout_s: float) -> tuple[subprocess.Popen[bytes], str]:
+def start_private_etcd(
+    data_dir: Path, log_file: Path, timeout_s: float
+) -> tuple[subprocess.Popen[bytes], str]:
     """Start etcd on free loopback ports as its own process group; return it and its endpoint."""
     binary = etcd_binary()
     client, peer = free_port(), free_port()
     endpoint = f"{LOOPBACK}:{client}"
     data_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [binary, "--enable-v2", "--name", "trainmaster", "--data-dir", str(data_dir),
-           "--listen-client-urls", f"http://{endpoint}", "--advertise-client-urls", f"http://{endpoint}",
-           "--listen-peer-urls", f"http://{LOOPBACK}:{peer}",
-           "--initial-advertise-peer-urls", f"http://{LOOPBACK}:{peer}",
-           "--initial-cluster", f"trainmaster=http://{LOOPBACK}:{peer}"]
+    cmd = [
+        binary,
+        "--enable-v2",
+        "--name",
+        "trainmaster",
+        "--data-dir",
+        str(data_dir),
+        "--listen-client-urls",
+        f"http://{endpoint}",
+        "--advertise-client-urls",
+        f"http://{endpoint}",
+        "--listen-peer-urls",
+        f"http://{LOOPBACK}:{peer}",
+        "--initial-advertise-peer-urls",
+        f"http://{LOOPBACK}:{peer}",
+        "--initial-cluster",
+        f"trainmaster=http://{LOOPBACK}:{peer}",
+    ]
     with log_file.open("ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     end = time.monotonic() + timeout_s
     while not etcd_healthy(endpoint, timeout=1.0):
         if proc.poll() is not None:
-            raise UserError(f"the private etcd exited with code {proc.returncode}; see {log_file}",
-                            where="rendezvous")
+            raise UserError(
+                f"the private etcd exited with code {proc.returncode}; see {log_file}",
+                where="rendezvous",
+            )
         if time.monotonic() > end:
             proc.kill()
-            raise UserError(f"the private etcd did not answer within {timeout_s:.0f} s; see {log_file}",
-                            where="rendezvous")
+            raise UserError(
+                f"the private etcd did not answer within {timeout_s:.0f} s; see {log_file}",
+                where="rendezvous",
+            )
         time.sleep(0.1)  # waiting for an external server to come up
     return proc, endpoint

@@ -50,7 +50,9 @@ def first_error(run: RunPaths) -> str | None:
     """The `error: ...` line a worker wrote last (bad input, a failed node preflight), of the
     lowest rank that wrote one: the one line `status` shows for a failed job. The newest, since
     rank logs append across restarts and launches of the job."""
-    logs = sorted(run.logs.glob("rank*.log"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0)
+    logs = sorted(
+        run.logs.glob("rank*.log"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0
+    )
     for log in logs:
         with log.open(encoding="utf-8", errors="replace") as f:
             errors = [line for line in f if line.startswith("error: ")]
@@ -124,8 +126,11 @@ def supervise(run_dir: Path) -> int:
     cfg = jobfile.load(run.job_toml)
     etcd: subprocess.Popen[bytes] | None = None
     # A fresh --rdzv-id per launch (backends/local/launcher.py); state files of older versions have none.
-    rdzv = Rendezvous(st.rendezvous["backend"], st.rendezvous["endpoint"],
-                      run_id=st.rendezvous.get("run_id") or None)
+    rdzv = Rendezvous(
+        st.rendezvous["backend"],
+        st.rendezvous["endpoint"],
+        run_id=st.rendezvous.get("run_id") or None,
+    )
     agents: list[subprocess.Popen[bytes]] = []
 
     def on_term(signum: int, _frame: object) -> None:
@@ -142,11 +147,16 @@ def supervise(run_dir: Path) -> int:
         watch = CancelWatch(run)
         watch.check()
         if st.private_etcd:
-            etcd, endpoint = rendezvous.start_private_etcd(run.dir / "etcd", run.logs / "etcd.log",
-                                                           timeout_s=30.0)
+            etcd, endpoint = rendezvous.start_private_etcd(
+                run.dir / "etcd", run.logs / "etcd.log", timeout_s=30.0
+            )
             rdzv = Rendezvous(rdzv.backend, endpoint, run_id=rdzv.run_id)
-            state.update(run.state, etcd_pid=etcd.pid, etcd_start=state.start_time(etcd.pid),
-                         rendezvous=st.rendezvous | {"endpoint": endpoint})
+            state.update(
+                run.state,
+                etcd_pid=etcd.pid,
+                etcd_start=state.start_time(etcd.pid),
+                rendezvous=st.rendezvous | {"endpoint": endpoint},
+            )
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **AGENT_ENV}
         # All nodes share this machine's cores: without a limit every worker starts one thread
         # per core and they fight (torchrun only sets this when nproc_per_node > 1).
@@ -163,13 +173,23 @@ def supervise(run_dir: Path) -> int:
         for i, cmd in enumerate(agent_commands(cfg, rdzv, run, storage, workdir)):
             watch.check()
             with (run.logs / f"node{i}.log").open("ab") as log:
-                agents.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
-                                               stdin=subprocess.DEVNULL, start_new_session=True,
-                                               env={**env, "TRAINMASTER_NODE_INDEX": str(i)}))
+                agents.append(
+                    subprocess.Popen(
+                        cmd,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=workdir,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                        env={**env, "TRAINMASTER_NODE_INDEX": str(i)},
+                    )
+                )
         if held is not None:  # a killed supervisor must not free the cache its workers use
             held.also_held_by([a.pid for a in agents])
-        nodes = [n.model_copy(update={"pid": a.pid, "start_time": state.start_time(a.pid)})
-                 for n, a in zip(st.nodes, agents, strict=True)]
+        nodes = [
+            n.model_copy(update={"pid": a.pid, "start_time": state.start_time(a.pid)})
+            for n, a in zip(st.nodes, agents, strict=True)
+        ]
         now = state.update(run.state, phase="running", started_at=launched, nodes=nodes)
         # Read under the same lock as the write: a cancel recorded before it saw no agents to
         # signal, so they are signalled here; a cancel after it finds them in state.json.
@@ -189,9 +209,11 @@ def supervise(run_dir: Path) -> int:
             with contextlib.suppress(Exception):
                 held.release()
     final = state.read(run.state)
-    nodes = [n.model_copy(update={"exit_code": c}) for n, c in zip(final.nodes, codes, strict=False)]
+    nodes = [
+        n.model_copy(update={"exit_code": c}) for n, c in zip(final.nodes, codes, strict=False)
+    ]
     if len(codes) < len(final.nodes):  # cancelled before every agent started
-        nodes += final.nodes[len(codes):]
+        nodes += final.nodes[len(codes) :]
     elastic = bool(cfg.job.min_nnodes and cfg.job.min_nnodes < cfg.job.nnodes)
     phase = _final_phase(run, final, codes, elastic)
     why = {"message": first_error(run) or final.message} if phase == "failed" else {}
