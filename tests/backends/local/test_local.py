@@ -183,6 +183,7 @@ def test_status_logs_cancel_from_other_processes(pydoc_storage: Path, tmp_path: 
     )
     assert [n["index"] for n in data["nodes"]] == [0, 1] and all(n["pid"] for n in data["nodes"])
     assert sorted(w["rank"] for w in data["workers"]) == [0, 1]
+    assert [n["rank0"] for n in data["nodes"]].count(True) == 1  # rank0.json names its node
     assert (
         data["step"] >= 11
         and data["max_steps"] > data["step"]

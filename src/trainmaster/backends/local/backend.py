@@ -236,6 +236,7 @@ def _job_status(handle: str, s: runinfo.Status, store: Storage, *, detail: bool)
                 state="running" if state.pid_alive(n.pid, n.start_time) else "exited",
                 pid=n.pid,
                 exit_code=n.exit_code,
+                rank0=(s.rank0 or {}).get("node_rank") == n.index,
                 log=n.log,
             )
             for n in st.nodes
