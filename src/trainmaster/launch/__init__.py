@@ -1,1 +1,1 @@
-"""Launchers: the one torchrun command line, and the backends that run it (local, kubernetes)."""
+"""What every backend runs: the one torchrun command line (torchrun.py) and the entry shim (entry.py)."""

@@ -12,7 +12,7 @@ and then runs the script in the same process (runpy, as `python script.py` would
   TRAINMASTER_TENSORBOARD_DIR (its checkpoints/ and tensorboard/, created), TRAINMASTER_STORAGE,
   TRAINMASTER_JOB; torchrun's RANK, WORLD_SIZE, MASTER_ADDR, TORCHELASTIC_RESTART_COUNT...
 - logs: each rank's output is also appended to RUN/logs/rankR.log (`trainmaster logs`), and
-  rank 0 prints the `trainmaster: rank 0 on pod P` line the Kubernetes backend finds it by.
+  rank 0 prints the `trainmaster: rank 0 on pod P` line a cluster backend finds it by.
 - status: rank 0 writes rank0.json (where it runs, how often it restarted: _starts), and
   summary.json {"status": "completed"} when the script ends with exit code 0.
 - code: DIR is where relative script paths and `-m` modules are looked up: the folder
@@ -168,7 +168,7 @@ def prepare(
                 "started_at": time.time(),
             },
         )
-        # The Kubernetes backend finds rank 0's pod by this exact line (backends/kubernetes/status.py).
+        # A cluster backend finds the pod holding rank 0 by this exact line (its RANK0_LINE).
         print(f"trainmaster: rank 0 on pod {pod}", flush=True)
     return rank
 
