@@ -8,7 +8,7 @@ STAMP := $(VENV)/.trainmaster-installed
 TORCH := torch==2.13.0
 DEMO_DIR ?= demo-run
 
-.PHONY: demo test test-xla lint unit install system-deps clean
+.PHONY: demo test test-xla lint unit install system-deps torchx-venv clean
 
 install: $(STAMP)
 
@@ -35,7 +35,15 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-unit: $(STAMP) system-deps
+# TorchX 0.7.0 in its own environment (it pins urllib3<1.27): the export tests run its
+# Kubernetes scheduler's dry run on the component `trainmaster export torchx` writes.
+TORCHX_VENV ?= .venv-torchx
+torchx-venv: $(TORCHX_VENV)/bin/torchx
+$(TORCHX_VENV)/bin/torchx:
+	$(PYTHON) -m venv $(TORCHX_VENV)
+	$(TORCHX_VENV)/bin/python -m pip install --quiet torchx==0.7.0 kubernetes==25.3.0
+
+unit: $(STAMP) system-deps torchx-venv
 	$(BIN)/pytest -q
 
 test: lint unit
@@ -56,4 +64,4 @@ test-xla:
 	PJRT_DEVICE=CPU $(XLA_VENV)/bin/pytest -q tests/train/test_xla.py
 
 clean:
-	rm -rf $(VENV) $(XLA_VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(XLA_VENV) $(TORCHX_VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache

@@ -31,6 +31,13 @@ class Resource:
     gpu: int
     memMB: int
     devices: dict = field(default_factory=dict)
+    capabilities: dict = field(default_factory=dict)
+
+@dataclass
+class VolumeMount:
+    src: str
+    dst_path: str
+    read_only: bool = False
 
 @dataclass
 class Role:
@@ -43,6 +50,7 @@ class Role:
     max_retries: int
     resource: Resource
     port_map: dict
+    mounts: list = field(default_factory=list)
 
 @dataclass
 class AppDef:

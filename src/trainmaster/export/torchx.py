@@ -13,8 +13,20 @@ launch/torchrun.py, with the pod's environment and resources. Where TorchX diffe
   macros.Values.substitute), so every other `$` in the script is written `$$`.
 The rendezvous is always c10d (TorchX publishes rank 0's host; no etcd needed).
 A compile job's rank 0 takes the cacheset's lock itself (train/__main__.py), as when no launcher
-holds it. Gang scheduling, queues, EFA and shm are the TorchX scheduler's business (e.g. `-s kubernetes
--cfg queue=...` submits a Volcano job); trainmaster's own checks ran when the file was written.
+holds it. Gang scheduling and queues are the TorchX scheduler's business (`-s kubernetes -cfg
+queue=...` submits a Volcano job); trainmaster's own checks ran when the file was written.
+What the role carries so that the pods match trainmaster's own (TorchX 0.7.0
+torchx/schedulers/kubernetes_scheduler.py, role_to_pod):
+- the shared storage: kubernetes.pvc mounted at kubernetes.mount (specs.VolumeMount), where the
+  job finds its dataset and writes its run;
+- memory in TorchX's unit: memMB becomes the limit `{memMB}M`, decimal megabytes, so memMB is the
+  pod limit in bytes / 10**6 (460Gi -> 493921), not MiB;
+- the instance type as the capability TorchX turns into a node selector;
+- /dev/shm: TorchX mounts its own memory-backed emptyDir there without a sizeLimit and offers no
+  way to set one; Kubernetes sizes such a volume to the pod's memory limit, so it is bounded by
+  the limit, not by the 1/8 of it that trainmaster's pods use (backends/kubernetes/podspec.py).
+Device taints need no tolerations here: EKS enables the ExtendedResourceToleration admission
+plugin, which adds them for the extended resources a pod requests.
 """
 
 from __future__ import annotations
@@ -83,7 +95,8 @@ def component(cfg: JobConfig, *, image: str | None = None) -> str:
     limits = podspec.resources(inst)["limits"]
     devices = {k: int(v) for k, v in limits.items() if k not in ("cpu", "memory")}
     gpu = devices.pop("nvidia.com/gpu", 0)
-    mem_mb = int(limits["memory"].removesuffix("Gi")) * 1024
+    mem_mb = int(limits["memory"].removesuffix("Gi")) * 2**30 // 10**6  # TorchX writes f"{memMB}M"
+    selector = podspec.node_selector(cfg, inst)
     env = {e["name"]: _escape(e["value"]) for e in podspec.env(cfg, inst) if "value" in e}
     fn = cfg.job.name.replace("-", "_")
     return f'''"""TorchX component of the trainmaster job {cfg.job.name} (written by `trainmaster export torchx`).
@@ -109,8 +122,10 @@ def {fn}(image: str = {(image or cfg.kubernetes.image or "")!r}) -> specs.AppDef
         roles=[specs.Role(
             name="worker", image=image, entrypoint="bash", args=["-c", SCRIPT],
             env=dict(ENV), num_replicas={cfg.job.nnodes}, max_retries={cfg.job.max_restarts},
-            resource=specs.Resource(cpu={int(limits["cpu"])}, gpu={gpu}, memMB={mem_mb}, devices={devices!r}),
+            resource=specs.Resource(cpu={int(limits["cpu"])}, gpu={gpu}, memMB={mem_mb}, devices={devices!r},
+                                    capabilities={selector!r}),
             port_map={{"c10d": {C10D_PORT}}},
+            mounts=[specs.VolumeMount(src={cfg.kubernetes.pvc!r}, dst_path={cfg.kubernetes.mount!r})],
         )],
     )
 '''
