@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import tomli_w
 
 from trainmaster import jobfile
 from trainmaster.backends.base import BACKEND_NAMES, Backend, JobRef, Target, parse_job
@@ -149,6 +153,38 @@ def load_job_for(path: str | Path, overrides: list[str] | None, target: Target) 
     extra = [f'job.backend="{backend_name(target)}"'] if target.backend else []
     extra += [f'kubernetes.namespace="{target.namespace}"'] if target.namespace else []
     return load_job(path, [*(overrides or []), *extra])
+
+
+def script_job(
+    script: str,
+    args: list[str],
+    *,
+    nnodes: int = 1,
+    nproc_per_node: int = 1,
+    name: str | None = None,
+    overrides: list[str] | None = None,
+) -> JobConfig:
+    """A job for a script without a job file (`launch train.py --nnodes 2 -- ARGS`), as TorchX's
+    `dist.ddp --script` gives: local, c10d, the script as entrypoint. The name is the script's
+    stem plus a short random suffix, so that running the same command again is a new job."""
+    if name is None:
+        stem = re.sub(r"[^a-z0-9-]+", "-", Path(script).stem.lower()).strip("-")
+        stem = (stem if stem[:1].isalpha() else f"job-{stem}").rstrip("-")[:32].rstrip("-")
+        name = f"{stem}-{secrets.token_hex(3)}"
+    data: dict[str, Any] = {
+        "job": {"name": name, "backend": "local", "nnodes": nnodes,
+                "nproc_per_node": nproc_per_node, "entrypoint": script, "args": list(args)},
+        "rendezvous": {"backend": "c10d"},
+    }  # fmt: skip
+    return jobfile.validate(jobfile.apply_overrides(data, overrides or []), where=script)
+
+
+def script_job_text(cfg: JobConfig) -> str:
+    """The sections a script job sets, as TOML: the start of its own job file."""
+    job = cfg.job.model_dump(
+        include={"name", "backend", "nnodes", "nproc_per_node", "entrypoint", "args"}
+    )
+    return tomli_w.dumps({"job": job, "rendezvous": {"backend": cfg.rendezvous.backend}})
 
 
 def preset_job(name: str, overrides: list[str] | None = None) -> JobConfig:

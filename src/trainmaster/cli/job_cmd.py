@@ -8,6 +8,7 @@ Backend interface (backends/base.py); what comes back is printed by cli/show.py.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -21,18 +22,23 @@ from trainmaster.cli.compile_cmd import lock_waiting
 from trainmaster.cli.options import (
     ImageOpt,
     JobArg,
-    JobFileArg,
     JsonOpt,
     SetOpt,
     WaitLockOpt,
     target,
 )
-from trainmaster.errors import JobFailed
+from trainmaster.errors import JobFailed, UserError
 
 
 def launch(
     ctx: typer.Context,
-    file: JobFileArg,
+    file: Annotated[
+        str,
+        typer.Argument(
+            metavar="FILE|SCRIPT.py",
+            help="A job file (TOML; make one with `trainmaster init`), or a Python script to run with defaults (arguments for it after --)",
+        ),
+    ],
     overrides: SetOpt = None,
     dry_run: Annotated[
         bool,
@@ -50,10 +56,47 @@ def launch(
     ] = False,
     wait_lock: WaitLockOpt = 0.0,
     image: ImageOpt = None,
+    nnodes: Annotated[int | None, typer.Option(min=1, help="SCRIPT.py: nodes (default 1)")] = None,
+    nproc_per_node: Annotated[
+        int | None, typer.Option(min=1, help="SCRIPT.py: workers per node (default 1)")
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(help="SCRIPT.py: the job name (default: the script's, plus a suffix)"),
+    ] = None,
+    save_job: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="SCRIPT.py: write the job file of this launch"),
+    ] = None,
 ) -> None:
-    """Start a job: one torchrun agent per node, each worker running the job's entrypoint."""
+    """Start a job: one torchrun agent per node, each worker running the job's entrypoint.
+
+    `trainmaster launch train.py --nnodes 2 -- --lr 3e-4` runs a script without a job file
+    (local, c10d) and prints the job file it used; `--save-job job.toml` writes it."""
     where = target(ctx)
-    cfg = api.load_job_for(file, overrides, where)
+    if file.endswith(".py"):
+        cfg = api.script_job(file, list(ctx.args), nnodes=nnodes or 1,
+                             nproc_per_node=nproc_per_node or 1, name=name, overrides=overrides)  # fmt: skip
+        text = api.script_job_text(cfg)
+        if save_job is not None:
+            save_job.write_text(text, encoding="utf-8")
+            typer.echo(
+                f"wrote {save_job}: `trainmaster launch {save_job}` runs this job again", err=True
+            )
+        else:
+            typer.echo(
+                "# the job file of this launch (--save-job FILE writes it):\n" + text, err=True
+            )
+    else:
+        script_only = {"--nnodes": nnodes, "--nproc-per-node": nproc_per_node, "--name": name,
+                       "--save-job": save_job}  # fmt: skip
+        given = [k for k, v in script_only.items() if v is not None] + (
+            ["ARGS"] if ctx.args else []
+        )
+        if given:
+            raise UserError(f"{given[0]} is for a script launched without a job file; with a job "
+                            "file, use --set (e.g. --set job.nnodes=2)", where=given[0])  # fmt: skip
+        cfg = api.load_job_for(file, overrides, where)
     backend = api.backend(where, cfg, api.LaunchOptions(resume=resume, image=image))
     dry = backend.plan(cfg, wait_lock_s=wait_lock)
     if dry_run and not dry_run_server:
