@@ -9,6 +9,7 @@ skip, unless TRAINMASTER_KUBE_BUILD=1 asks the fixture to build them first.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -29,7 +30,8 @@ T = TypeVar("T")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "kube: needs the local Kubernetes control plane (controlplane/, make kube-build)")
+        "markers", "kube: needs the local Kubernetes control plane (controlplane/, make kube-build)"
+    )
 
 
 def _kube_module() -> Any:
@@ -46,8 +48,10 @@ def _built(kube: Any) -> bool:
         bins = kube.bin_dir()
     except (OSError, subprocess.CalledProcessError):  # no Go: nothing can be built either
         return False
-    return all((bins / name).exists() for name in kube.kube_procs.ORDER) and (
-        bins.parent / "share" / ".complete").exists()
+    return (
+        all((bins / name).exists() for name in kube.kube_procs.ORDER)
+        and (bins.parent / "share" / ".complete").exists()
+    )
 
 
 @dataclass
@@ -64,11 +68,13 @@ class RealKube:
     @property
     def core(self) -> Any:
         from kubernetes import client
+
         return client.CoreV1Api(self.api)
 
     @property
     def custom(self) -> Any:
         from kubernetes import client
+
         return client.CustomObjectsApi(self.api)
 
     @property
@@ -77,11 +83,16 @@ class RealKube:
 
     def namespace(self, prefix: str = "t") -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-        self.core.create_namespace({"metadata": {"name": name, "labels": {"trainmaster.io/test": "1"}}})
+        self.core.create_namespace(
+            {"metadata": {"name": name, "labels": {"trainmaster.io/test": "1"}}}
+        )
         self._namespaces.append(name)
         # pods need the namespace's `default` service account, which the controller manager adds
-        self.wait_for(lambda: _exists(lambda: self.core.read_namespaced_service_account("default", name)),
-                      30, f"the default service account in {name}")
+        self.wait_for(
+            lambda: _exists(lambda: self.core.read_namespaced_service_account("default", name)),
+            30,
+            f"the default service account in {name}",
+        )
         return name
 
     def wait_for(self, probe: Callable[[], T | None], timeout: float, what: str) -> T:
@@ -95,16 +106,28 @@ class RealKube:
                 raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
             time.sleep(0.2)  # polling the control plane's progress, bounded by the deadline
 
+    def delete_namespace(self, name: str, timeout: float = 60) -> None:
+        """Delete NAME and wait (bounded) until no pod is left in it: kwok removes a deleted pod
+        at once, and the namespace itself may take longer to disappear (its finalizers)."""
+        if name not in self._namespaces:
+            return  # deleted already
+        self.core.delete_namespace(name)
+        self._namespaces.remove(name)
+        self.wait_for(
+            lambda: not self.core.list_namespaced_pod(name).items or None,
+            timeout,
+            f"the pods of namespace {name} deleted",
+        )
+
     def cleanup(self) -> None:
         for name in self._namespaces:
-            try:
+            with contextlib.suppress(Exception):  # best effort: the plane may be going down
                 self.core.delete_namespace(name)
-            except Exception:  # best effort: the plane may be going down
-                pass
 
 
 def _exists(read: Callable[[], object]) -> bool:
     from kubernetes.client.exceptions import ApiException
+
     try:
         read()
     except ApiException:
@@ -120,8 +143,10 @@ def real_kube() -> Iterator[RealKube]:
     if not kube.is_up(kube.RUN_DIR):
         if not _built(kube):
             if not os.environ.get("TRAINMASTER_KUBE_BUILD"):
-                pytest.skip("control-plane binaries not built: `make kube-build` (once, minutes), "
-                            "or set TRAINMASTER_KUBE_BUILD=1 to build them here")
+                pytest.skip(
+                    "control-plane binaries not built: `make kube-build` (once, minutes), "
+                    "or set TRAINMASTER_KUBE_BUILD=1 to build them here"
+                )
             subprocess.run(["bash", str(CONTROLPLANE / "build.sh")], check=True)
         up = subprocess.run([sys.executable, str(KUBE_PY), "up"], capture_output=True, text=True)
         if up.returncode != 0:
@@ -131,8 +156,12 @@ def real_kube() -> Iterator[RealKube]:
 
     run_dir = kube.RUN_DIR
     state = kube.read_state(run_dir)
-    plane = RealKube(run_dir, run_dir / "kubeconfig", state,
-                     config.new_client_from_config(config_file=str(run_dir / "kubeconfig")))
+    plane = RealKube(
+        run_dir,
+        run_dir / "kubeconfig",
+        state,
+        config.new_client_from_config(config_file=str(run_dir / "kubeconfig")),
+    )
     try:
         yield plane
     finally:
@@ -142,6 +171,9 @@ def real_kube() -> Iterator[RealKube]:
 
 
 @pytest.fixture
-def kube_namespace(real_kube: RealKube) -> str:
-    """A fresh namespace for one test (deleted at the end of the session)."""
-    return real_kube.namespace()
+def kube_namespace(real_kube: RealKube) -> Iterator[str]:
+    """A fresh namespace for one test, deleted after it; the next test starts once its pods are
+    gone, so that it finds every node's devices free."""
+    name = real_kube.namespace()
+    yield name
+    real_kube.delete_namespace(name)

@@ -10,6 +10,7 @@ than there are gets no pod bound at all.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,41 +29,81 @@ JOB_VERSION = "volcano.sh/job-version"
 GROUP_NAME = "scheduling.k8s.io/group-name"
 
 
-def volcano_job(name: str, namespace: str, queue: str, replicas: int, min_available: int,
-                instance: catalog.InstanceType) -> dict[str, Any]:
+def volcano_job(
+    name: str,
+    namespace: str,
+    queue: str,
+    replicas: int,
+    min_available: int,
+    instance: catalog.InstanceType,
+) -> dict[str, Any]:
     """One task of REPLICAS pods, each asking for all of a node's accelerators and tolerating
     the node group's taint: so each pod needs a node of its own."""
     resource = instance.device_resource
     assert resource is not None
     requests = {resource: str(instance.devices), "cpu": "1", "memory": "1Gi"}
-    pod = {"restartPolicy": "Never",
-           "tolerations": [{"key": resource, "operator": "Exists", "effect": "NoSchedule"}],
-           "containers": [{"name": "trainer", "image": "busybox:1.36", "command": ["sleep", "inf"],
-                           "resources": {"requests": requests, "limits": requests}}]}
-    return {"apiVersion": "/".join(BATCH), "kind": "Job",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"schedulerName": "volcano", "queue": queue, "minAvailable": min_available,
-                     "plugins": {"svc": ["--publish-not-ready-addresses"], "env": []},
-                     "tasks": [{"name": "worker", "replicas": replicas, "template": {"spec": pod}}]}}
+    pod = {
+        "restartPolicy": "Never",
+        "tolerations": [{"key": resource, "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "busybox:1.36",
+                "command": ["sleep", "inf"],
+                "resources": {"requests": requests, "limits": requests},
+            }
+        ],
+    }
+    return {
+        "apiVersion": "/".join(BATCH),
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "schedulerName": "volcano",
+            "queue": queue,
+            "minAvailable": min_available,
+            "plugins": {"svc": ["--publish-not-ready-addresses"], "env": []},
+            "tasks": [{"name": "worker", "replicas": replicas, "template": {"spec": pod}}],
+        },
+    }
 
 
 def job_pods(kube: RealKube, namespace: str, job: str) -> list[Any]:
-    return list(kube.core.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={job}").items)
+    return list(
+        kube.core.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={job}").items
+    )
 
 
 @pytest.fixture
-def queue(real_kube: RealKube, kube_namespace: str) -> str:
-    """A Queue of our own, open; named after the test's namespace (queues are cluster-wide)."""
+def queue(real_kube: RealKube, kube_namespace: str) -> Iterator[str]:
+    """A Queue of our own, open; named after the test's namespace (queues are cluster-wide).
+    Removed after the test, once the namespace and so the jobs in the queue are gone."""
     name = f"q-{kube_namespace}"
-    real_kube.custom.create_cluster_custom_object(*SCHEDULING, "queues", {
-        "apiVersion": "/".join(SCHEDULING), "kind": "Queue", "metadata": {"name": name},
-        "spec": {"weight": 1, "reclaimable": False}})
-    real_kube.wait_for(lambda: real_kube.custom.get_cluster_custom_object(
-        *SCHEDULING, "queues", name).get("status", {}).get("state") == "Open", 30, f"queue {name} Open")
-    return name
+    body = {
+        "apiVersion": "/".join(SCHEDULING),
+        "kind": "Queue",
+        "metadata": {"name": name},
+        "spec": {"weight": 1, "reclaimable": False},
+    }
+    real_kube.custom.create_cluster_custom_object(*SCHEDULING, "queues", body)
+    real_kube.wait_for(
+        lambda: (
+            real_kube.custom.get_cluster_custom_object(*SCHEDULING, "queues", name)
+            .get("status", {})
+            .get("state")
+            == "Open"
+        ),
+        30,
+        f"queue {name} Open",
+    )
+    yield name
+    real_kube.delete_namespace(kube_namespace)
+    real_kube.custom.delete_cluster_custom_object(*SCHEDULING, "queues", name)
 
 
-def test_job_runs_as_a_gang_on_fake_nodes(real_kube: RealKube, kube_namespace: str, queue: str) -> None:
+def test_job_runs_as_a_gang_on_fake_nodes(
+    real_kube: RealKube, kube_namespace: str, queue: str
+) -> None:
     ns, instance = kube_namespace, catalog.CATALOG[real_kube.state["instance_type"]]
     nodes = set(real_kube.node_names)
     from kubernetes.client.exceptions import ApiException
@@ -70,18 +111,27 @@ def test_job_runs_as_a_gang_on_fake_nodes(real_kube: RealKube, kube_namespace: s
     # The validating webhook refuses what Volcano would never run: minAvailable > replicas.
     with pytest.raises(ApiException) as refused:
         real_kube.custom.create_namespaced_custom_object(
-            *BATCH, ns, "jobs", volcano_job("bad", ns, queue, 1, 2, instance))
+            *BATCH, ns, "jobs", volcano_job("bad", ns, queue, 1, 2, instance)
+        )
     assert "validatejob.volcano.sh" in str(refused.value.body), refused.value.body
 
     created = real_kube.custom.create_namespaced_custom_object(
-        *BATCH, ns, "jobs", volcano_job("smoke", ns, queue, 2, 2, instance))
+        *BATCH, ns, "jobs", volcano_job("smoke", ns, queue, 2, 2, instance)
+    )
     # The mutating webhook defaulted what we left out (maxRetry 3, the task's minAvailable).
     assert created["spec"]["maxRetry"] == 3
     assert created["spec"]["tasks"][0]["minAvailable"] == 2
 
-    pods = real_kube.wait_for(lambda: (p := job_pods(real_kube, ns, "smoke")) and len(p) == 2 and all(
-        x.spec.node_name and x.status.phase == "Running" for x in p) and p, 60,
-        "2 pods bound and Running")
+    pods = real_kube.wait_for(
+        lambda: (
+            (p := job_pods(real_kube, ns, "smoke"))
+            and len(p) == 2
+            and all(x.spec.node_name and x.status.phase == "Running" for x in p)
+            and p
+        ),
+        60,
+        "2 pods bound and Running",
+    )
     assert {p.metadata.name for p in pods} == {"smoke-worker-0", "smoke-worker-1"}
     assert {p.spec.node_name for p in pods} <= nodes
     assert len({p.spec.node_name for p in pods}) == 2  # a whole node's devices each
@@ -97,37 +147,56 @@ def test_job_runs_as_a_gang_on_fake_nodes(real_kube: RealKube, kube_namespace: s
     assert group == f"smoke-{created['metadata']['uid']}"
     podgroup = real_kube.custom.get_namespaced_custom_object(*SCHEDULING, ns, "podgroups", group)
     assert podgroup["spec"]["minMember"] == 2 and podgroup["spec"]["queue"] == queue
-    real_kube.wait_for(lambda: real_kube.custom.get_namespaced_custom_object(
-        *SCHEDULING, ns, "podgroups", group).get("status", {}).get("phase") == "Running", 30,
-        "the PodGroup Running")
+    real_kube.wait_for(
+        lambda: (
+            real_kube.custom.get_namespaced_custom_object(*SCHEDULING, ns, "podgroups", group)
+            .get("status", {})
+            .get("phase")
+            == "Running"
+        ),
+        30,
+        "the PodGroup Running",
+    )
 
     service = real_kube.core.read_namespaced_service("smoke", ns)
     assert service.spec.cluster_ip == "None" and service.spec.publish_not_ready_addresses
-    real_kube.wait_for(lambda: real_kube.custom.get_namespaced_custom_object(
-        *BATCH, ns, "jobs", "smoke").get("status", {}).get("state", {}).get("phase") == "Running",
-        30, "the Volcano Job Running")
+    real_kube.wait_for(
+        lambda: (
+            real_kube.custom.get_namespaced_custom_object(*BATCH, ns, "jobs", "smoke")
+            .get("status", {})
+            .get("state", {})
+            .get("phase")
+            == "Running"
+        ),
+        30,
+        "the Volcano Job Running",
+    )
 
 
-def test_gang_larger_than_the_cluster_binds_nothing(real_kube: RealKube, kube_namespace: str,
-                                                   queue: str) -> None:
+def test_gang_larger_than_the_cluster_binds_nothing(
+    real_kube: RealKube, kube_namespace: str, queue: str
+) -> None:
     ns, instance = kube_namespace, catalog.CATALOG[real_kube.state["instance_type"]]
     gang = len(real_kube.node_names) + 1  # one node more than there are
     created = real_kube.custom.create_namespaced_custom_object(
-        *BATCH, ns, "jobs", volcano_job("gang", ns, queue, gang, gang, instance))
+        *BATCH, ns, "jobs", volcano_job("gang", ns, queue, gang, gang, instance)
+    )
     group = f"gang-{created['metadata']['uid']}"
 
-    # Evidence that the scheduler has looked at the gang and said no, rather than not yet:
-    # the PodGroup's Unschedulable condition. Only then is "no pod bound" a result.
-    def unschedulable() -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
-        try:
-            pg = real_kube.custom.get_namespaced_custom_object(*SCHEDULING, ns, "podgroups", group)
-        except ApiException:
-            return None
-        conditions = pg.get("status", {}).get("conditions") or []
-        return pg if any(c["type"] == "Unschedulable" and c["status"] == "True" for c in conditions) else None
+    # Evidence that the scheduler has looked at the gang and said no, rather than not yet: its
+    # Unschedulable event on the PodGroup. Volcano's enqueue action keeps a PodGroup Pending
+    # while its minResources exceed what the cluster could ever give (the overcommit plugin:
+    # "resource in cluster is overused"), and the job controller creates no pod before the
+    # PodGroup is Inqueue; so not one pod exists, let alone is bound.
+    def refusals() -> list[str]:
+        events = real_kube.core.list_namespaced_event(
+            ns, field_selector=f"involvedObject.kind=PodGroup,involvedObject.name={group}"
+        ).items
+        return [e.message for e in events if e.reason == "Unschedulable"]
 
-    podgroup = real_kube.wait_for(unschedulable, 60, "the gang's PodGroup Unschedulable")
+    messages = real_kube.wait_for(refusals, 60, "the scheduler's Unschedulable event on the gang")
+    assert any(f"{gang} minAvailable" in m or "overused" in m for m in messages), messages
+    podgroup = real_kube.custom.get_namespaced_custom_object(*SCHEDULING, ns, "podgroups", group)
     assert podgroup["spec"]["minMember"] == gang
-    assert podgroup["status"]["phase"] in ("Pending", "Inqueue")
+    assert podgroup["status"]["phase"] == "Pending"
     assert not [p.metadata.name for p in job_pods(real_kube, ns, "gang") if p.spec.node_name]

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""A local Kubernetes control plane on loopback, to watch a trainmaster job gang-schedule.
+
+    python controlplane/kube.py up [--nodes N] [--instance-type T] [--port P]
+    python controlplane/kube.py status | down
+
+`up` starts etcd, kube-apiserver, kube-controller-manager, Volcano's webhook manager,
+controller manager and scheduler, and kwok, all on 127.0.0.1, with every file under the run
+dir (TRAINMASTER_KUBE_DIR, default /tmp/trainmaster-kube): pki/, logs/NAME.log, pids/NAME.pid,
+state.json and the admin kubeconfig RUN_DIR/kubeconfig. It applies Volcano's CRDs and webhook
+configurations and creates N fake nodes of an instance type from trainmaster's catalog (default
+3 x trn1.32xlarge) that kwok keeps Ready; kwok also runs the pods bound to them (phase Running,
+a pod IP), so Volcano's whole path is real but no container ever starts. `down` stops the
+processes (each is a process group of its own) and removes the run dir. Binaries come from
+controlplane/build.sh (make kube-build); nothing here builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import kube_objects  # noqa: E402
+import kube_pki  # noqa: E402
+import kube_procs  # noqa: E402
+
+RUN_DIR = Path(os.environ.get("TRAINMASTER_KUBE_DIR", "/tmp/trainmaster-kube"))
+DEFAULT_PORT = 6443
+UP_TIMEOUT = 90.0  # seconds for everything to be ready; a built plane takes ~15-25 s
+
+
+def bin_dir() -> Path:
+    out = subprocess.run(
+        ["bash", str(HERE / "build.sh"), "--bin-dir"], check=True, capture_output=True, text=True
+    )
+    return Path(out.stdout.strip())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_free(port: int) -> bool:
+    """Whether a server could listen on PORT (SO_REUSEADDR, as Go's servers set it: connections
+    of a plane just stopped may linger in TIME_WAIT)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def read_state(run: Path) -> dict | None:
+    try:
+        return json.loads((run / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_up(run: Path) -> bool:
+    state = read_state(run)
+    return bool(state) and kube_procs.all_alive(run) and kube_procs.api_healthy(run, state)
+
+
+def print_usage_hint(run: Path, state: dict) -> None:
+    kubeconfig = run / "kubeconfig"
+    print(f"  API server  https://127.0.0.1:{state['ports']['apiserver']}")
+    print(f"  nodes       {state['nodes']} x {state['instance_type']} (kwok)")
+    print(f"  logs        {run}/logs/")
+    print("Point trainmaster (or kubectl) at it:")
+    print(f"  export KUBECONFIG={kubeconfig}")
+    print(f"  trainmaster --kubeconfig {kubeconfig} ...")
+    print("Stop it: make kube-down (or python controlplane/kube.py down)")
+
+
+def up(args: argparse.Namespace) -> int:
+    start = time.monotonic()
+    run = RUN_DIR
+    if is_up(run):
+        print(f"control plane already up in {run}")
+        print_usage_hint(run, read_state(run) or {})
+        return 0
+    if run.exists():  # a stale or half-started run: clear it, then start afresh
+        down_quietly(run)
+    problem = kube_objects.check_shape(args.instance_type, args.nodes)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    bins = bin_dir()
+    share = bins.parent / "share"
+    missing = [n for n in kube_procs.ORDER if not (bins / n).exists()]
+    if missing or not (share / ".complete").exists():
+        print(
+            f"not built ({', '.join(missing) or 'data files'} missing in {bins.parent}): "
+            "run `make kube-build` (controlplane/build.sh) first",
+            file=sys.stderr,
+        )
+        return 2
+    port = (
+        args.port
+        if args.port is not None
+        else int(os.environ.get("TRAINMASTER_KUBE_PORT", DEFAULT_PORT))
+    )
+    if port == 0:
+        port = free_port()
+    elif not port_free(port):
+        print(
+            f"127.0.0.1:{port} is in use: set TRAINMASTER_KUBE_PORT to another port, or to 0 "
+            "for any free one",
+            file=sys.stderr,
+        )
+        return 2
+    ports = {"apiserver": port} | {name: free_port() for name in kube_procs.PORT_NAMES}
+    state = {
+        "ports": ports,
+        "nodes": args.nodes,
+        "instance_type": args.instance_type,
+        "bin_dir": str(bins),
+        "run_dir": str(run),
+    }
+    for sub in ("logs", "pids", "kubeconfigs"):
+        (run / sub).mkdir(parents=True, exist_ok=True)
+    (run / "state.json").write_text(json.dumps(state, indent=1))
+
+    plane = kube_procs.Plane(run, bins, share, state)
+    try:
+        kube_pki.make_pki(run / "pki")
+        server = f"https://127.0.0.1:{port}"
+        kube_pki.write_kubeconfig(run / "kubeconfig", run / "pki", "admin", server)
+        for client in ("controller-manager", "volcano", "kwok"):
+            kube_pki.write_kubeconfig(
+                run / "kubeconfigs" / f"{client}.kubeconfig", run / "pki", client, server
+            )
+        plane.start_all(deadline=start + UP_TIMEOUT)
+    except (kube_procs.StartError, OSError, subprocess.CalledProcessError) as e:
+        plane.stop()
+        print(f"kube up failed after {time.monotonic() - start:.1f}s: {e}", file=sys.stderr)
+        print(f"logs kept in {run}/logs (make kube-down removes them)", file=sys.stderr)
+        return 1
+    print(f"control plane up in {time.monotonic() - start:.1f}s ({run})")
+    print_usage_hint(run, state)
+    return 0
+
+
+def down_quietly(run: Path) -> int:
+    stopped = kube_procs.stop_recorded(run)
+    shutil.rmtree(run, ignore_errors=True)
+    return stopped
+
+
+def down(_: argparse.Namespace) -> int:
+    if not RUN_DIR.exists():
+        print(f"control plane not running ({RUN_DIR} does not exist)")
+        return 0
+    stopped = down_quietly(RUN_DIR)
+    print(f"stopped {stopped} processes, removed {RUN_DIR}")
+    return 0
+
+
+def status(_: argparse.Namespace) -> int:
+    state = read_state(RUN_DIR)
+    if state is None:
+        print(f"control plane not running ({RUN_DIR})")
+        return 3
+    for name, alive in kube_procs.liveness(RUN_DIR).items():
+        print(f"  {name:24} {'running' if alive else 'NOT RUNNING'}")
+    if not is_up(RUN_DIR):
+        print("control plane NOT healthy: make kube-down, then make kube-up")
+        return 3
+    print(f"control plane up in {RUN_DIR}")
+    print_usage_hint(RUN_DIR, state)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    parser = argparse.ArgumentParser(
+        prog="kube.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="start the control plane (no-op when it is up)")
+    p_up.add_argument("--nodes", type=int, default=int(os.environ.get("TRAINMASTER_KUBE_NODES", 3)))
+    p_up.add_argument(
+        "--instance-type", default=os.environ.get("TRAINMASTER_KUBE_INSTANCE_TYPE", "trn1.32xlarge")
+    )
+    p_up.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"API server port (TRAINMASTER_KUBE_PORT, default {DEFAULT_PORT}; 0: any free)",
+    )
+    p_up.set_defaults(func=up)
+    sub.add_parser("down", help="stop everything and remove the run dir").set_defaults(func=down)
+    sub.add_parser("status", help="exit 0 when up and healthy").set_defaults(func=status)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
