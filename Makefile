@@ -55,7 +55,7 @@ demo: $(STAMP)
 	$(BIN)/trainmaster demo --dir $(DEMO_DIR)
 
 # Opt-in: the XLA (Trainium) code path on the CPU, in its own venv (torch_xla pins its torch;
-# ~7 GB). See ../shared/reference/xla-on-cpu.md.
+# ~7 GB). See docs/architecture.md 4, "The XLA path on a CPU".
 XLA_VENV ?= .venv-xla
 test-xla:
 	[ -x $(XLA_VENV)/bin/python ] || $(PYTHON) -m venv $(XLA_VENV)

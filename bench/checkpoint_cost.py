@@ -1,5 +1,5 @@
 """What checkpoints cost training: step time with and without a checkpoint every N steps, and
-background writes against synchronous ones (issue 14.5).
+background writes against synchronous ones (docs/architecture.md 5: 14.5).
 
     python bench/checkpoint_cost.py [--model bert-base] [--steps 24] [--every 4] [--out FILE]
 
@@ -13,7 +13,7 @@ same job that differ only in checkpointing:
 For each: the median and mean step time (from metrics.jsonl's seq/s, the first step left out), the
 seconds training stood still for saves and the write's size, time and MB/s (summary.json's
 checkpoint_saves), and the effective seconds per step = (sum of step times + stand-still) /
-steps, compared with `none`. Prints one JSON object; no assertions (DESIGN 4).
+steps, compared with `none`. Prints one JSON object; no assertions (docs/architecture.md 4).
 """
 
 from __future__ import annotations

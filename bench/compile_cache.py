@@ -13,7 +13,7 @@ cache hits and misses) are reported next to it, so a warm run is shown to be war
 compiler, not only by the clock. The cold run starts with nothing: its cacheset (and with it
 TMPDIR, where Inductor keeps its precompiled headers) is new.
 
-Prints one JSON object. No assertions (DESIGN 4). The aim (issue 6): warm <= 0.15 x cold.
+Prints one JSON object. No assertions (docs/architecture.md 4). The aim: warm <= 0.15 x cold.
 """
 
 from __future__ import annotations

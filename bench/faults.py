@@ -1,5 +1,5 @@
 """Fault trials: does a 2-node local job survive kills and hangs, resume exactly, and how much
-time does each cost? (issue 14.6)
+time does each cost? (docs/architecture.md 5: 14.6)
 
     python bench/faults.py [--trials 10] [--kinds kill,kill_in_checkpoint,hang] [--steps 30]
                            [--seed 0] [--out FILE]
@@ -20,7 +20,7 @@ The faults are the trainer's test hooks (trainmaster/train/faults.py), each fire
 Per kind it reports completed/N (phase succeeded with every step done), exact/N (the summary's
 parameter checksum equals the reference's), the median time to resume (goodput's restart
 seconds: from the dead attempt's last event to the next attempt's first step), the median
-goodput ratio and the restarts. Prints one JSON object; no assertions (DESIGN 4).
+goodput ratio and the restarts. Prints one JSON object; no assertions (docs/architecture.md 4).
 """
 
 from __future__ import annotations

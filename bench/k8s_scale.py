@@ -11,13 +11,14 @@ Two parts, both simulated on this machine (no cluster):
   status     `status` (launch/k8s_status.status) of a job with 128, 512 and 1,024 pods held by
              the fake API server of tests/k8s, through the real kubernetes client: without
              rank 0 (the job and its pods: paged lists) and with rank 0 (every pod's log read),
-             now and as the code was before issue 15 ("before": one unpaged list parsed into
-             the client's models, and the logs read one after another; replicated below)
+             now and as the code was before paged lists (docs/architecture.md 5: 15.2; "before": one
+             unpaged list parsed into the client's models, and the logs read one after
+             another; replicated below)
 
 The fake server runs in this process on loopback, so a time is client plus server CPU on
 this machine. --latency-ms adds a simulated round trip to every request (an assumption,
 not a measured EKS figure): that is what concurrent log reads save on a real cluster.
-Medians of --repeats. Prints one JSON object; no assertions (DESIGN 4).
+Medians of --repeats. Prints one JSON object; no assertions (docs/architecture.md 4).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def manifests(nodes: int, repeats: int) -> dict[str, Any]:
     }
 
 
-# --- "before": k8s_status as it was before issue 15, for the comparison ----------------------
+# --- "before": k8s_status as it was before paged lists, for the comparison -----------------
 def _before_pod_info(pod: Any) -> k8s_status.PodInfo:
     name = pod.metadata.name
     suffix = name.rpartition("-")[2]

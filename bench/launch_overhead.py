@@ -13,8 +13,8 @@ corpus, prepared once in a temp folder. Two ways to start the very same program:
 Each run is timed from just before its first process starts to the moment rank 0 appended
 step 1 to metrics.jsonl (that file's modification time, read while it holds one row). The
 order alternates per repeat (launch first, then torchrun first), and the medians are
-compared: the machine is shared and noisy. Prints one JSON object; no assertions (DESIGN 4).
-The aim (issue 5): overhead within 15%.
+compared: the machine is shared and noisy. Prints one JSON object; no assertions
+(docs/architecture.md 4). The aim: overhead within 15% of raw torchrun.
 """
 
 from __future__ import annotations

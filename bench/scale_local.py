@@ -23,7 +23,8 @@ metrics.jsonl. The order alternates (launch first, then torchrun first, per conf
 repeat) and medians are compared. The machine has 2 cores shared with other work: 32 nodes
 means 64 Python processes importing torch on 2 cores, so the absolute seconds measure this
 machine's CPU, and the ratio is what carries over. The load average is recorded around every
-run. Prints one JSON object; no assertions (DESIGN 4). The aim (issue 15.3): within 1.1x.
+run. Prints one JSON object; no assertions (docs/architecture.md 4). The aim: within 1.1x
+(docs/architecture.md 5: 15.3).
 """
 
 from __future__ import annotations

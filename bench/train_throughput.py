@@ -21,7 +21,7 @@ same way for all three (trainmaster.train.model.flops_per_seq, head="masked": 6 
 a large matmul and a large linear layer in that dtype, all threads. A configuration whose
 estimated step time exceeds --budget-s (e.g. bf16 on a CPU without bf16 instructions) is
 skipped with the estimate (by default bert-base in bf16 on a CPU without bf16 instructions).
-Prints one JSON object. No assertions (DESIGN 4).
+Prints one JSON object. No assertions (docs/architecture.md 4).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ price_per_hour` can override the price):
            exposes 64 logical cores); EC2 trn2 page (192 vCPU, 2 TiB, 3.2 Tbps EFAv3).
   [p4d]    EC2 P4 page: 8 x A100-40GB, 96 vCPU, 1152 GiB, 400 Gbps, 4 EFA; A100 312 TF bf16.
   [p5]     EC2 P5 page: 8 x H100-80GB / H200-141GB (p5e), 192 vCPU, 2 TiB, 3200 Gbps, 32 EFA;
-           H100/H200 SXM 989.4 TF dense bf16 (performance-anchors 4.1).
+           H100/H200 SXM 989.4 TF dense bf16 (glennklockwood.com/garden/processors/h100).
   [eks]    aws-neuron-eks-samples: efa per trn1.32xlarge 8, trn1n 16; device plugin resources
            aws.amazon.com/neuron (devices) and vpc.amazonaws.com/efa.
   [price]  EC2 on-demand, us-east-1, Linux; P4d/P5 after the June 2025 reduction.

@@ -1,4 +1,5 @@
-"""The job file (DESIGN 3.2): typed sections, validation, derived values and the config hash.
+"""The job file (docs/architecture.md 3.2): typed sections, validation, derived values
+and the config hash.
 
 A job is described once, here, and everything else (trainer, launchers, manifests, cluster
 plan) reads the resolved `JobConfig`. Models are strict (a string is not an int) and forbid

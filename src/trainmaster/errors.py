@@ -1,4 +1,4 @@
-"""Errors a user can fix, and the exit codes of the CLI (DESIGN 3.1).
+"""Errors a user can fix, and the exit codes of the CLI (docs/architecture.md 3.1).
 
 Every error here is turned by the CLI into one line on stderr and exit code 2, with no
 traceback: the message must name the field or file and say what to do. Anything else that

@@ -1,4 +1,5 @@
-"""The storage layout (DESIGN 3.3): every path under STORAGE is computed here and nowhere else.
+"""The storage layout (docs/architecture.md 3.3): every path under STORAGE is computed here and
+nowhere else; docs/architecture.md 3.10 lists the files of a run folder and who writes them.
 
 Storage is a directory: a local folder on one machine, the FSx for Lustre volume mounted at
 /data in the cluster's pods. Which one is used: --storage, else the job file's job.storage,

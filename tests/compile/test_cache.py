@@ -95,7 +95,8 @@ def test_golden_neuron_precompile_command_and_environment() -> None:
         "NEURON_CC_FLAGS=--model-type=transformer --retry_failed_compilation "
         "--cache_dir=/data/cache/bert-large/neuron"
     ) in text
-    assert "--max-restarts=0" in text and "--max-restarts=3" not in text  # issue 12.8
+    # the precompile job runs with no restarts (docs/architecture.md 5: 12.8)
+    assert "--max-restarts=0" in text and "--max-restarts=3" not in text
     assert "--job /data/runs/bert-large-trn1-precompile/job.toml" in text
 
 
@@ -120,7 +121,8 @@ def test_kubernetes_precompile_job_is_valid_and_compiles() -> None:
 
 @pytest.mark.parametrize("kind", ["inductor", "neuron", "xla"])
 def test_only_caches_live_on_the_shared_storage(kind: cache.Mechanism, tmp_path: Path) -> None:
-    """Issue 12.6: no scratch (TMPDIR) under the cacheset, in any worker's environment."""
+    """docs/architecture.md 5: 12.6. No scratch (TMPDIR) under the cacheset, in any worker's
+    environment."""
     folder = tmp_path / "cache" / "c"
     settings = (
         cache.env(kind, folder)

@@ -118,7 +118,8 @@ def test_expect_cold_warm_and_mismatch(tmp_path: Path) -> None:
 def test_precompile_config() -> None:
     pre = pre_mod.precompile_config(cfg("train.compile=false", "job.max_restarts=5"), steps=3)
     assert pre.job.name == "demo-precompile" and pre.train.compile and pre.train.steps_this_run == 3
-    assert pre.job.max_restarts == 0  # issue 12.8: a failing trial run is not repeated
+    # a failing trial run is not repeated (docs/architecture.md 5: 12.8)
+    assert pre.job.max_restarts == 0
     assert (
         pre_mod.precompile_config(
             cfg("train.max_steps=2", "train.warmup_steps=1"), 10
@@ -132,7 +133,8 @@ def test_precompile_config() -> None:
 
 
 def test_neuron_compiler_flags_are_in_it_on_xla(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 12.4: a change of the neuronx-cc flags must make the cache another job's."""
+    """docs/architecture.md 5: 12.4. A change of the neuronx-cc flags must make the cache another
+    job's."""
     trn = jobfile.preset("trn1-bert-large")
     saved = fingerprint.compute(trn, 30522, installed=FIXED)
     check(GOLDEN / "fingerprint-trn1-bert-large.json", json.dumps(saved, indent=2) + "\n")

@@ -188,7 +188,7 @@ def test_worker_uses_the_launchers_lock(tmp_path: Path) -> None:
     own.release()
 
 
-# --- issue 17.3: a lock is never seen half-written ------------------------------------------------
+# --- docs/architecture.md 5: 17.3: a lock is never seen half-written ------------------------------
 
 
 def test_a_contender_never_steals_a_lock_being_created(
@@ -224,7 +224,7 @@ def _with_other_start(holder: lock.Holder) -> lock.Holder:
     return dataclasses.replace(holder, also=tuple((p, (t or 0) + 1) for p, t in holder.also))
 
 
-# --- issue 17.7: a killed supervisor does not free the cache while its workers compile -------------
+# --- docs/architecture.md 5: 17.7: a killed supervisor keeps the cache while its workers compile -
 
 
 def test_lock_of_a_dead_holder_is_held_while_its_agents_live(tmp_path: Path) -> None:

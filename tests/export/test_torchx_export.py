@@ -1,6 +1,7 @@
-"""`trainmaster export torchx` (issue 13.5): a TorchX component whose role runs the job's own
-torchrun command line, checked by running its script as TorchX would: macros substituted the
-way torchx.specs does it (string.Template), then `bash -c` with a stand-in `python`."""
+"""`trainmaster export torchx` (docs/architecture.md 5: 13.5): a TorchX component whose role
+runs the job's own torchrun command line, checked by running its script as TorchX would: macros
+substituted the way torchx.specs does it (string.Template), then `bash -c` with a stand-in
+`python`."""
 
 from __future__ import annotations
 

@@ -119,7 +119,7 @@ def test_describe_reports_storage_and_dataset(tmp_path: Path) -> None:
     assert tomllib.loads(api.init_job("local-cpu"))["job"]["nnodes"] == 2
 
 
-# --- [job] entrypoint and args: your own training script (issue 13.1) -------------------------
+# --- [job] entrypoint and args: your own training script (docs/architecture.md 3.8) ------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The operator side starts without torch or transformers (DESIGN 2): checked in a fresh process."""
+"""The operator side starts without torch or transformers (docs/architecture.md 2): checked in a
+fresh process."""
 
 from __future__ import annotations
 

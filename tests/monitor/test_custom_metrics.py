@@ -1,6 +1,6 @@
 """status and report read a custom script's metrics.jsonl (any keys beside `step`), and still
-show phase, restarts and cost when it writes none (issue 13.1). Run folders are written here
-as launch and the shim (launch/entry.py) write them."""
+show phase, restarts and cost when it writes none (docs/architecture.md 3.8). Run folders are
+written here as launch and the shim (launch/entry.py) write them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Goodput end to end (issue 14.4, 14.5): a real 2-node local job, one worker SIGKILLed between
-checkpoints (fault injection), then `report` and summary.json account for the time it cost."""
+"""Goodput end to end (docs/architecture.md 5: 14.4, 14.5): a real 2-node local job, one worker
+SIGKILLed between checkpoints (fault injection), then `report` and summary.json account for the
+time it cost."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_report_and_summary_account_for_a_killed_worker(
     # Rank 1 dies right after step 15: steps 11-15 are redone from the step-10 checkpoint.
     env = FAULT_ENV | {faults.KILL_AT_STEP_ENV: "1:15"}
     s = recovered_once(pydoc_storage, path, job, env)
-    # Node preflight (issue 14.2) ran on both nodes, for real, and passed.
+    # Node preflight (docs/architecture.md 5: 14.2) ran on both nodes, for real, and passed.
     assert [n["node"] for n in s["preflight"]] == [0, 1]
     assert all(c["ok"] for n in s["preflight"] for c in n["checks"])
     assert {"device", "matmul", "all_reduce", "disk", "shm"} <= {

@@ -51,7 +51,8 @@ def test_live_supervisor_keeps_running(tmp_path: Path) -> None:
 
 
 def test_state_files_of_older_versions_still_load(tmp_path: Path) -> None:
-    """Before issue 13.4, storage and private_etcd were strings inside the rendezvous dict."""
+    """Before the typed RunState fields (docs/architecture.md 5: 13.4), storage and private_etcd
+    were strings inside the rendezvous dict."""
     path = tmp_path / "state.json"
     path.write_text(
         '{"job": "old", "phase": "succeeded", "rendezvous": {"backend": "etcd-v2", '

@@ -54,7 +54,7 @@ def test_loss_falls_and_ranks_agree(straight: Path) -> None:
     assert s["ranks_agree"] is True and s["status"] == "completed" and s["steps"] == STEPS
     assert s["world_size"] == 2 and s["global_batch_size"] == 16 and s["grad_accum"] == 2
     assert s["resumed_from"] is None and s["compile_cache"] == "off" and s["restarts"] == 0
-    assert s["nccl_net_plugin"] == "n/a"  # gloo on cpu: no NCCL (issue 12.3)
+    assert s["nccl_net_plugin"] == "n/a"  # gloo on cpu: no NCCL (docs/architecture.md 5: 12.3)
     assert s["final_loss"] == rows[-1]["loss"]
     assert s["peak_seq_per_s"] >= s["avg_seq_per_s"] > 0 and s["time_to_first_step_s"] > 0
 

@@ -1,5 +1,5 @@
-"""Node preflight checks (issue 14.2): the node-level ones against a fake /dev and /sys tree,
-and the device ones for real on this CPU, in a world of one."""
+"""Node preflight checks (docs/architecture.md 5: 14.2): the node-level ones against a fake /dev
+and /sys tree, and the device ones for real on this CPU, in a world of one."""
 
 from __future__ import annotations
 

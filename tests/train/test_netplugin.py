@@ -1,4 +1,5 @@
-"""The NCCL network plugin a worker reports (issue 12.3): read from a real maps file's format."""
+"""The NCCL network plugin a worker reports (docs/architecture.md 5: 12.3): read from a real maps
+file's format."""
 
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def _one_step(opt_name: str, p0: list[float], wd: float) -> list[float]:
 
 
 def test_lamb_trust_ratio_only_where_weight_decays_as_apex_fused_lamb() -> None:
-    """Issue 17.6, by hand: p = (3, 4) (norm 5), g = (1, 1), lr 0.1, one step.
+    """docs/architecture.md 5: 17.6, by hand: p = (3, 4) (norm 5), g = (1, 1), lr 0.1, one step.
 
     Step 1: m_hat = g, v_hat = g^2, so the Adam direction is d = 1 / (1 + 1e-6) per element.
     Decayed (wd 0.1): u = d + 0.1 p = (1.3, 1.4) - 1e-6, r = 5 / |u| = 5 / 1.910497 = 2.617122,
@@ -167,7 +167,8 @@ def _train(
 def test_bf16_parameters_keep_fp32_adamw_state_and_train_like_fp32(
     shard: dict[str, np.ndarray],
 ) -> None:
-    """Issue 12.5: bf16 weights (XLA) with fp32 moments and master weights track the fp32 run.
+    """docs/architecture.md 5: 12.5. bf16 weights (XLA) with fp32 moments and master weights track
+    the fp32 run.
 
     Tolerance: over 40 steps on 4 repeated batches the loss falls from 9.0 to 4.3; the bf16
     run's mean loss over the last 10 steps is within 1% of the fp32 run's, and every step's within
@@ -209,9 +210,10 @@ def test_adamw_with_fp32_state_is_torch_adamw_on_fp32() -> None:
 
 @pytest.mark.parametrize("name", ["lamb", "adamw"])
 def test_state_after_load_is_where_a_fresh_run_has_it(name: str) -> None:
-    """Issue 17.12: torch's load_state_dict leaves `step` on the checkpoint's device (the CPU)
-    and casts the moments to the parameter's dtype (bf16); the fresh run has both fp32 on the
-    parameter's device. Checked on the meta device (a stand-in for XLA's) with bf16 weights."""
+    """docs/architecture.md 5: 17.12. torch's load_state_dict leaves `step` on the checkpoint's
+    device (the CPU) and casts the moments to the parameter's dtype (bf16); the fresh run has
+    both fp32 on the parameter's device. Checked on the meta device (a stand-in for XLA's) with
+    bf16 weights."""
 
     def make(device: str) -> tuple[torch.nn.Parameter, torch.optim.Optimizer]:
         p = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16, device=device))

@@ -1,4 +1,4 @@
-"""SIGTERM handling in the trainer process (issue 14.3): noted, voted, restored."""
+"""SIGTERM handling in the trainer process (docs/architecture.md 5: 14.3): noted, voted, restored."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The hang watchdog's thread, without torch (issue 14.1): it fires only after the timeout of no
-step, dumps the stack of the stuck thread, records the hang and calls its exit function."""
+"""The hang watchdog's thread, without torch (docs/architecture.md 5: 14.1): it fires only after
+the timeout of no step, dumps the stack of the stuck thread, records the hang and calls its exit
+function."""
 
 from __future__ import annotations
 

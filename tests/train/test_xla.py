@@ -1,9 +1,9 @@
 """The XLA path (how Trainium runs PyTorch), on torch_xla's CPU device: `make test-xla`.
 
-Skipped unless torch_xla is importable; it needs its own environment (torch and torch_xla of
-the same version, ~7 GB: see ../shared/reference/xla-on-cpu.md and the Makefile's test-xla).
-Dropout is off (TRAINMASTER_DROPOUT=0): XLA's random numbers are not the CPU's, so with
-dropout the two devices would train different networks.
+Skipped unless torch_xla is importable; it needs its own environment (torch and torch_xla of the
+same version, ~7 GB: see docs/architecture.md 4, "The XLA path on a CPU", and the Makefile's
+test-xla). Dropout is off (TRAINMASTER_DROPOUT=0): XLA's random numbers are not the CPU's, so
+with dropout the two devices would train different networks.
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ def test_more_than_one_xla_worker_on_a_cpu_is_refused(pydoc_storage: Path) -> No
 
 @pytest.mark.parametrize("name", ["lamb", "adamw"])
 def test_a_resumed_optimizer_step_is_the_fresh_runs_graph(name: str) -> None:
-    """Issue 17.12: after loading a (CPU) checkpoint, the optimizer's state sits where a fresh
-    run's does and the resumed steps compile nothing: they are the fresh run's steady graph,
-    which the precompile job put in the cache.
+    """docs/architecture.md 5: 17.12. After loading a (CPU) checkpoint, the optimizer's state sits
+    where a fresh run's does and the resumed steps compile nothing: they are the fresh run's
+    steady graph, which the precompile job put in the cache.
 
     Before the fix `step` stayed on the CPU (and the moments became bf16); the first resumed
     step compiled one more graph: its IR text equals the steady graph's, the graph hash does

@@ -1,1 +1,1 @@
-"""The thin CLI: parse arguments, call one API function, print, exit (DESIGN 3.1)."""
+"""The thin CLI: parse arguments, call one API function, print, exit (docs/architecture.md 3.1)."""

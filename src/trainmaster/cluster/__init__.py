@@ -11,6 +11,6 @@
     up.py              `cluster up | down | scale`: runs the steps with progress, skip and resume
     status.py, aws.py  `cluster status`; boto3 look-ups with errors a user can act on
 
-Builders are pure functions of the config (DESIGN 2); AWS and the cluster are touched only by
-aws.py, status.py and the subprocesses up.py starts.
+Builders are pure functions of the config (docs/architecture.md 2); AWS and the cluster are touched
+only by aws.py, status.py and the subprocesses up.py starts.
 """

@@ -1,12 +1,13 @@
 """The training image's Dockerfiles: Neuron, CUDA and CPU flavours, every base and package pinned.
 
-The build context is a trainmaster source tree (runbook.sh: $TRAINMASTER_SRC), so the image
-runs exactly the trainer the operator plans with, not a script fetched from another
-repository's master branch (the tutorial's; reference 6.1, 6.13). torch comes first, pinned
-(the Neuron base image brings torch-neuronx's), then the project with a constraint that keeps
-that torch: pip never swaps in another build. python-etcd (torch's etcd rendezvous) and
+The build context is a trainmaster source tree (runbook.sh: $TRAINMASTER_SRC), so the image runs
+exactly the trainer the operator plans with, not a script fetched from another repository's
+master branch (the tutorial's; docs/architecture.md 5: tutorial 6.1, 6.13). torch comes first,
+pinned (the Neuron base image brings torch-neuronx's), then the project with a constraint that
+keeps that torch: pip never swaps in another build. python-etcd (torch's etcd rendezvous) and
 tensorboard (the TensorBoard Deployment runs this image) are pinned too. Builds use
-`--platform linux/amd64`, so an ARM laptop builds the image the nodes run (reference 1).
+`--platform linux/amd64`, so an ARM laptop builds the image the nodes run
+(docs/architecture.md 5: tutorial 1).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def dockerfiles() -> dict[str, str]:
     return files
 
 
-# --- your code on top of the training image (kubernetes.workspace, issue 13.1) ---------------
+# --- your code on top of the training image (kubernetes.workspace, docs/architecture.md 3.8) ------
 # A custom job.entrypoint runs from the image, like the built-in trainer: the pods of a job all
 # run the same code, and a restart months later runs it again. So the workspace is built into
 # an image of its own, FROM the pushed training image, rather than copied into pods at run time.

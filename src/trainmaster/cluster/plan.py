@@ -98,7 +98,7 @@ def build(spec: ClusterSpec) -> dict[str, str]:
             addons.efa_values(spec), f"{made} {versions.EFA_CHART} {versions.EFA_CHART_VERSION}"
         )
     files |= {f"image/{name}": text for name, text in image.dockerfiles().items()}
-    if spec.workspace:  # your code on top of the training image (issue 13.1)
+    if spec.workspace:  # your code on top of the training image (docs/architecture.md 3.8)
         files |= {
             f"image/{n}": t for n, t in image.workspace_files(spec.workspace, spec.flavour).items()
         }

@@ -1,11 +1,11 @@
 """`cluster status`: what of the plan exists, from AWS (boto3) and the cluster (kubernetes client).
 
-The answer users of the tutorial needed most is per node: does it offer its accelerators and
-EFA interfaces (allocatable aws.amazon.com/neuron, vpc.amazonaws.com/efa, nvidia.com/gpu)? A
-job that asks for them on a node whose device plugin is missing waits forever in Pending
-("Insufficient aws.amazon.com/neuron", reference 6.5). AWS answers come first; the cluster's
-only when it is ACTIVE (backends/kubernetes/clusterinfo.py), and a failure to reach it is
-reported, not raised.
+The answer users of the tutorial needed most is per node: does it offer its accelerators and EFA
+interfaces (allocatable aws.amazon.com/neuron, vpc.amazonaws.com/efa, nvidia.com/gpu)? A job
+that asks for them on a node whose device plugin is missing waits forever in Pending
+("Insufficient aws.amazon.com/neuron", docs/architecture.md 5: tutorial 6.5). AWS answers come
+first; the cluster's only when it is ACTIVE (backends/kubernetes/clusterinfo.py), and a failure
+to reach it is reported, not raised.
 """
 
 from __future__ import annotations

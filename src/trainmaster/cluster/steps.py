@@ -1,12 +1,12 @@
 """The ordered steps that build the cluster, and those that take it down, as data.
 
-One list drives three things: runbook.sh (each step a shell function), `cluster up` (runs
-them with progress, skipping what exists, resuming after a failure) and `--dry-run` (prints
-them). A step is a few shell lines plus an optional check that exits 0 when the step's work is
-already done. The order is the tutorial's (reference 1, 5), with the waits its users needed:
-Volcano's admission webhook answering before the queue is created, device resources
-allocatable before anything is scheduled, the claim Bound, the file system gone before the
-cluster goes.
+One list drives three things: runbook.sh (each step a shell function), `cluster up` (runs them
+with progress, skipping what exists, resuming after a failure) and `--dry-run` (prints them). A
+step is a few shell lines plus an optional check that exits 0 when the step's work is already
+done. The order is the tutorial's (docs/architecture.md 5: tutorial 1, 5), with the waits its
+users needed: Volcano's admission webhook answering before the queue is created, device
+resources allocatable before anything is scheduled, the claim Bound, the file system gone before
+the cluster goes.
 """
 
 from __future__ import annotations

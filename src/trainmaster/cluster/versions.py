@@ -2,8 +2,9 @@
 
 The tutorial's worst failures were unpinned components drifting under it (Volcano from
 master, etcd `:latest` gone from quay.io, the FSx CSI driver at `?ref=master`, a script
-fetched from another repository's master; reference 6.1-6.2). Here each component is pinned,
-and a new release is adopted by changing one line, on purpose, after reading its notes.
+fetched from another repository's master; docs/architecture.md 5: tutorial 6.1-6.2). Here
+each component is pinned, and a new release is adopted by changing one line, on purpose, after
+reading its notes.
 Checked 2026-08 against the upstream repositories named in the comments.
 """
 
@@ -12,7 +13,8 @@ from __future__ import annotations
 from typing import Final
 
 # EKS versions that have AL2023 accelerated (Neuron and NVIDIA) AMIs and are in standard or
-# extended support; EKS published no AL2 AMIs after 1.32 (reference 6.12), so AL2023 it is.
+# extended support; EKS published no AL2 AMIs after 1.32, so AL2023 it is
+# (docs/architecture.md 5: tutorial 6.12).
 SUPPORTED_KUBERNETES: Final = ("1.30", "1.31", "1.32", "1.33", "1.34")
 
 # --- add-ons -------------------------------------------------------------------------------
@@ -27,8 +29,8 @@ VOLCANO_NAMESPACE: Final = "volcano-system"
 VOLCANO_DEPLOYMENTS: Final = ("volcano-admission", "volcano-controllers", "volcano-scheduler")
 VOLCANO_WEBHOOK_SERVICE: Final = "volcano-admission-service"
 
-# etcd 3.5.x: 3.6 removed --enable-v2, which torch's etcd rendezvous needs (reference 6.2);
-# meta-pytorch/torchx resources/etcd.yaml pins the same tag.
+# etcd 3.5.x: 3.6 removed --enable-v2, which torch's etcd rendezvous needs (docs/architecture.md
+# 5: tutorial 6.2); meta-pytorch/torchx resources/etcd.yaml pins the same tag.
 ETCD_IMAGE: Final = "quay.io/coreos/etcd:v3.5.33"
 
 # aws/eks-charts stable/aws-efa-k8s-device-plugin (chart v0.5.30, plugin v0.5.20).

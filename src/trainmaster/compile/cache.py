@@ -1,31 +1,9 @@
-"""Per-device compile cache settings, and what a cacheset holds (DESIGN 3.3).
+"""Per-device compile cache settings, and what a cacheset holds (docs/architecture.md 3.3).
 
-STORAGE/cache/CACHESET/
-  inductor/  torch.compile (cpu, cuda): FX graph and AOTAutograd caches (fxgraph/, aotautograd/)
-  triton/    Triton kernels (cuda)
-  neuron/    Neuron: compiled NEFFs, keyed by the hash of the XLA graph and compiler flags
-  xla/       plain torch_xla's persistent cache, one folder per process (rankN/)
-  fingerprint.json, .lock
-
-Only caches live here. The compilers' scratch (TMPDIR: neuronx-cc work folders, inductor's
-temporary sources) is large, short-lived and written by every worker at once: on the shared
-Lustre file system it costs metadata operations of all nodes for nothing kept (issue 12.6). It
-stays on the node: an emptyDir on the instance storage in pods (backends/kubernetes/podspec.py), the system
-default locally. This module therefore never sets TMPDIR.
-
-Mechanisms (performance-anchors 5, aws-tutorial 4):
-- inductor: TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR inside the cacheset, the FX graph and
-  AOTAutograd caches forced on.
-- neuron: NEURON_CC_FLAGS = the compiler flags of the Neuron BERT recipe (NEURON_CC_OPTIONS) and
-  --cache_dir=<cacheset>/neuron, ONE cache on shared storage for all
-  nodes (the tutorial kept one per node, so every node compiled every graph). The precompile
-  job runs the same torchrun command under `neuron_parallel_compile`, which extracts the graphs
-  of a few steps and compiles them in parallel.
-- xla: torch_xla's persistent cache (XLA_PERSISTENT_CACHE_PATH, what
-  torch_xla.runtime.initialize_cache sets), one path per process as torch_xla requires.
-
-All pure functions of the device kind and the cacheset's path: the local launcher, the Kubernetes
-pod spec and the trainer take the same values from here.
+inductor/, triton/, neuron/ and xla/rankN/ under STORAGE/cache/CACHESET, never the compilers'
+scratch (TMPDIR stays on the node). All pure functions of the device kind and the cacheset's
+path: the local launcher, the Kubernetes pod spec and the trainer take the same values from
+here. Why, with the upstream sources: docs/architecture.md, "The compile cache" (3.3).
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
 """The compile fingerprint: everything that changes the compiled graphs, in fingerprint.json.
 
-A compiler cache is only worth something for the graphs it holds. torch.compile's and Neuron's
-caches are content-addressed (a changed graph is simply a miss), so a cache never returns a
-wrong graph, but a job whose shape differs from the precompiled one silently compiles
-everything again: on Trainium ~40 minutes with a node that times out the others. The
-fingerprint makes that visible before anything starts: `launch` compares the job's with the
-one in the cacheset and names the differing fields.
-
-What is in it, and why:
-- model sizes, vocab, max positions, seq_len, max_pred: tensor shapes of every graph
-- train.batch_size (the micro-batch): the leading dimension of every activation
-- train.precision, train.optimizer: dtypes; on XLA the optimizer update is in the graph
-- job.nnodes, job.nproc_per_node, world_size: collectives (DDP buckets, XLA all-reduce)
-- grad_accum (XLA only): the step graph spans the micro-steps between graph cuts
-- neuron_cc_flags (XLA only): the neuronx-cc flags the job sets (cache.NEURON_CC_OPTIONS); the
-  same graph compiled under other flags is another NEFF, and a cache filled under old flags must
-  not pass for warm (optimum-neuron issue 457). The --cache_dir part is left out: it is the
-  cacheset itself, not a property of the graphs
-- train.device, instance_type: the device kind and the accelerator the code is generated for
-- versions of python, torch, torch_xla, torch_neuronx, neuronx-cc, triton, transformers: a new
-  compiler (or model code) produces other graphs; read with importlib.metadata, so that the
-  operator side computes the same fingerprint without importing torch
-
-Not in it: lr, schedule, seed, steps, the job's name, checkpointing: they do not change graphs.
+Compiler caches are content-addressed, so a job whose shape differs from the precompiled one
+silently compiles everything again (on Trainium ~40 minutes); `launch` compares fingerprints
+first and names the differing fields. Not in it: lr, schedule, seed, steps, the job's name,
+checkpointing (they do not change graphs). What is in it, and why: docs/architecture.md, "The
+compile cache" (3.3).
 """
 
 from __future__ import annotations

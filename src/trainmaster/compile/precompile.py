@@ -44,10 +44,10 @@ def precompile_name(job: str) -> str:
 def precompile_config(cfg: JobConfig, steps: int = DEFAULT_STEPS) -> JobConfig:
     """The same job under `<job>-precompile`, `steps` steps, compile on; the same cacheset.
 
-    No restarts (issue 12.8): a precompile run that fails fails the same way again (a compiler
-    error, a bad shape), so torchrun's restarts only repeat the trial run and its graph
-    extraction; neuron_parallel_compile already retries the compilation of a failed graph
-    (cache.precompile_env). The job's own max_restarts stays what it was for the job.
+    No restarts (docs/architecture.md 5: 12.8): a precompile run that fails fails the same way
+    again (a compiler error, a bad shape), so torchrun's restarts only repeat the trial run and
+    its graph extraction; neuron_parallel_compile already retries the compilation of a failed
+    graph (cache.precompile_env). The job's own max_restarts stays what it was for the job.
     """
     if steps < 1:
         raise UserError(f"must be at least 1 (got {steps})", where="--steps")

@@ -1,4 +1,5 @@
-"""The shard format (DESIGN 3.4): HDF5 files NVIDIA's and the AWS tutorial's loaders read.
+"""The shard format (docs/architecture.md 3.4): HDF5 files NVIDIA's and the AWS
+tutorial's loaders read.
 
 Writing is reproducible to the byte: no timestamps in the HDF5 object headers
 (track_times=False), fixed chunk shapes, a fixed compression level, and a dataset.json that

@@ -1,4 +1,4 @@
-"""The one torchrun command line that every backend runs (DESIGN 1).
+"""The one torchrun command line that every backend runs (docs/architecture.md 1).
 
 A pure function of the job config and of where the rendezvous is: the local backend runs it
 once per node as a process group on this machine, the Kubernetes backend once per pod. Keeping
@@ -32,7 +32,8 @@ class Rendezvous:
     backend: str  # c10d | etcd | etcd-v2
     endpoint: str
     # --rdzv-id: unique per submission and per job-level retry, equal on every node of one
-    # attempt (see rdzv_id docs in the backends). None = the job name (TODO issue 12.1).
+    # attempt (docs/architecture.md 5: 12.1). None = the job name: only a local state.json written
+    # before per-attempt ids has none.
     run_id: str | None = None
 
 

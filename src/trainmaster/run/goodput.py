@@ -1,4 +1,5 @@
-"""Goodput (DESIGN 3.9): where a run's wall time went, from the events rank 0 records.
+"""Goodput (docs/architecture.md 3.9): where a run's wall time went, from the events rank 0
+records.
 
 metrics.jsonl cannot tell it: a resumed trainer drops the rows of the steps it is about to
 redo (so that no step appears twice) and elapsed_s starts again with every process. So rank 0

@@ -3,10 +3,10 @@
     from trainmaster.api import log_metrics      # or: from trainmaster.run.metrics import log_metrics
     log_metrics(step=step, loss=loss.item(), tokens_per_s=tps)
 
-The format (DESIGN 3.5), read by `status`, `report` and `top`: runs/JOB/metrics.jsonl holds one
-JSON object per line, each with an integer `step` and any number of other values (numbers,
-strings, null). The built-in trainer's rows also carry loss, lr, seq_per_s, elapsed_s...; the
-readers show whatever a row has.
+The format (docs/architecture.md 3.5), read by `status`, `report` and `top`:
+runs/JOB/metrics.jsonl holds one JSON object per line, each with an integer `step` and any
+number of other values (numbers, strings, null). The built-in trainer's rows also carry loss,
+lr, seq_per_s, elapsed_s...; the readers show whatever a row has.
 
 Only rank 0 writes (RANK from torchrun; every other rank returns at once), so a script may call
 it on every rank. A row is one write of one line to a file opened for appending (O_APPEND):

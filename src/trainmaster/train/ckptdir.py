@@ -1,4 +1,5 @@
-"""The checkpoints folder (DESIGN 3.6), without torch: which checkpoints are complete, whose.
+"""The checkpoints folder (docs/architecture.md 3.6), without torch: which checkpoints
+are complete, whose.
 
     runs/JOB/checkpoints/step_N/   model.pt, trainer.pt, ranks.pt, meta.json
     runs/JOB/checkpoints/.tmp-step_N-PID/   a checkpoint being written (ignored when found)

@@ -1,4 +1,5 @@
-"""Checkpoint writes in the background, so that a save does not stall training (issue 14.5).
+"""Checkpoint writes in the background, so that a save does not stall training
+(docs/architecture.md 5: 14.5).
 
 The training thread stages a checkpoint (checkpoint.stage: a private CPU copy, a memory copy
 long) and hands it here; a thread writes it (checkpoint.write: files, fsync, rename) while

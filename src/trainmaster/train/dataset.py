@@ -1,7 +1,8 @@
 """Shards as the trainer sees them: header checks, whole-shard loading, the reading order.
 
 numpy and h5py only (no torch), so that every check here runs before a worker imports torch or
-joins the process group. The reading order follows NVIDIA's loader (performance-anchors 6):
+joins the process group. The reading order follows NVIDIA's loader (DeepLearningExamples
+PyTorch/LanguageModeling/BERT/run_pretraining.py, HDF5 era, commit 78ec6802):
 per epoch the sorted file list is shuffled with `random.Random(seed + epoch)`, and in file
 round f rank r reads `files[(f * world + r) % n]`. An epoch has ceil(n / world) rounds, so
 with n a multiple of the world size every shard is read once per epoch. Inside a shard the

@@ -1,4 +1,5 @@
-"""Node preflight (issue 14.2): a short health check on every node before the first step.
+"""Node preflight (docs/architecture.md 5: 14.2): a short health check on every node
+before the first step.
 
 A bad node (a device that is missing or computes wrong numbers, a network far below the
 others, a full disk, a tiny /dev/shm) otherwise shows up as a hang, a NaN or a crash hours in.

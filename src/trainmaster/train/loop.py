@@ -64,7 +64,7 @@ class Trainer:
             checkpoint.load_model(plan.resume.path, self.model)
         nn.Module.to(self.model, device=rt.device, dtype=rt.model_dtype())
         if rt.kind == "xla":
-            self.model.tie_weights()  # moving to the XLA device unties them (xla-on-cpu.md)
+            self.model.tie_weights()  # the XLA device unties them (docs/architecture.md 4)
         self.preflight = self._preflight() if cfg.train.preflight else []
         # Dropout differs per rank; the weights above are the same on every rank.
         seed = cfg.train.seed + 1 + rt.rank

@@ -1,4 +1,5 @@
-"""What rank 0 tells the world (DESIGN 3.5): metrics.jsonl, TensorBoard, log lines, summary.
+"""What rank 0 tells the world (docs/architecture.md 3.5): metrics.jsonl, TensorBoard,
+log lines, summary.
 
 One JSON object per optimizer step is appended to runs/JOB/metrics.jsonl and the same scalars
 go to TensorBoard (runs/JOB/tensorboard/). A resumed run first drops the lines (and, through

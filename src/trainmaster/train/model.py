@@ -116,8 +116,8 @@ def flops_per_seq(
       head="masked"  6 * (d^2 + d * V) * P   on the P prediction slots (what this trainer runs;
                                              the default, and what metrics' mfu uses)
       head="full"    6 * (d^2 + d * V) * S   (Hugging Face's head on every position)
-      head="none"    0                       (AWS Neuron's published MFU convention,
-                                             performance-anchors 4.2)
+      head="none"    0                       (AWS Neuron's published MFU convention:
+                                             3,733 seq/s = 29.07% of 3,040 TF)
     Embeddings, pooler, NSP head and softmax/LayerNorm element-wise work are not counted.
     """
     n_enc = encoder_params(num_layers, hidden, intermediate)

@@ -1,4 +1,5 @@
-"""Which NCCL network plugin a CUDA worker really uses (issue 12.3), for its log and summary.json.
+"""Which NCCL network plugin a CUDA worker really uses, for its log and summary.json
+(docs/architecture.md 5: 12.3).
 
 On p5 the EFA path exists only through the aws-ofi-nccl plugin; when NCCL cannot find it, it
 falls back to TCP sockets without failing, and a run is several times slower for no visible

@@ -1,33 +1,10 @@
 """Optimizers and learning-rate schedules of BERT pretraining.
 
-AdamW on fp32 parameters is torch's (fused kernels on cpu/cuda, foreach on xla). With bf16
-parameters (train.precision="bf16" on XLA) torch's AdamW would keep its moments in bf16, whose
-8-bit mantissa loses the small updates of v; the Neuron BERT recipe keeps optimizer state and a
-master copy of the weights in fp32 (aws-neuron-samples torch-neuronx/training/dp_bert_hf_pretrain/
-adamw_fp32_optim_params.py and adamw_fp32_params_copy.py). Fp32AdamW here does that, and so does
-LAMB (You et al. 2019, as NVIDIA's FusedLAMB with adam_w_mode, bias correction and no trust
-clipping). Both are written with tensor ops only (no .item()), so they run unchanged on XLA:
-
-    m = b1 m + (1 - b1) g          v = b2 v + (1 - b2) g^2
-    u = m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd * p
-    r = ||p|| / ||u||   (1 when either norm is 0; LAMB only)
-    p = p - lr * r * u
-
-LAMB ("lamb") applies the trust ratio r only to parameters with weight decay, as apex's FusedLAMB
-with use_nvlamb=False, which NVIDIA's BERT uses (NVIDIA/apex csrc/multi_tensor_lamb.cu, stage 2:
-`(use_nvlamb || decay != 0) && param_norm != 0 && update_norm != 0 ? lr * ratio : lr`; flag
-documented in apex/optimizers/fused_lamb.py): biases and LayerNorm get the plain Adam step.
-"nvlamb" applies it to every parameter (use_nvlamb=True).
-
-Neither decays biases or LayerNorm weights (NVIDIA's no_decay list). Schedules: linear warm-up,
-then linear decay to 0 at max_steps (AdamW, Hugging Face's get_linear_schedule_with_warmup) or
-(1 - progress)^0.5 (LAMB, NVIDIA's PolyWarmUpScheduler).
-
-State placement survives a checkpoint: torch's Optimizer.load_state_dict casts every state tensor
-but `step` to the parameter's dtype (bf16 moments again) and leaves `step` where the checkpoint
-had it (the CPU, checkpoint.to_cpu), while a fresh run creates it on the device; on XLA a CPU
-step changes the step graph, so a resumed run would recompile everything (issue 17.12).
-Fp32StateOptimizer.load_state_dict puts every tensor back where a fresh run has it.
+Fp32AdamW and LAMB ("lamb": the trust ratio only where weight decay applies, as apex's FusedLAMB
+with use_nvlamb=False; "nvlamb": everywhere) keep fp32 state and master weights for bf16
+parameters, with tensor ops only, so they run unchanged on XLA, and put their state back where a
+fresh run has it after a checkpoint load. The update, its sources and the schedules:
+docs/architecture.md, "The trainer's optimizers" (2).
 """
 
 from __future__ import annotations

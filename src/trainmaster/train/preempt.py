@@ -1,4 +1,5 @@
-"""Preemption (issue 14.3): SIGTERM from the platform is a request to save and stop, not a crash.
+"""Preemption (docs/architecture.md 5: 14.3): SIGTERM from the platform is a request to
+save and stop, not a crash.
 
 A spot interruption, a pod eviction, a drained node or `trainmaster cancel` all arrive as
 SIGTERM, with a grace period before SIGKILL (Kubernetes: terminationGracePeriodSeconds; torchrun

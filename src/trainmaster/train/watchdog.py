@@ -1,4 +1,5 @@
-"""Hang watchdog (issue 14.1): a worker whose step does not advance is stopped, not waited for.
+"""Hang watchdog (docs/architecture.md 5: 14.1): a worker whose step does not advance is
+stopped, not waited for.
 
 A rank that stops making progress (a peer died mid-collective without closing its sockets, a
 device that stopped answering, a deadlock) otherwise leaves the whole job waiting for the

@@ -1,5 +1,5 @@
-"""Kubernetes at scale, simulated (issue 15.2): the Volcano job for 512 and 1,024 trn1 nodes, and
-`status` of a 1,024-pod job through the fake API server, with paged lists.
+"""Kubernetes at scale, simulated (docs/architecture.md 5: 15.2): the Volcano job for 512 and
+1,024 trn1 nodes, and `status` of a 1,024-pod job through the fake API server, with paged lists.
 
 Sizes, not times: how fast it goes is bench/k8s_scale.py's business (no wall-time asserts).
 """

@@ -1,5 +1,5 @@
-"""One Backend interface (issue 13.3): the CLI chooses a backend once, through api.backend(),
-and every command talks to that interface; no command asks which backend it has."""
+"""One Backend interface (docs/architecture.md 3.7): the CLI chooses a backend once, through
+api.backend(), and every command talks to that interface; no command asks which backend it has."""
 
 from __future__ import annotations
 

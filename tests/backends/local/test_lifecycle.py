@@ -1,5 +1,6 @@
 """The local run's lifecycle with real processes, without training: cancel during start-up,
-reused pids, a stale summary, a supervisor that died (issue 17, items 1, 5, 7 and 8)."""
+reused pids, a stale summary, a supervisor that died (docs/architecture.md 5: 17.1, 17.5,
+17.7 and 17.8)."""
 
 from __future__ import annotations
 

@@ -325,7 +325,7 @@ def test_etcd_requested_but_not_installed(pydoc_storage: Path, tmp_path: Path) -
     _assert_refused(result, "apt-get install -y etcd-server", pydoc_storage, "needetcd")
 
 
-# --- issue 12.1: a fresh rendezvous id per launch ------------------------------------------------
+# --- docs/architecture.md 5: 12.1: a fresh rendezvous id per launch ------------------------------
 
 
 @pytest.fixture
@@ -392,8 +392,9 @@ def test_relaunch_after_torchrun_gave_up_succeeds(
 
 
 def test_cancel_right_after_launch_stops_the_job(pydoc_storage: Path, tmp_path: Path) -> None:
-    """Issue 17.1: a cancel while the job is pending used to be recorded but not honoured: the
-    supervisor started the agents anyway and training ran under a `cancelled` status."""
+    """docs/architecture.md 5: 17.1. A cancel while the job is pending used to be recorded but not
+    honoured: the supervisor started the agents anyway and training ran under a `cancelled`
+    status."""
     path = job_file(tmp_path, "early", "train.max_steps=100000")
     _launch(path, pydoc_storage)
     cancel = run_cli("cancel", "early", "--grace", "20", "--storage", str(pydoc_storage))
@@ -414,8 +415,9 @@ def test_cancel_right_after_launch_stops_the_job(pydoc_storage: Path, tmp_path: 
 
 @needs_etcd
 def test_killed_supervisor_run_still_ends_right(pydoc_storage: Path, tmp_path: Path) -> None:
-    """Issue 17.7: the agents outlive a SIGKILLed supervisor and finish the run; whoever sees
-    the end then records it from the workers' summary (not `failed`) and stops the private etcd."""
+    """docs/architecture.md 5: 17.7. The agents outlive a SIGKILLed supervisor and finish the run;
+    whoever sees the end then records it from the workers' summary (not `failed`) and stops
+    the private etcd."""
     path = job_file(
         tmp_path, "orphan", "job.nnodes=1", 'rendezvous.backend="etcd"', "train.max_steps=20"
     )

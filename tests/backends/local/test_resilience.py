@@ -1,4 +1,5 @@
-"""The hang watchdog (issue 14.1) and node preflight (14.2), end to end on a real 2-node local job.
+"""The hang watchdog and node preflight (docs/architecture.md 5: 14.1, 14.2), end to end on a real
+2-node local job.
 
 The watchdog: one rank stops making progress after step 15 (fault hook: it sleeps). Its
 watchdog dumps the stacks and ends it; torchrun restarts the group from the step-10 checkpoint
@@ -61,8 +62,9 @@ def test_hung_rank_is_dumped_and_the_job_restarts_from_its_checkpoint(
 def test_a_node_failing_preflight_stops_the_job_naming_node_and_check(
     pydoc_storage: Path, tmp_path: Path
 ) -> None:
-    """Issue 14.2: node 1's device computes its check matmul 1% off (fault hook); the job stops
-    before its first step with one line naming node 1 and the check, in `status`."""
+    """docs/architecture.md 5: 14.2. Node 1's device computes its check matmul 1% off (fault hook);
+    the job stops before its first step with one line naming node 1 and the check, in
+    `status`."""
     job = "badnode"
     path = job_file(tmp_path, job, "job.max_restarts=0")
     env = FAULT_ENV | {faults.BAD_MATMUL_ENV: "1"}
@@ -80,9 +82,9 @@ def test_a_node_failing_preflight_stops_the_job_naming_node_and_check(
 def test_cancel_is_a_preemption_saved_at_the_current_step_and_resumed_from_there(
     pydoc_storage: Path, tmp_path: Path
 ) -> None:
-    """Issue 14.3: SIGTERM (here `cancel`, as a spot interruption or an eviction would send it)
-    makes every rank stop at the same step with a checkpoint of it, not lose the steps since
-    the last periodic checkpoint; the next launch resumes exactly there."""
+    """docs/architecture.md 5: 14.3. SIGTERM (here `cancel`, as a spot interruption or an
+    eviction would send it) makes every rank stop at the same step with a checkpoint of it, not
+    lose the steps since the last periodic checkpoint; the next launch resumes exactly there."""
     job = "preempted"
     path = job_file(tmp_path, job, "train.max_steps=400", "train.checkpoint_every=100")
     assert (

@@ -2,7 +2,7 @@
 
 Pod 0 of a Kubernetes job that uses the shared compile cache runs its whole command under this
 (backends/kubernetes/volcano.py), for two reasons the trainer's own lock (train/__main__._use_cache, rank 0,
-released when the trainer exits) cannot cover (issue 17.3):
+released when the trainer exits) cannot cover (docs/architecture.md 5: 17.3):
 
 - neuron_parallel_compile runs the training script first and compiles the graphs it extracted
   only after the script has exited: the lock must outlive the trainer, so it is held here,

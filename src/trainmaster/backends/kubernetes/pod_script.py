@@ -1,7 +1,8 @@
 """The parts of a Volcano pod's shell script and environment that identify the attempt.
 
-backends/kubernetes/volcano.py renders the script; these are its pieces that depend on what Volcano puts on
-the pods (the rendezvous id, issue 12.1) and the cache lock held around the command (17.3).
+backends/kubernetes/volcano.py renders the script; these are its pieces that depend on what
+Volcano puts on the pods (the rendezvous id) and the cache lock held around the command
+(docs/architecture.md 3.7, "The Volcano job"; 5: 12.1 and 17.3).
 """
 
 from __future__ import annotations

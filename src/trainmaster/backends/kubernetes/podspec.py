@@ -1,34 +1,9 @@
 """The parts of a training pod that come from the node type: resources, environment, placement.
 
 Pure functions of the catalog entry and the config, shared by the Volcano Job builder and the
-data-stage pod. Decisions (DESIGN 5: no BestEffort pods, bounded /dev/shm):
-
-- One pod per node takes the whole node: every accelerator device and every EFA interface.
-- CPU and memory requests equal their limits, so the pod is Guaranteed (the last to be
-  evicted, and eligible for exclusive cores under the static CPU manager). It leaves room for
-  the kubelet and the DaemonSets of an accelerator node (aws-node, kube-proxy, device plugins,
-  the FSx CSI node, monitoring): max(2, vCPU/16) whole CPUs (8 of 128 on trn1.32xlarge) and
-  10% of the memory (51 GiB of 512), well above EKS's kube-reserved + eviction threshold.
-- /dev/shm is a memory-backed emptyDir with a size limit of 1/8 of the pod's memory (at most
-  64 GiB): it counts against the pod's memory limit, and an unbounded one (the tutorial's)
-  lets a leak take the node down instead of the pod.
-- Scratch (issue 12.6): TMPDIR and HOME point at /tmp, an emptyDir on the node's ephemeral
-  storage, which the cluster's node groups put on the instance-store NVMe (trn1.32xlarge:
-  4 x 1900 GB, p5.48xlarge: 8 x 3840 GB; https://aws.amazon.com/ec2/instance-types/trn1/ and
-  /p5/). Only the compile cache stays on the shared FSx volume: compilers' temporary files are
-  many, short-lived and per node, which Lustre serves slowly and which would outlive a killed pod.
-- Security (issue 17.10): every container runs without privilege escalation, with all Linux
-  capabilities dropped and a read-only root filesystem; what it writes goes to the volumes
-  (storage, /tmp, /dev/shm). No capability is needed for the accelerators: the Neuron and EFA
-  device plugins add the container's /dev/neuron* and /dev/infiniband/uverbs* device nodes for
-  the requested resources (aws-neuron-sdk, containers/kubernetes-getting-started, "Neuron device
-  plugin"; aws/eks-charts stable/aws-efa-k8s-device-plugin). EFA registers (pins) memory, which
-  counts against RLIMIT_MEMLOCK, and libfabric aborts with "Cannot allocate memory" under a low
-  limit (awslabs/awsome-distributed-ai issue 647; ofiwg/libfabric prov/efa/docs/overview.md asks
-  for `ulimit -l unlimited`). Kubernetes has no ulimit field, and CAP_IPC_LOCK lifts that limit
-  for a root process, so EFA pods keep IPC_LOCK: registration never depends on the node's
-  container-runtime memlock setting. The images run as root (the Neuron/CUDA base images do;
-  runAsNonRoot would refuse them): a root user with no capabilities cannot change the node.
+data-stage pod. Why each is what it is (the whole node, Guaranteed QoS, a bounded /dev/shm,
+node-local scratch, no privilege but IPC_LOCK for EFA), with the upstream sources:
+docs/architecture.md, "The training pod" (3.7).
 """
 
 from __future__ import annotations
@@ -96,8 +71,8 @@ def node_selector(cfg: JobConfig, inst: catalog.InstanceType) -> dict[str, str]:
 
 
 def cache_dir(cfg: JobConfig) -> PurePosixPath:
-    # DESIGN 3.3: STORAGE/cache/CACHESET, ONE cache shared by all nodes (the tutorial's
-    # per-node caches compiled every graph once per node).
+    # docs/architecture.md 3.3: STORAGE/cache/CACHESET, ONE cache shared by all nodes (the
+    # tutorial's per-node caches compiled every graph once per node).
     return PurePosixPath(cfg.kubernetes.mount) / "cache" / cfg.train.cacheset
 
 

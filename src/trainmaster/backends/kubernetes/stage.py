@@ -112,7 +112,7 @@ def script(
     no_sign_request: bool = False,
     verify: list[str] | None = None,
 ) -> str:
-    q = shlex.quote  # every value below enters the shell quoted (issue 17.9)
+    q = shlex.quote  # every value below enters the shell quoted (docs/architecture.md 5: 17.9)
     unsigned = " --no-sign-request" if no_sign_request else ""
     if source.kind == "s3-prefix":
         copy = [f'aws s3 sync "$src_url" "$tmp" --no-progress{unsigned}']

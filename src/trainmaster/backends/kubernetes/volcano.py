@@ -1,38 +1,9 @@
 """Job config -> a gang-scheduled Volcano Job (batch.volcano.sh/v1alpha1) and its ConfigMap.
 
-A pure builder (DESIGN 2): no API calls, no files. Every pod runs the torchrun command line
-of the local backend (launch/torchrun.py); only where it runs differs.
-
-- Gang: minAvailable = nodes (min_nnodes for an elastic job), one task "worker" with one pod
-  per node. Volcano names the pods `<job>-worker-<index>`; the index is that suffix (and the
-  env plugin's VC_TASK_INDEX): a pod template is shared by all replicas, so no label can carry
-  it. Volcano adds its own pod labels volcano.sh/job-name and volcano.sh/task-spec=worker.
-- Rendezvous: c10d (the default) through the job's headless Service (svc plugin, not-ready
-  addresses published) at `<job>-worker-0.<job>:29400`, as TorchX does, or etcd
-  (rendezvous.endpoint, else etcd-server.trainmaster-etcd.svc:2379: etcd 3.4/3.5 with
-  --enable-v2, since torch's etcd rendezvous speaks the v2 API that etcd 3.6 removed).
-  Each pod first waits, bounded by rendezvous.timeout, until that name resolves; pod 0 waits
-  until it resolves to its own IP, because torchrun decides who hosts the c10d store by
-  matching the endpoint's address, and a stale record after a restart would leave nobody
-  hosting it.
-- Rendezvous id (issue 12.1): torch's etcd rendezvous closes its id for 2 h when the agents
-  exit, so the id must be new for every submission and every job-level retry (RestartJob),
-  yet the same on every pod of one attempt. The pod script builds it from two annotations
-  Volcano's job controller puts on every pod it creates (downward API env): the PodGroup name
-  `<job>-<job uid>` (new per submission) and the job version, bumped each time the job is
-  killed for a restart. An endpoint or id never enters the script unquoted (issue 17.9).
-- Compile cache lock (issue 17.3): when the pods compile into the shared cacheset (Neuron
-  always, torch.compile jobs), pod 0 runs its command under backends/kubernetes/cache_hold.py, which holds
-  the cacheset's lock until the command (neuron_parallel_compile included) has ended; the
-  token is the rendezvous id, exported to every pod, so the trainer's rank 0 sees its job's lock.
-- The resolved job file travels in the ConfigMap `<job>-config` (mounted read-only at
-  /etc/trainmaster) and is copied to STORAGE/runs/JOB/job.toml, the trainer's run folder, by
-  temporary file + rename: every pod writes the same bytes and no reader sees half a file. It
-  is overwritten, not kept: this submission's config is the one that runs, and the trainer
-  refuses a checkpoint whose config hash differs.
-- Restarts: PodEvicted and PodFailed -> RestartJob, maxRetry = job.max_restarts; the trainer
-  resumes from its last checkpoint, so a restart continues. Volcano's mutating webhook turns
-  maxRetry 0 into 3, so max_restarts = 0 uses TerminateJob instead.
+A pure builder (docs/architecture.md 2): no API calls, no files. Every pod runs the torchrun
+command line of the local backend (launch/torchrun.py); only where it runs differs. Why the gang,
+the rendezvous and its id, the cache lock, the job file's copy and the restarts are built as they
+are: docs/architecture.md, "The Volcano job" (3.7).
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def plan(cfg: JobConfig, store: Storage, *, resume: bool = False, precompile: bo
                 "to continue it from its last checkpoint, or choose another job.name",
                 where="job.name",
             )
-    if entry.is_builtin(cfg):  # a custom entrypoint reads what it likes (H2, issue 13.1)
+    if entry.is_builtin(cfg):  # a custom entrypoint reads what it likes (docs/architecture.md 3.8)
         check_shards(cfg, store)
     entry.check_local(cfg, Path.cwd())
     note = None

@@ -69,7 +69,7 @@ class CancelWatch:
     """Raises Cancelled once state.json records a cancel. The file is parsed again only when it
     was replaced since the last look (every write is an atomic replace: a new inode): one parse
     per started node of a file that grows with the node count made starting n agents O(n^2),
-    ~30 s at 1,024 nodes (measured by H5, issue 15)."""
+    ~30 s at 1,024 nodes (measured in the scale work, docs/architecture.md 5: 15)."""
 
     def __init__(self, run: RunPaths) -> None:
         self.path, self.seen = run.state, (-1, -1, -1)
