@@ -17,9 +17,13 @@ and then runs the script in the same process (runpy, as `python script.py` would
   summary.json {"status": "completed"} when the script ends with exit code 0.
 - code: DIR is where relative script paths and `-m` modules are looked up: the folder
   `launch` ran in (local, like TorchX's local_cwd) or /workspace in the image (Kubernetes).
+- safety net (train/scriptnet.py): node preflight before the script, the hang watchdog, the
+  goodput timeline and preemption, fed by trainmaster.worker's helpers; exit codes as the
+  trainer's: 2 a failed preflight, 3 hung, 143 preempted (after preempted() said so).
 
 Only the standard library and trainmaster's torch-free modules (pydantic for the config) are
-imported here: the script imports torch itself, and its first line runs as soon as possible.
+imported at module level, since the operator side imports this module for program_args; main()
+imports the net, which imports torch for the preflight (the script imports it next anyway).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import time
 from pathlib import Path
 
 from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig
-from trainmaster.errors import ConfigError
+from trainmaster.errors import EXIT_BAD_INPUT, ConfigError, UserError
 from trainmaster.run import metrics as runlog
 from trainmaster.run import ranklog
 from trainmaster.storage import ENV_VAR as STORAGE_ENV
@@ -186,7 +190,7 @@ def run_target(target: list[str], workdir: Path) -> None:
     runpy.run_path(str(script), run_name="__main__")
 
 
-def _summary(run: RunPaths, target: list[str]) -> None:
+def _summary(run: RunPaths, target: list[str], extra: dict[str, object]) -> None:
     """Rank 0's end of a normal run: status and elastic jobs read it (run/state.py)."""
     rank0: object = None
     with contextlib.suppress(OSError, ValueError):
@@ -199,11 +203,13 @@ def _summary(run: RunPaths, target: list[str]) -> None:
             "entrypoint": " ".join(target),
             "restarts": restarts,
             "finished_at": time.time(),
+            **extra,
         },
     )
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.time()
     p = argparse.ArgumentParser(
         prog=f"python -m {MODULE}",
         description="Run a custom job.entrypoint as one worker of a job.",
@@ -218,15 +224,24 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give the script or -m MODULE after --")
     run = RunPaths(Path(args.job).resolve().parent)
     rank = prepare(run, args.storage)
+    from trainmaster.train import scriptnet  # worker side only (pyproject: the one allowed edge)
+
+    try:
+        net = scriptnet.start(Path(args.job), run, started)
+    except UserError as exc:  # a node failed its preflight: one line, every rank, no traceback
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    code: object = 0
     try:
         run_target(target, Path(args.workdir))
     except SystemExit as exc:
-        if rank == 0 and exc.code in (0, None):
-            _summary(run, target)
-        raise
-    if rank == 0:
-        _summary(run, target)
-    return 0
+        code = exc.code
+    code = net.finish(code)
+    if code in (0, None):
+        if rank == 0:
+            _summary(run, target, net.summary_fields())
+        return 0
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ all times from time.time():
                                                              step S's background write finished
                                                              (it overlapped training)
     {"event": "end", "t": T, "step": S}                      the trainer finished at step S
+    {"event": "resume", "t": T, "step": S}                   a custom script resumed after step S
+                                                             (its start event has no step: the shim
+                                                             learns it from latest_checkpoint())
 
 breakdown() lays the events out as one timeline from launch to end in which every second is in
 exactly one category, so the parts always add up to the wall time. No torch here: `report`
@@ -105,7 +108,7 @@ class _Attempt:
     """One trainer process (of rank 0): its start, and its steps and checkpoints in time order."""
 
     start: float
-    resumed: int
+    resumed: int | None  # None: a script that did not say (then: before its first step)
     compiles: bool
     items: list[dict[str, Any]] = field(default_factory=list)
 
@@ -114,13 +117,21 @@ def _attempts(events: Iterable[dict[str, Any]], launched: float | None) -> list[
     out: list[_Attempt] = []
     for ev in sorted(events, key=lambda e: float(e["t"])):
         if ev["event"] == "start":
-            out.append(_Attempt(float(ev["t"]), int(ev.get("step", 0)), bool(ev.get("compiles"))))
+            step = ev.get("step")
+            resumed = int(step) if isinstance(step, int) else None
+            out.append(_Attempt(float(ev["t"]), resumed, bool(ev.get("compiles"))))
+        elif out and ev["event"] == "resume" and isinstance(ev.get("step"), int):
+            out[-1].resumed = int(ev["step"])
         elif (
             out
             and ev["event"] in ("steps", "checkpoint")
             and isinstance(ev.get("end"), (int, float))
         ):
             out[-1].items.append(ev)
+    for a in out:
+        if a.resumed is None:
+            first = [int(i["first"]) - 1 for i in a.items if i["event"] == "steps"]
+            a.resumed = first[0] if first else 0
     # An earlier launch of the same job (`launch --resume`) is not part of this one's wall time.
     return [a for a in out if launched is None or a.start >= launched]
 
@@ -177,7 +188,7 @@ def breakdown(
         cursor = max(cursor, t1)
 
     for i, a in enumerate(attempts):
-        redo_from = min((b.resumed for b in attempts[i + 1 :]), default=None)
+        redo_from = min((b.resumed or 0 for b in attempts[i + 1 :]), default=None)
         stepping = False
         for item in a.items:
             put("other" if stepping else ("restart" if seen_step else "startup"), cursor, item["t"])

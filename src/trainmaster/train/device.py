@@ -94,8 +94,13 @@ def options_for(kind: DeviceKind, *, bf16: bool) -> DeviceOptions:
 class Runtime:
     """One worker's view of the job: its rank, its device and the collectives it needs."""
 
-    def __init__(self, env: Env, kind: DeviceKind, *, bf16: bool) -> None:
+    def __init__(self, env: Env, kind: DeviceKind, *, bf16: bool, store: Any = None) -> None:
+        """store: a c10d store for the process group instead of torchrun's env:// (the entry
+        shim's preflight group, train/scriptnet.py: its keys must not meet the script's own)."""
         self.env, self.kind, self.bf16 = env, kind, bf16
+        pg: dict[str, Any] = {}
+        if store is not None:
+            pg = {"store": store, "rank": env.rank, "world_size": env.world_size}
         self.options = options_for(kind, bf16=bf16)
         self.rank, self.world = env.rank, env.world_size
         self.distributed = env.world_size > 1
@@ -110,11 +115,11 @@ class Runtime:
                 torch.backends.cudnn.allow_tf32 = True
             self.device = torch.device("cuda", env.local_rank)
             if self.distributed:
-                dist.init_process_group("nccl", timeout=timeout, device_id=self.device)
+                dist.init_process_group("nccl", timeout=timeout, device_id=self.device, **pg)
         else:
             self.device = torch.device("cpu")
             if self.distributed:
-                dist.init_process_group("gloo", timeout=timeout)
+                dist.init_process_group("gloo", timeout=timeout, **pg)
         if self.distributed and dist.get_world_size() != self.world:
             raise UserError(
                 f"the {kind} process group has {dist.get_world_size()} workers, but "

@@ -193,14 +193,18 @@ def run(
     params: int,
     keep: int,
     on_aws: bool,
+    checkpoint_mb: float | None = None,
 ) -> list[dict[str, Any]]:
     """Collective: every rank runs its checks and the all-reduce; all get every node's results.
-    Raises UserError (the same on every rank) naming the first failing node and check."""
+    Raises UserError (the same on every rank) naming the first failing node and check.
+    checkpoint_mb: the disk check's checkpoint size when the model is not known here (a custom
+    script's, measured from its newest checkpoint: train/scriptnet.py); else from params."""
     checks = [_device(rt), _matmul(rt, inst), _all_reduce(rt)]
     if local_rank == 0:
-        ckpt_mb = (
-            params * (BYTES_PER_PARAM + (4 if rt.model_dtype() == torch.bfloat16 else 0)) / 1e6
-        )
+        ckpt_mb = checkpoint_mb
+        if ckpt_mb is None:
+            per = BYTES_PER_PARAM + (4 if rt.model_dtype() == torch.bfloat16 else 0)
+            ckpt_mb = params * per / 1e6
         checks += node_checks(
             kind=rt.kind,
             inst=inst,
