@@ -6,9 +6,12 @@ Nothing here is trainmaster's trainer: a byte-level causal transformer, AdamW, a
 trainmaster gives it (launch/entry.py): torchrun on every node with the job's rendezvous
 (RANK, WORLD_SIZE, MASTER_ADDR... in the environment), restarts, the run folder
 ($TRAINMASTER_RUN_DIR with checkpoints/ and tensorboard/), rank logs, status, report, cancel.
-What the script does for itself, and any long job should: log one metrics row per step
-(trainmaster.api.log_metrics), save a checkpoint atomically every --checkpoint-every steps, and
-resume from it when it starts again (after a failure torchrun restarts every worker).
+What the script does for itself, with trainmaster.worker's helpers: log one metrics row per
+step (log_metrics: also progress for the hang watchdog and goodput), save a checkpoint every
+--checkpoint-every steps into a folder that becomes step_N only when complete (checkpoint_dir,
+checkpoint_saved), resume from the newest (latest_checkpoint) when it starts again (after a
+failure torchrun restarts every worker), and on SIGTERM save at one step on every rank and
+exit 143 (preempted).
 
 The text is the built-in corpus of `trainmaster data prepare --builtin pydoc` (Python's own
 reference docs, shipped with CPython): nothing is downloaded.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -28,9 +32,16 @@ import torch.nn.functional as F  # noqa: N812 - the usual name
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainmaster.api import log_metrics
 from trainmaster.data.corpus import pydoc_documents
-from trainmaster.run.metrics import drop_after
+from trainmaster.worker import (
+    EXIT_PREEMPTED,
+    checkpoint_dir,
+    checkpoint_saved,
+    drop_after,
+    latest_checkpoint,
+    log_metrics,
+    preempted,
+)
 
 CHECKPOINT = "gpt.pt"
 
@@ -131,9 +142,10 @@ def main() -> None:
     model = GPT(args.layers, args.d_model, args.heads, args.seq_len).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
 
-    ckpt = Path(os.environ.get("TRAINMASTER_CHECKPOINT_DIR", "checkpoints")) / CHECKPOINT
+    found = latest_checkpoint()  # TRAINMASTER_CHECKPOINT_DIR/step_N, complete, or None
     start = 0
-    if ckpt.exists():  # a restart (or --resume): every rank loads the same file
+    if found is not None:  # a restart (or --resume): every rank loads the same file
+        ckpt = found / CHECKPOINT
         state = torch.load(ckpt, map_location=device, weights_only=True)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -141,8 +153,6 @@ def main() -> None:
         drop_after(start)  # rank 0: rows logged after the checkpoint are logged again
         if rank == 0:
             print(f"train_gpt: resumed from step {start} ({ckpt})", flush=True)
-    elif rank == 0:
-        ckpt.parent.mkdir(parents=True, exist_ok=True)
     ddp = DistributedDataParallel(model)
     data = corpus()
     tb = None
@@ -182,10 +192,14 @@ def main() -> None:
         if tb is not None:
             tb.add_scalar("loss", row["loss"], step)
         tic = now
-        if step % args.checkpoint_every == 0 or step == args.steps:
+        stop = preempted()  # SIGTERM on any rank: every rank stops at this step
+        if step % args.checkpoint_every == 0 or step == args.steps or stop:
             if rank == 0:
-                save(ckpt, step, model, opt)
+                save(checkpoint_dir(step) / CHECKPOINT, step, model, opt)
             dist.barrier()  # nobody runs ahead of a checkpoint that is not on disk yet
+            checkpoint_saved(step, keep=2)  # rank 0 renames the folder to step_N
+        if stop:
+            sys.exit(EXIT_PREEMPTED)
     if tb is not None:
         tb.close()
     if rank == 0:

@@ -4,7 +4,10 @@ The script (a small GPT, not trainmaster's trainer) checkpoints every 20 steps a
 its checkpoint. One worker is SIGKILLed once a checkpoint exists and a later step was logged;
 torchrun restarts the workers, the script loads the checkpoint and the job completes: once with
 the c10d rendezvous, once with the private etcd 3.4 that trainmaster starts for a local job.
-Every wait is on a real condition (a file, a metrics row, state.json), never a fixed sleep.
+`report` then splits the wall time as it does the built-in trainer's (issue 26.4): startup,
+useful steps, the steps redone after the kill, checkpoint stalls and the restart, summing to
+the wall time. Every wait is on a real condition (a file, a metrics row, state.json), never a
+fixed sleep.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import etcd_available, run_cli, wait_for
-from trainmaster.monitor import runinfo
-from trainmaster.run import state
+from trainmaster.monitor import report, runinfo
+from trainmaster.run import goodput, state
 from trainmaster.storage import RunPaths, Storage
+from trainmaster.worker import latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "custom-gpt" / "job.toml"
@@ -99,10 +103,15 @@ def steps(run: RunPaths) -> list[int]:
 def test_custom_script_is_killed_and_resumes_from_its_checkpoint(tmp_path: Path, rdzv: str) -> None:
     store, name = tmp_path / "storage", f"gpt-{rdzv}"
     run = RunPaths(Storage(store).run_dir(name))
-    ckpt = run.checkpoints / "gpt.pt"
+    env = {"TRAINMASTER_CHECKPOINT_DIR": str(run.checkpoints)}
     launch(store, name, f'rendezvous.backend="{rdzv}"')
     # A checkpoint on disk and a step after it logged: killing now loses work since the checkpoint.
-    wait(run, lambda: ckpt.exists() and max(steps(run), default=0) > EVERY, 300, "a checkpoint")
+    wait(
+        run,
+        lambda: latest_checkpoint(env) is not None and max(steps(run), default=0) > EVERY,
+        300,
+        "a checkpoint",
+    )
     st = state.read(run.state)
     assert st.phase == "running", "the job ended before a worker could be killed"
     victims = [w for w in runinfo.workers(st) if w.rank == 1]
@@ -128,6 +137,13 @@ def test_custom_script_is_killed_and_resumes_from_its_checkpoint(tmp_path: Path,
     )
     assert runinfo.progress_text(s).startswith(f"step {STEPS}/{STEPS}  loss ")
     assert any(run.tensorboard.iterdir())  # `trainmaster tensorboard` has something to show
+    g = report.make_report(Storage(store), name).goodput  # the shim's timeline.jsonl
+    assert g is not None and g["restarts"] == 1 and g["steps_lost"] >= 1, g
+    assert g["startup"] > 0 and g["productive"] > 0 and g["lost"] > 0 and g["restart"] > 0
+    assert g["checkpoint"] > 0 and 0 < g["ratio"] < 1
+    assert sum(g[k] for k in goodput.KINDS) == pytest.approx(g["wall"], abs=0.01)
+    shown = run_cli("report", name, "--storage", str(store))
+    assert shown.returncode == 0 and "steps lost" in shown.stdout, shown.stderr
     pids = [p for p in [final.supervisor_pid, final.etcd_pid, *(n.pid for n in final.nodes)] if p]
     # The supervisor records the end, then stops the private etcd and exits.
     wait(run, lambda: not any(state.pid_alive(p) for p in pids), 60, "every process to exit")

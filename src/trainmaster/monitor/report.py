@@ -111,7 +111,7 @@ class Report:
     def goodput_rows(self) -> list[tuple[str, str]]:
         g = self.goodput
         if not g:
-            return [("goodput", "n/a (no timeline.jsonl: a custom script or an older trainer)")]
+            return [("goodput", "n/a (no timeline.jsonl: an older run)")]
         wall = g["wall"] or 1.0
         out = [("goodput", f"{g['ratio']:.1%} (useful step time / wall time)")]
         for kind in goodput.KINDS:
