@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainmaster import api
+from trainmaster import worker as helpers
 from trainmaster.launch import entry, torchrun
 from trainmaster.monitor import runinfo
 from trainmaster.run import metrics as runlog
@@ -179,3 +180,25 @@ def test_log_metrics_outside_rank_0_and_drop_after(tmp_path: Path) -> None:
     assert [r["step"] for r in runinfo.read_metrics(tmp_path / "metrics.jsonl")] == [1]
     with pytest.raises(TypeError, match="loss=.* is not a number or a string"):
         runlog.log_metrics(5, environ=env, loss=[1.0])
+
+
+def test_checkpoint_folders_are_published_whole_and_the_newest_is_found(tmp_path: Path) -> None:
+    """trainmaster.worker's convention: a save goes into .tmp-step_N (every rank the same path),
+    rank 0 renames it to step_N; only step_N folders are checkpoints; keep prunes the oldest and
+    a killed attempt's unfinished folder goes at the next save."""
+    env = {"TRAINMASTER_CHECKPOINT_DIR": str(tmp_path), "RANK": "0"}
+    assert helpers.latest_checkpoint(env) is None
+    (helpers.checkpoint_dir(7, env) / "w.pt").write_text("killed half-way")
+    for step in (10, 20, 30):
+        (helpers.checkpoint_dir(step, env) / "w.pt").write_text(str(step))
+        assert helpers.latest_checkpoint(env) == (
+            tmp_path / f"step_{step - 10}" if step > 10 else None
+        )
+        assert helpers.checkpoint_saved(step, keep=2, environ=env) == tmp_path / f"step_{step}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_20", "step_30"]
+    assert helpers.latest_checkpoint(env) == tmp_path / "step_30"
+    assert (tmp_path / "step_30" / "w.pt").read_text() == "30"
+    # Other ranks only say they are done; without the shim preempted() is False, as by hand.
+    (helpers.checkpoint_dir(40, env) / "w.pt").write_text("40")
+    helpers.checkpoint_saved(40, environ={**env, "RANK": "1"})
+    assert helpers.latest_checkpoint(env) == tmp_path / "step_30" and helpers.preempted() is False

@@ -157,3 +157,18 @@ def test_record_and_read_back_skip_a_torn_line(tmp_path: Path) -> None:
     assert goodput.read(tmp_path / "missing.jsonl") == []
     assert goodput.launched_at_from({goodput.LAUNCHED_AT_ENV: "12.5"}) == 12.5
     assert goodput.launched_at_from({}) is None
+
+
+def test_a_custom_script_says_where_it_resumed_after_its_start() -> None:
+    """The entry shim (train/scriptnet.py) writes `start` without a step: a `resume` event (from
+    latest_checkpoint()) says where the second process went on from; without one, the step
+    before its first. Either way steps 5-6 are lost, as with the trainer's own start events."""
+    events = [
+        {k: v for k, v in e.items() if k != "step" or e["event"] != "start"} for e in killed_once()
+    ]
+    with_resume = [*events, {"event": "resume", "t": 116, "step": 4}]
+    for timeline in (with_resume, events):
+        g = goodput.breakdown(timeline, launched_at=100, ended_at=126)
+        want = goodput.breakdown(killed_once(), launched_at=100, ended_at=126)
+        assert g is not None and want is not None
+        assert g.steps_lost == 2 and g.restarts == 1 and g.seconds == want.seconds
