@@ -272,6 +272,18 @@ class KubernetesSection(Section):
         default_factory=dict, description="extra node labels to match"
     )
     service_account: str | None = Field(None, description="service account of the pods")
+    priority_class: str | None = Field(
+        None,
+        description="PriorityClass of the Volcano Job and its pods (it must exist: kubectl create priorityclass NAME --value N); Volcano orders and preempts jobs by it",
+    )
+    queue_weight: PositiveInt = Field(
+        1,
+        description="the Volcano queue's weight (`cluster plan`): its share of the cluster against other queues",
+    )
+    queue_capability: dict[str, str] = Field(
+        default_factory=dict,
+        description='the most the Volcano queue may hold, e.g. { "aws.amazon.com/neuron" = "64" } (`cluster plan`); empty: no cap',
+    )
     workspace: str | None = Field(
         None,
         description="your code for a custom job.entrypoint: this local folder is built into an image FROM the training image (COPY to /workspace; `cluster plan` writes image/Dockerfile.workspace), pushed, and named in kubernetes.image; nothing is copied into pods at run time",

@@ -4,8 +4,9 @@
   aws.amazon.com/neuron and aws.amazon.com/neuroncore) or NVIDIA (Helm chart), and EFA (Helm
   chart). The charts' defaults do not tolerate the accelerator taint, so the values add it;
   without that the EFA plugin never lands on the nodes that have EFA.
-- Volcano's job queue (scheduling.volcano.sh/v1beta1). No `capability`: the tutorial's
-  `cpu: 2` would refuse every job whose pods request CPU, as ours do.
+- Volcano's job queue (scheduling.volcano.sh/v1beta1) with kubernetes.queue_weight and, only
+  when set, kubernetes.queue_capability: the tutorial's `cpu: 2` would refuse every job whose
+  pods request CPU, as ours do, so a capability smaller than one gang is refused (spec.py).
 - etcd 3.5 with the v2 API (torch's etcd rendezvous), as a one-replica Deployment on the
   system nodes, with Services etcd-server (2379, 2380) and etcd-client (2379): ClusterIP, in
   its own namespace trainmaster-etcd (jobs reach etcd-server.trainmaster-etcd.svc:2379). etcd
@@ -169,7 +170,8 @@ def queue(spec: ClusterSpec) -> dict[str, Any]:
         "apiVersion": "scheduling.volcano.sh/v1beta1",
         "kind": "Queue",
         "metadata": _meta(spec.queue),
-        "spec": {"weight": 1, "reclaimable": False},
+        "spec": {"weight": spec.queue_weight, "reclaimable": False}
+        | ({"capability": dict(spec.queue_capability)} if spec.queue_capability else {}),
     }
 
 

@@ -66,6 +66,8 @@ class ClusterSpec:
     endpoint_note: str = ""
     capacity_reservation_id: str | None = None  # an ODCR or, with capacity_block, a Capacity Block
     capacity_block: bool = False
+    queue_weight: int = 1
+    queue_capability: tuple[tuple[str, str], ...] = ()  # kubernetes.queue_capability, in order
     workspace: str | None = (
         None  # kubernetes.workspace: image/Dockerfile.workspace (cluster/image.py)
     )
@@ -208,6 +210,26 @@ def _endpoint_access(cidrs: list[str] | None, lookup: CidrLookup) -> tuple[tuple
     )
 
 
+def _check_capability(cap: dict[str, str], inst: catalog.InstanceType, gang: int) -> None:
+    """A queue capped below one gang's devices never runs the job: Volcano keeps it Pending.
+    Checked for the node's devices and EFA interfaces (whole numbers); cpu and memory caps
+    depend on the pod sizes of the Kubernetes backend and are left to Volcano."""
+    need = {inst.device_resource: inst.devices, catalog.EFA: inst.efa_interfaces}
+    for resource, per_node in need.items():
+        value = cap.get(resource or "")
+        if value is None or not per_node:
+            continue
+        if not value.isdigit():
+            raise ConfigError(f"{resource}: {value!r} is not a whole number of devices",
+                              where="kubernetes.queue_capability")  # fmt: skip
+        if int(value) < per_node * gang:
+            raise ConfigError(
+                f"{resource} {value} is less than one gang of this job needs "
+                f"({gang} x {per_node}); Volcano would keep the job Pending",
+                where="kubernetes.queue_capability",
+            )
+
+
 def _capacity(reservation: str | None, block: str | None) -> tuple[str | None, bool]:
     if reservation is not None and block is not None:
         raise ConfigError(
@@ -305,6 +327,7 @@ def resolve(
     capacity_id, block = _capacity(c.capacity_reservation_id, c.capacity_block_id)
     cidrs, note = _endpoint_access(c.public_access_cidrs, cidr_lookup or caller_cidr)
     repo, tag = image_reference(k.image, c.region, _flavour(inst))
+    _check_capability(k.queue_capability, inst, cfg.job.min_nnodes or cfg.job.nnodes)
     return ClusterSpec(
         name=c.name,
         region=c.region,
@@ -314,6 +337,8 @@ def resolve(
         zones=tuple(zones),
         namespace=k.namespace,
         queue=k.queue,
+        queue_weight=k.queue_weight,
+        queue_capability=tuple(k.queue_capability.items()),
         pvc=k.pvc,
         mount=k.mount,
         image_repository=repo,

@@ -301,3 +301,14 @@ def test_script_pod0_waits_until_the_name_is_its_own(tmp_path: Path) -> None:
         and "did not resolve to the rendezvous host within 2 s" in stale.stderr
     )
     assert "torchrun" not in stale.stdout
+
+
+def test_the_priority_class_comes_from_the_job_file() -> None:
+    """kubernetes.priority_class orders jobs: on the Volcano Job (its scheduler) and its pods."""
+    job = volcano.build_job(job_cfg("trn1-32xl", ['kubernetes.priority_class="team-high"']))
+    assert job["spec"]["priorityClassName"] == "team-high"
+    assert pod_spec(job)["priorityClassName"] == "team-high"
+    validate_volcano_job(job)
+    validate_pod_templates(job)
+    plain = volcano.build_job(job_cfg("trn1-32xl"))
+    assert "priorityClassName" not in plain["spec"] and "priorityClassName" not in pod_spec(plain)

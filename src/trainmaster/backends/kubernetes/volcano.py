@@ -254,6 +254,9 @@ def _build(
         pod_spec["nodeSelector"] = selector
     if k.service_account:
         pod_spec["serviceAccountName"] = k.service_account
+    priority_class = priority_class or k.priority_class
+    if priority_class:  # on the pods too: the default scheduler's preemption reads the pod's
+        pod_spec["priorityClassName"] = priority_class
     spec: dict[str, Any] = {
         "schedulerName": "volcano",
         "queue": k.queue,
