@@ -27,6 +27,19 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 # Job names become Kubernetes object names and pod names (job-name + "-worker-N-0" ...),
 # so they follow DNS-1123 labels and leave room for suffixes.
 JOB_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
+# The Kubernetes backend names the job's Service after it (Volcano's svc plugin), and a Service
+# name is a DNS-1035 label: it starts with a letter (k8s.io/apimachinery/pkg/util/validation
+# IsDNS1035Label; naming.is_dns1035_label). Checked in the job file, so `config validate` refuses
+# what the backend would (issue 30.12).
+JOB_NAME_RULE = (
+    "is not a DNS-1035 label (the Kubernetes Service of the job takes its name): use lower-case "
+    "letters, digits and '-', start with a letter, end with a letter or digit, at most 40 characters"
+)
+# `data stage`'s service account for S3 reads (IRSA), made by `cluster plan` for the buckets in
+# cluster.data_buckets (cluster/eksctl.py s3_irsa_config; issue 30.8).
+S3_READER = "trainmaster-s3-reader"
+# S3 bucket naming rules (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html)
+S3_BUCKET = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
 CACHESET = r"^[A-Za-z0-9_-]+$"
 
 
@@ -66,8 +79,7 @@ class Section(BaseModel):
 class JobSection(Section):
     name: str = Field(
         "demo",
-        pattern=JOB_NAME,
-        description="job id: lower-case letters, digits and '-', at most 40 characters",
+        description="job id: lower-case letters, digits and '-', starting with a letter, at most 40 characters",
     )
     backend: Literal["local", "kubernetes"] = Field(
         "local",
@@ -97,6 +109,15 @@ class JobSection(Section):
     args: list[str] = Field(
         default_factory=list, description='arguments after the entrypoint, e.g. ["--lr", "3e-4"]'
     )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        from trainmaster.naming import is_dns1035_label
+
+        if not (is_dns1035_label(value) and re.fullmatch(JOB_NAME, value)):
+            raise ValueError(f"{value!r} {JOB_NAME_RULE}")
+        return value
 
     @field_validator("entrypoint")
     @classmethod
@@ -320,6 +341,18 @@ class ClusterSection(Section):
     capacity_block_id: str | None = Field(
         None, description="Capacity Block for ML (cr-...) the accelerator nodes launch into"
     )
+    data_buckets: list[str] = Field(
+        default_factory=list,
+        description=f"S3 buckets `data stage` reads: `cluster plan` gives the service account {S3_READER} read-only access to them (IRSA), and `data stage` uses it",
+    )
+
+    @field_validator("data_buckets")
+    @classmethod
+    def _buckets(cls, value: list[str]) -> list[str]:
+        for bucket in value:
+            if not re.fullmatch(S3_BUCKET, bucket):
+                raise ValueError(f"{bucket!r} is not an S3 bucket name (3-63 of a-z 0-9 . -)")
+        return value
 
 
 @dataclass(frozen=True)

@@ -273,3 +273,24 @@ def test_wait_fsx_command(aws_env: None, capsys: pytest.CaptureFixture[str]) -> 
         "0",
     )
     assert code == 2 and fs in err
+
+
+def test_s3_reads_for_the_stage_pod(aws_env: None, tmp_path: Path) -> None:
+    """30.3: what the stage pod runs instead of `aws s3 cp/sync` (boto3 is in every image)."""
+    import io
+
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="bkt")
+    for key, body in {"p/a.hdf5": b"a" * 10, "p/sub/b.txt": b"b", "other/c": b"c"}.items():
+        s3.put_object(Bucket="bkt", Key=key, Body=body)
+    assert aws.s3_sync("s3://bkt/p/", tmp_path / "out") == 2
+    assert (tmp_path / "out" / "a.hdf5").read_bytes() == b"a" * 10
+    assert (tmp_path / "out" / "sub" / "b.txt").read_bytes() == b"b"
+    assert not (tmp_path / "out" / "c").exists()
+    sink = io.BytesIO()
+    aws.s3_cat("s3://bkt/p/a.hdf5", sink)
+    assert sink.getvalue() == b"a" * 10
+    with pytest.raises(UserError, match="s3://bkt/missing"):
+        aws.s3_cat("s3://bkt/missing", io.BytesIO())
+    assert aws.main(["s3", "sync", "s3://bkt/p/", str(tmp_path / "cli"), "--no-progress"]) == 0
+    assert (tmp_path / "cli" / "sub" / "b.txt").exists()

@@ -350,28 +350,73 @@ def test_no_capacity_reservation_by_default() -> None:
     assert "CapacityReservationSpecification" not in data and "InstanceMarketOptions" not in data
 
 
-def test_the_queue_takes_its_weight_and_capability_from_the_job() -> None:
-    from tests.cluster.schemas import validate_queue
+# --- issue 30: what the generated objects meet on a real cluster ------------------------------
 
-    cfg = trn1_config(
-        "kubernetes.queue_weight=4",
-        'kubernetes.queue_capability={ "aws.amazon.com/neuron" = "64", cpu = "1000" }',
+
+def test_capacity_block_node_group_names_its_reservation() -> None:
+    """30.1: eksctl (since 0.205.0) refuses instanceMarketOptions without capacityReservation
+    (pkg/apis/eksctl.io/v1alpha5/validation.go, validateNodeGroupBase)."""
+    from tests.cluster import schemas
+
+    s = spec.resolve(
+        p5_config('cluster.capacity_block_id="cr-0fedcba9876543210"'),
+        cidr_lookup=lambda: "203.0.113.7/32",
     )
-    q = addons.queue(spec.resolve(cfg))
-    assert q["spec"]["weight"] == 4
-    assert q["spec"]["capability"] == {"aws.amazon.com/neuron": "64", "cpu": "1000"}
-    validate_queue(q)  # Volcano's Queue CRD accepts it
+    cfg = eksctl.nodegroup_config(s)
+    ng = cfg["managedNodeGroups"][0]
+    assert ng["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    assert ng["capacityReservation"] == {
+        "capacityReservationTarget": {"capacityReservationID": "cr-0fedcba9876543210"}
+    }
+    schemas.validate_eksctl(cfg)
 
 
 @pytest.mark.parametrize(
-    ("cap", "message"),
+    "capacity",
     [
-        ('{ "aws.amazon.com/neuron" = "16" }', "less than one gang of this job needs (2 x 16)"),
-        ('{ "vpc.amazonaws.com/efa" = "8" }', "less than one gang of this job needs (2 x 8)"),
-        ('{ "aws.amazon.com/neuron" = "lots" }', "not a whole number"),
+        'cluster.capacity_reservation_id="cr-0123456789abcdef0"',
+        'cluster.capacity_block_id="cr-0fedcba9876543210"',
     ],
 )
-def test_a_queue_too_small_for_one_gang_is_refused(cap: str, message: str) -> None:
-    with pytest.raises(ConfigError, match=re.escape(message)) as err:
-        spec.resolve(trn1_config(f"kubernetes.queue_capability={cap}"))
-    assert err.value.where == "kubernetes.queue_capability"
+def test_no_new_placement_group_around_a_reservation(capacity: str) -> None:
+    """30.1: a reservation serves a cluster placement group only when it was created in it (EC2
+    User Guide, "Use Capacity Reservations with cluster placement groups", Limitations); the
+    group the template would create is new, so no reservation can be in it."""
+    s = spec.resolve(p5_config(capacity), cidr_lookup=lambda: "203.0.113.7/32")
+    assert "PlacementGroup" not in cloudformation.template(s)["Resources"]
+    data = launch_data(s)
+    assert "Placement" not in data and len(data["NetworkInterfaces"]) == 32
+
+
+def test_custom_ami_nodes_carry_the_node_group_labels_eksctl_waits_for() -> None:
+    """30.4: eksctl waits for nodes labelled alpha.eksctl.io/nodegroup-name=<ng> (types.go
+    ListOptions); EKS applies it, and eks.amazonaws.com/nodegroup, only to its own AMIs."""
+    text = cloudformation.user_data(spec.resolve(trn1_config()))
+    [flag] = [line for line in text.splitlines() if "--node-labels=" in line]
+    labels = dict(kv.split("=", 1) for kv in flag.split("--node-labels=", 1)[1].split(","))
+    assert labels["alpha.eksctl.io/nodegroup-name"] == "trn1-32xlarge"
+    assert labels["eks.amazonaws.com/nodegroup"] == "trn1-32xlarge"
+    assert labels["trainmaster.io/role"] == "accelerator"
+
+
+def test_efa_boothook_installs_only_a_missing_kernel_module() -> None:
+    """30.6: the EKS AL2023 accelerated AMIs install EFA with --minimal (no fi_info); the host
+    needs the kernel module only, the containers bring libfabric."""
+    text = cloudformation.user_data(spec.resolve(trn1_config()))
+    hook = text.split("text/cloud-boothook", 1)[1].split("--==BOUNDARY==", 1)[0]
+    assert "fi_info" not in hook
+    assert "modinfo efa" in hook
+    assert "efa_installer.sh -y --minimal" in hook and " -g" not in hook
+
+
+def test_stage_pod_fits_a_system_node() -> None:
+    """30.10: the system nodes are m6i.large (2 vCPU, 8 GiB; less is allocatable)."""
+    from tests.backends.kubernetes.test_volcano import job_cfg
+    from trainmaster.backends.kubernetes import stage
+
+    pod = stage.build_stage_pod(job_cfg("trn1-32xl"), "s3://bucket/wiki.tar", "wiki")
+    res = pod["spec"]["containers"][0]["resources"]
+    cpu = res["requests"]["cpu"]
+    millis = int(cpu[:-1]) if cpu.endswith("m") else int(cpu) * 1000
+    assert millis <= 1000 and res["requests"]["memory"] in ("512Mi", "1Gi", "2Gi")
+    assert res["limits"]["memory"] in ("1Gi", "2Gi", "4Gi")  # below an m6i.large's allocatable

@@ -22,6 +22,7 @@ GOLDEN = Path(__file__).parent / "golden"
 TRN1_CASE = (
     'cluster.public_access_cidrs=["198.51.100.0/24", "203.0.113.7/32"]',
     "cluster.capacity_reservation_id=cr-0123456789abcdef0",
+    'cluster.data_buckets=["trainmaster-data-bucket"]',
 )
 P5_CASE = (
     'cluster.public_access_cidrs=["192.0.2.0/28"]',
@@ -109,7 +110,7 @@ def test_eksctl_files_match_the_published_schema(
     case: tuple[str, JobConfig, dict[str, str]],
 ) -> None:
     _, _, files = case
-    for rel in ("eksctl/cluster.yaml", "eksctl/nodegroup.yaml", "eksctl/fsx-irsa.yaml"):
+    for rel in [r for r in files if r.startswith("eksctl/")]:  # s3-irsa.yaml with data_buckets
         schemas.validate_eksctl(yaml.safe_load(files[rel]))
 
 
@@ -227,3 +228,51 @@ def test_plan_says_who_reaches_the_api_endpoint(
         and "cluster.public_access_cidrs: could not learn this machine's public IP" in stderr
     )
     assert not (tmp_path / "other").exists()
+
+
+def test_s3_reader_service_account_for_data_stage(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """30.8: pods cannot reach IMDS, so `data stage` reads S3 through IRSA: a service account
+    whose role may read the job's data buckets, and nothing else."""
+    files = files_of(trn1_config(*TRN1_CASE))
+    cfg = yaml.safe_load(files["eksctl/s3-irsa.yaml"])
+    schemas.validate_eksctl(cfg)
+    [sa] = cfg["iam"]["serviceAccounts"]
+    assert sa["metadata"] == {"name": "trainmaster-s3-reader", "namespace": "default"}
+    statements = sa["attachPolicy"]["Statement"]
+    actions = {a for st in statements for a in st["Action"]}
+    assert actions == {"s3:GetObject", "s3:ListBucket"}
+    resources = {r for st in statements for r in st["Resource"]}
+    assert resources == {
+        "arn:aws:s3:::trainmaster-data-bucket",
+        "arn:aws:s3:::trainmaster-data-bucket/*",
+    }
+    assert "eksctl/s3-irsa.yaml" in files["runbook.sh"]
+    assert "eksctl/s3-irsa.yaml" not in files_of(p5_config(*P5_CASE))  # no buckets: no role
+    job = tmp_path / "job.toml"
+    job.write_text(api.init_job("trn1-bert-large"))
+    code, out, err = tm_here(
+        capsys,
+        "cluster",
+        "plan",
+        str(job),
+        "--out",
+        str(tmp_path / "plan"),
+        "--set",
+        f"cluster.zones={TRN1_ZONES}",
+        "--set",
+        'cluster.data_buckets=["trainmaster-data-bucket"]',
+    )
+    assert code == 0, err
+    assert "data stage reads s3://trainmaster-data-bucket through service account" in out
+    assert "trainmaster-s3-reader" in out
+
+
+def test_bad_data_bucket_is_refused() -> None:
+    from trainmaster.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match="cluster.data_buckets: 'Not_A_Bucket' is not an S3 bucket"
+    ):
+        files_of(trn1_config('cluster.data_buckets=["Not_A_Bucket"]'))

@@ -94,3 +94,22 @@ def test_cluster_plan_writes_the_workspace_dockerfile() -> None:
             )
         )
     )
+
+
+def test_the_documented_kubernetes_launch_runs_one_worker_per_gpu() -> None:
+    """30.11: on p5.48xlarge the pod holds 8 GPUs and 32 EFA devices; the example's own
+    Kubernetes command line runs one worker per GPU, not 1 (the local run keeps 1 per node)."""
+    import shlex
+
+    from trainmaster import catalog
+
+    lines = [ln[1:].strip() for ln in JOB.read_text().splitlines() if ln.startswith("#")]
+    start = next(i for i, ln in enumerate(lines) if "--backend kubernetes" in ln)
+    end = next(i for i in range(start, len(lines)) if not lines[i].endswith("\\"))
+    words = shlex.split(" ".join(ln.rstrip("\\") for ln in lines[start : end + 1]))
+    assert words[:3] == ["trainmaster", "launch", "examples/custom-gpt/job.toml"]
+    sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+    cfg = jobfile.load(JOB, [s for s in sets if not s.startswith("kubernetes.image")])
+    inst = catalog.CATALOG[cfg.kubernetes.instance_type]
+    assert cfg.job.nproc_per_node == inst.devices == 8
+    assert jobfile.load(JOB).job.nproc_per_node == 1  # the local run: 2 nodes x 1 on a laptop

@@ -111,7 +111,7 @@ CASES: list[tuple[str, str | None, list[str], str]] = [
         "bad-job-name",
         GOOD.replace('name = "t"', 'name = "My_Job"'),
         ["config", "validate", "{f}"],
-        "job.name: string should match pattern",
+        "job.name: 'My_Job' is not a DNS-1035 label",
     ),
     (
         "seq-len-too-short",
@@ -229,3 +229,15 @@ def test_the_good_file_is_good(tmp_path: Path) -> None:
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     result = run_cli("--debug", "config", "validate", str(tmp_path / "nope.toml"))
     assert result.returncode != 0 and "Traceback" in result.stderr
+
+
+def test_a_job_name_that_is_no_dns1035_label_is_refused(tmp_path: Path) -> None:
+    """30.12: the Kubernetes backend names the job's Service after the job, and a Service name
+    is a DNS-1035 label (it starts with a letter); `config validate` says so, exit 2."""
+    path = tmp_path / "job.toml"
+    path.write_text(GOOD.replace('name = "t"', 'name = "1bert"'))
+    result = run_cli("config", "validate", str(path))
+    assert result.returncode == 2, result.stdout
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: job.toml: job.name: ") and "DNS-1035 label" in line, line
+    assert "start with a letter" in line

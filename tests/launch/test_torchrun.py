@@ -75,6 +75,15 @@ def test_rdzv_conf_is_built_by_name() -> None:
         )
         if a.startswith("--rdzv-conf=")
     ]
-    assert conf == ["--rdzv-conf=join_timeout=90,timeout=90,last_call_timeout=5"]
+    assert conf == ["--rdzv-conf=join_timeout=90,timeout=90,read_timeout=90,last_call_timeout=5"]
     fixed = command(api.preset_job("local-cpu"), rdzv, job_file="/j.toml", storage="/d")
-    assert "--rdzv-conf=join_timeout=600,timeout=600" in fixed
+    assert "--rdzv-conf=join_timeout=600,timeout=600,read_timeout=600" in fixed
+
+
+def test_c10d_store_reads_wait_as_long_as_the_rendezvous() -> None:
+    """30.5: torch's c10d backend gives its TCPStore client read_timeout (default 60 s:
+    c10d_rendezvous_backend.py _create_tcp_store); pod 0 may take longer to host the store."""
+    rdzv = Rendezvous("c10d", "127.0.0.1:29400")
+    cfg = api.preset_job("local-cpu", ["rendezvous.timeout=900"])
+    [conf] = [a for a in command(cfg, rdzv, job_file="/j", storage="/d") if "--rdzv-conf" in a]
+    assert "read_timeout=900" in conf.split("=", 1)[1].split(",")

@@ -148,3 +148,43 @@ def test_a_device_computing_wrong_numbers_fails_naming_node_and_check(
         )
     assert str(err.value).startswith("node 0: preflight check matmul failed on ")
     assert "relative error 1.0e-02" in str(err.value)
+
+
+@pytest.mark.parametrize("variable", ["NEURON_EXTRACT_GRAPHS_ONLY", "TRAINMASTER_PRECOMPILE"])
+def test_no_value_checks_while_graphs_are_only_extracted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """30.2: under neuron_parallel_compile the trial run's outputs are invalid (aws-neuron-sdk
+    pytorch-neuron-parallel-compile.rst): the ops still run (their graphs get compiled), but
+    their values are not checked, so precompile does not stop every rank before step 1."""
+    monkeypatch.setenv(variable, "1")
+    monkeypatch.setattr(health, "matmul_hooks", [lambda rank, out: out * 1.01])
+    rt = Runtime(Env(), "cpu", bf16=False)
+    every = health.run(
+        rt,
+        inst=CATALOG["cpu"],
+        node=0,
+        local_rank=0,
+        local_workers=1,
+        checkpoints=tmp_path,
+        params=1000,
+        keep=2,
+        on_aws=False,
+    )
+    checks = {c["name"]: c for c in health.per_node(every)[0]["checks"]}
+    assert checks["matmul"]["ok"] and "not checked" in checks["matmul"]["detail"]
+    assert checks["all_reduce"]["ok"] and "not checked" in checks["all_reduce"]["detail"]
+    assert checks["disk"]["ok"]  # the node's own checks still run
+
+
+def test_the_precompile_environment_marks_the_run() -> None:
+    from pathlib import PurePosixPath
+
+    from trainmaster.compile import cache
+
+    for kind in ("inductor", "neuron", "xla"):
+        env = cache.precompile_env(kind, PurePosixPath("/c"))  # type: ignore[arg-type]
+        assert (
+            env[cache.PRECOMPILE_MARK] == "1" and cache.PRECOMPILE_MARK == "TRAINMASTER_PRECOMPILE"
+        )
+        assert cache.PRECOMPILE_MARK not in cache.env(kind, PurePosixPath("/c"))  # type: ignore[arg-type]

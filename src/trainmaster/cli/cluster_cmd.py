@@ -56,6 +56,22 @@ def plan_cmd(
     )
     for rel in written.files:
         out.print(f"  {rel}", markup=False)
+    # how `data stage` gets S3 credentials (pods cannot reach the node's IMDS; issue 30.8)
+    from trainmaster.config import S3_READER
+
+    if s.data_buckets:
+        out.print(
+            f"data stage reads s3://{', s3://'.join(s.data_buckets)} through service account "
+            f"{S3_READER} (namespace {s.namespace}; IRSA, read-only: eksctl/s3-irsa.yaml), its "
+            "default for those buckets",
+            markup=False,
+        )
+    else:
+        out.print(
+            "note: no cluster.data_buckets: `data stage s3://...` has no S3 credentials unless "
+            "kubernetes.service_account names a service account that has (or --no-sign-request)",
+            markup=False,
+        )
     if s.endpoint_note:  # who can reach the API endpoint (12.9): the user must know before `up`
         out.print(f"note: {s.endpoint_note}", markup=False)
     out.print(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import boto3
@@ -301,3 +302,98 @@ def wait_file_systems_deleted(
             f"({remaining:.0f} s left)"
         )
         sleep(min(interval_s, remaining))
+
+
+# --- S3 reads of `data stage` ------------------------------------------------------------------
+# The stage pod runs `python3 -m trainmaster.cluster.aws s3 cp|sync ...` (backends/kubernetes/
+# stage.py): boto3 comes with trainmaster, so every training image has it, while only the
+# Neuron image has the AWS CLI (issue 30.3). Credentials: boto3's default chain, i.e. the web
+# identity token that IRSA puts into the pod (AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE).
+
+
+def _s3(unsigned: bool) -> Any:
+    from botocore import UNSIGNED
+
+    extra: dict[str, Any] = {"signature_version": UNSIGNED} if unsigned else {}
+    factory = cast(Any, boto3.client)
+    return factory("s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}, **extra))
+
+
+def _split(url: str) -> tuple[str, str]:
+    if not url.startswith("s3://"):
+        raise UserError(f"{url!r} is not an s3:// URL", where="SRC")
+    bucket, _, key = url[5:].partition("/")
+    return bucket, key
+
+
+def _s3_call(url: str, action: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
+    try:
+        return call(action, fn, **kwargs)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        raise UserError(
+            f"cannot read {url} ({code or exc}); the stage pod reads S3 through its service "
+            "account: list the bucket in cluster.data_buckets (then `cluster up` again) or set "
+            "kubernetes.service_account, or use --no-sign-request for a public bucket",
+            where="SRC",
+        ) from exc
+
+
+def s3_cat(url: str, out: Any, *, unsigned: bool = False) -> None:
+    """The object's bytes to a binary file object, streamed (`aws s3 cp URL -`)."""
+    bucket, key = _split(url)
+    body = _s3_call(url, "s3:GetObject", _s3(unsigned).get_object, Bucket=bucket, Key=key)["Body"]
+    for chunk in iter(lambda: body.read(1 << 20), b""):
+        out.write(chunk)
+
+
+def s3_sync(url: str, dest: Path | str, *, unsigned: bool = False) -> int:
+    """Every object under the prefix into dest, by relative key (`aws s3 sync URL DIR`); the
+    number of files."""
+    bucket, prefix = _split(url)
+    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    s3, root, count = _s3(unsigned), Path(dest).resolve(), 0
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    while True:
+        page = _s3_call(url, "s3:ListBucket", s3.list_objects_v2, **kwargs)
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len(prefix) :]
+            target = (root / rel).resolve()
+            if not rel or rel.endswith("/") or not target.is_relative_to(root):
+                continue  # folder markers; a key that would land outside dest
+            target.parent.mkdir(parents=True, exist_ok=True)
+            key = obj["Key"]
+            _s3_call(
+                url, "s3:GetObject", s3.download_file, Bucket=bucket, Key=key, Filename=str(target)
+            )
+            count += 1
+        if not page.get("IsTruncated"):
+            return count
+        kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+
+def main(argv: Sequence[str]) -> int:
+    """`s3 cp URL - [--no-sign-request]` | `s3 sync URL DIR [--no-progress] [--no-sign-request]`."""
+    import sys
+
+    args = [a for a in argv if a not in ("--no-sign-request", "--no-progress")]
+    unsigned = "--no-sign-request" in argv
+    try:
+        if args[:2] == ["s3", "cp"] and len(args) == 4 and args[3] == "-":
+            s3_cat(args[2], sys.stdout.buffer, unsigned=unsigned)
+            sys.stdout.buffer.flush()
+        elif args[:2] == ["s3", "sync"] and len(args) == 4:
+            print(f"{s3_sync(args[2], args[3], unsigned=unsigned)} file(s) from {args[2]}")
+        else:
+            print(f"usage: {main.__doc__}", file=sys.stderr)
+            return 2
+    except UserError as exc:
+        print(f"trainmaster: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -6,8 +6,9 @@ cfn/eks_*_ng_stack.yaml), with its faults fixed:
 - One launch template for the plan's instance type, with one EFA interface per network card,
   laid out as AWS documents it: card 0 device 0 (the primary interface), every other card
   device 1. trn1.32xlarge 8 cards, trn1n/trn2 16, p5 32 (the catalog's efa_interfaces).
-- A cluster placement group; the node security group with the all-traffic rules *to and
-  from itself* that EFA's OS-bypass traffic needs (CIDR rules do not match it). No SSH from
+- A cluster placement group (none with a capacity reservation: _placement_group); the node
+  security group with the all-traffic rules *to and from itself* that EFA's OS-bypass
+  traffic needs (CIDR rules do not match it). No SSH from
   0.0.0.0/0: nodes are reached with SSM Session Manager (AmazonSSMManagedInstanceCore on the
   node role). Every interface also joins the EKS cluster security group, which the control
   plane and the system node group use, so jobs reach CoreDNS, etcd and the API server.
@@ -30,8 +31,13 @@ cfn/eks_*_ng_stack.yaml), with its faults fixed:
   stops many trn1/p5 launches).
 - The current EKS-optimised AL2023 accelerated AMI (Neuron or NVIDIA) through its public SSM
   parameter, and AL2023's nodeadm NodeConfig as user data, with the node's labels and taints
-  set at registration, so no pod lands there before they apply. The EFA software is installed
-  from the official, pinned installer only when the AMI lacks it (no `pop` typo).
+  set at registration, so no pod lands there before they apply. The EFA kernel module is
+  installed from the official, pinned installer (`--minimal`) only when the AMI lacks it (no
+  `pop` typo). The EKS AL2023 accelerated AMIs install EFA with `--minimal`, which has no
+  `fi_info` (amazon-eks-ami templates/al2023/provisioners/install-efa.sh), so the boot hook
+  looks for the module (`modinfo efa`), not for `fi_info`: otherwise it ran the full installer
+  on every boot (a DKMS rebuild, version drift, an internet dependency, and on trn1
+  efa-nv-peermem, which cannot load there).
 """
 
 from __future__ import annotations
@@ -78,7 +84,17 @@ def user_data(spec: ClusterSpec) -> str:
     group with its own launch template; source: github.com/awslabs/amazon-eks-ami
     nodeadm/doc/api.md (InstanceOptions, LocalStorageOptions, LocalStorageStrategy RAID0).
     """
-    labels = ",".join(f"{k}={v}" for k, v in spec.accelerator_labels.items())
+    # The node group's labels that EKS applies to nodes of its own AMIs only: with a custom AMI
+    # (ours, from the launch template) kubelet must set them, or `eksctl create nodegroup` waits
+    # for nodes labelled alpha.eksctl.io/nodegroup-name=<ng> until it times out (eksctl
+    # pkg/apis/eksctl.io/v1alpha5/types.go NodeGroupNameLabel, EKSNodeGroupNameLabel and
+    # ListOptions; defaults.go setDefaultNodeLabels). Neither prefix is one NodeRestriction keeps
+    # from kubelets (kubernetes.io, k8s.io).
+    node_labels = spec.accelerator_labels | {
+        "alpha.eksctl.io/nodegroup-name": spec.nodegroup,
+        "eks.amazonaws.com/nodegroup": spec.nodegroup,
+    }
+    labels = ",".join(f"{k}={v}" for k, v in node_labels.items())
     taint = f"{spec.taint_key}=true:NoSchedule"
     efa = (
         ""
@@ -87,13 +103,13 @@ def user_data(spec: ClusterSpec) -> str:
 Content-Type: text/cloud-boothook; charset="us-ascii"
 
 #!/bin/bash
-# EFA software {versions.EFA_INSTALLER_VERSION}, only when the AMI lacks it; once per instance.
-if [ ! -x /opt/amazon/efa/bin/fi_info ]; then
+# The EFA kernel module {versions.EFA_INSTALLER_VERSION}, only when the AMI lacks it; once per instance.
+# The host needs the module alone: the containers bring libfabric (and aws-ofi-nccl).
+if ! modinfo efa >/dev/null 2>&1; then
   cloud-init-per once efa_download curl -fsSL --retry 5 -o /tmp/aws-efa-installer.tar.gz {versions.EFA_INSTALLER_URL}
   cloud-init-per once efa_extract tar -xf /tmp/aws-efa-installer.tar.gz -C /tmp
-  cloud-init-per once efa_install sh -c 'cd /tmp/aws-efa-installer && ./efa_installer.sh -y -g'
+  cloud-init-per once efa_install sh -c 'cd /tmp/aws-efa-installer && ./efa_installer.sh -y --minimal'
 fi
-cloud-init-per once efa_info /opt/amazon/efa/bin/fi_info -p efa
 
 """
     )
@@ -276,15 +292,28 @@ def _launch_template(spec: ClusterSpec) -> dict[str, Any]:
             data["InstanceMarketOptions"] = {"MarketType": "capacity-block"}
     if spec.efa:
         data["NetworkInterfaces"] = network_interfaces(spec)
-        data["Placement"] = {"GroupName": ref("PlacementGroup")}
+        if _placement_group(spec):
+            data["Placement"] = {"GroupName": ref("PlacementGroup")}
     else:
         data["SecurityGroupIds"] = [ref("NodeSecurityGroup"), ref("ClusterSecurityGroup")]
     return {"Type": "AWS::EC2::LaunchTemplate", "Properties": {"LaunchTemplateData": data}}
 
 
+def _placement_group(spec: ClusterSpec) -> bool:
+    """A new cluster placement group for EFA nodes, unless they launch into a reservation.
+
+    A Capacity Reservation serves a cluster placement group only when it was created in that
+    group ("To reserve capacity in a placement group, you must create the Capacity Reservation
+    in the placement group": EC2 User Guide, "Use Capacity Reservations with cluster placement
+    groups", Limitations), and the group here is new, so no reservation can be in it; instances
+    of a Capacity Block are placed together in an EC2 UltraCluster anyway (EC2 API Reference,
+    CapacityBlock)."""
+    return spec.efa and not spec.capacity_reservation_id
+
+
 def template(spec: ClusterSpec) -> dict[str, Any]:
     resources: dict[str, Any] = {}
-    if spec.efa:
+    if _placement_group(spec):
         resources["PlacementGroup"] = {
             "Type": "AWS::EC2::PlacementGroup",
             "Properties": {"Strategy": "cluster"},

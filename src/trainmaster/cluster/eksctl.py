@@ -17,6 +17,10 @@ Three files, one per eksctl command, because their inputs exist at different tim
 - `fsx-irsa.yaml` (`eksctl create iamserviceaccount`): the FSx CSI controller's service
   account with an IAM role through IRSA and the driver's documented policy, not
   AmazonFSxFullAccess.
+- `s3-irsa.yaml` (`eksctl create iamserviceaccount`, with cluster.data_buckets): the service
+  account `data stage` runs its pod with (config.S3_READER, in the job's namespace), whose role
+  may list and read those buckets and nothing else. Pods cannot reach the node's instance
+  metadata (hop limit 1, cloudformation.py), so without it nothing gave them S3 credentials.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainmaster.cluster.spec import ROLE_LABEL, SYSTEM_INSTANCE_TYPE, SYSTEM_NODES, ClusterSpec
+from trainmaster.config import S3_READER
 
 API_VERSION = "eksctl.io/v1alpha5"
 LAUNCH_TEMPLATE_ID = "@LAUNCH_TEMPLATE_ID@"
@@ -138,7 +143,15 @@ def nodegroup_config(spec: ClusterSpec) -> dict[str, Any]:
         # launch template that targets the block (cloudformation.py does); eksctl's field for it
         # is the node group's instanceMarketOptions (schema ManagedNodeGroup.instanceMarketOptions).
         # https://docs.aws.amazon.com/eks/latest/userguide/capacity-blocks-mng.html
-        cfg["managedNodeGroups"][0]["instanceMarketOptions"] = {"marketType": "capacity-block"}
+        # eksctl (since 0.205.0) refuses instanceMarketOptions without capacityReservation:
+        # "instanceMarketOptions cannot be set without capacityReservation" (eksctl
+        # pkg/apis/eksctl.io/v1alpha5/validation.go, validateNodeGroupBase). With our own launch
+        # template eksctl only validates it; the template targets the block itself.
+        ng = cfg["managedNodeGroups"][0]
+        ng["capacityReservation"] = {
+            "capacityReservationTarget": {"capacityReservationID": spec.capacity_reservation_id}
+        }
+        ng["instanceMarketOptions"] = {"marketType": "capacity-block"}
     return cfg
 
 
@@ -150,6 +163,32 @@ def fsx_irsa_config(spec: ClusterSpec) -> dict[str, Any]:
             "metadata": {"name": FSX_SERVICE_ACCOUNT, "namespace": FSX_NAMESPACE},
             "roleName": spec.fsx_role_name,
             "attachPolicy": FSX_CSI_POLICY,
+        }
+    ]
+    return cfg
+
+
+def s3_read_policy(buckets: tuple[str, ...]) -> dict[str, Any]:
+    """List and read the buckets, nothing else (what `s3 sync` and `s3 cp URL -` call)."""
+    arns = [f"arn:aws:s3:::{b}" for b in buckets]
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": arns},
+            {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": [f"{a}/*" for a in arns]},
+        ],
+    }
+
+
+def s3_irsa_config(spec: ClusterSpec) -> dict[str, Any]:
+    """`eksctl create iamserviceaccount -f`: `data stage`'s S3 reader (IRSA; eksctl creates the
+    namespace when it is missing). Only with cluster.data_buckets."""
+    cfg = _base(spec)
+    cfg["iam"]["serviceAccounts"] = [
+        {
+            "metadata": {"name": S3_READER, "namespace": spec.namespace},
+            "roleName": spec.s3_role_name,
+            "attachPolicy": s3_read_policy(spec.data_buckets),
         }
     ]
     return cfg

@@ -3,6 +3,7 @@
     DIR/plan.json                           what was resolved, the pins, the steps (`cluster up` reads it)
     DIR/runbook.sh                          the ordered commands (runbook.py)
     DIR/eksctl/{cluster,nodegroup,fsx-irsa}.yaml
+    DIR/eksctl/s3-irsa.yaml                 with cluster.data_buckets: `data stage`'s S3 reader
     DIR/cloudformation/accelerator-nodes.yaml
     DIR/k8s/*.yaml                          device plugin, queue, etcd, storage class, claim, TensorBoard
     DIR/helm/*.yaml                         values of the pinned charts
@@ -86,6 +87,10 @@ def build(spec: ClusterSpec) -> dict[str, str]:
             fsx.csi_values(spec), f"{made} {versions.FSX_CHART} {versions.FSX_CHART_VERSION}"
         ),
     }
+    if spec.data_buckets:  # `data stage`'s S3 reader through IRSA (issue 30.8)
+        files["eksctl/s3-irsa.yaml"] = to_yaml(
+            eksctl.s3_irsa_config(spec), f"{made} eksctl create iamserviceaccount -f"
+        )
     if spec.instance.device_kind == "xla":
         files["k8s/neuron-device-plugin.yaml"] = to_yaml(addons.neuron_device_plugin(spec), made)
     else:

@@ -71,6 +71,7 @@ class ClusterSpec:
     workspace: str | None = (
         None  # kubernetes.workspace: image/Dockerfile.workspace (cluster/image.py)
     )
+    data_buckets: tuple[str, ...] = ()  # cluster.data_buckets: read by `data stage` (IRSA)
 
     @property
     def accelerator_zone(self) -> str:
@@ -96,6 +97,10 @@ class ClusterSpec:
     @property
     def fsx_role_name(self) -> str:
         return f"{self.name}-fsx-csi"
+
+    @property
+    def s3_role_name(self) -> str:
+        return f"{self.name}-s3-read"
 
     @property
     def taint_key(self) -> str:
@@ -348,6 +353,7 @@ def resolve(
         capacity_reservation_id=capacity_id,
         capacity_block=block,
         workspace=k.workspace,
+        data_buckets=tuple(c.data_buckets),
     )
 
 

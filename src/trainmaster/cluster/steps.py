@@ -18,6 +18,7 @@ from trainmaster.cluster import versions
 from trainmaster.cluster.addons import ETCD, ETCD_NAMESPACE
 from trainmaster.cluster.eksctl import FSX_NAMESPACE, FSX_SERVICE_ACCOUNT
 from trainmaster.cluster.spec import ROLE_LABEL, ClusterSpec
+from trainmaster.config import S3_READER
 
 
 @dataclass(frozen=True)
@@ -301,6 +302,23 @@ def up_steps(spec: ClusterSpec) -> list[Step]:
             echo=True,
         ),
     ]
+    if spec.data_buckets:  # `data stage`'s S3 reader (eksctl.s3_irsa_config; issue 30.8)
+        steps.insert(
+            next(i for i, st in enumerate(steps) if st.id == "fsx-irsa") + 1,
+            Step(
+                "s3-irsa",
+                f"IAM role for `data stage` to read s3://{', s3://'.join(spec.data_buckets)} (IRSA)",
+                (
+                    'eksctl create iamserviceaccount --config-file "$PLAN_DIR/eksctl/s3-irsa.yaml" '
+                    "--approve --override-existing-serviceaccounts",
+                ),
+                check=(
+                    f"kubectl {ns} get serviceaccount {S3_READER} "
+                    "-o jsonpath='{.metadata.annotations.eks\\.amazonaws\\.com/role-arn}' 2>/dev/null | grep -q '^arn:'"
+                ),
+                tools=("eksctl", "kubectl"),
+            ),
+        )
     return steps
 
 

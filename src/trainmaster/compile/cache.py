@@ -82,9 +82,14 @@ def worker_env(kind: Mechanism, cache_dir: PurePath, rank: int) -> dict[str, str
     return {}
 
 
+# Set in every precompile job: its trial run's values are not checked (train/health.py), since
+# under neuron_parallel_compile the outputs are invalid (issue 30.2).
+PRECOMPILE_MARK = "TRAINMASTER_PRECOMPILE"
+
+
 def precompile_env(kind: Mechanism, cache_dir: PurePath) -> dict[str, str]:
     """The precompile job's environment: the job's, plus neuron_parallel_compile's settings."""
-    out = env(kind, cache_dir)
+    out = env(kind, cache_dir) | {PRECOMPILE_MARK: "1"}
     if kind == "neuron":
         out |= {
             # The trial run computes with placeholder values: a failed check of the script

@@ -93,7 +93,10 @@ def component(cfg: JobConfig, *, image: str | None = None) -> str:
     # still be left for `torchx run --image`.
     inst = volcano.check(cfg, image or cfg.kubernetes.image or "IMAGE")[0]
     limits = podspec.resources(inst)["limits"]
-    devices = {k: int(v) for k, v in limits.items() if k not in ("cpu", "memory")}
+    # hugepages-2Mi (EFA pods) is no device count, and TorchX's Resource has no field for it
+    devices = {
+        k: int(v) for k, v in limits.items() if k not in ("cpu", "memory", podspec.HUGEPAGES)
+    }
     gpu = devices.pop("nvidia.com/gpu", 0)
     mem_mb = int(limits["memory"].removesuffix("Gi")) * 2**30 // 10**6  # TorchX writes f"{memMB}M"
     selector = podspec.node_selector(cfg, inst)

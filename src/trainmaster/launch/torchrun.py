@@ -65,6 +65,13 @@ def torchrun_args(cfg: JobConfig, rdzv: Rendezvous) -> list[str]:
 def rdzv_conf(cfg: JobConfig) -> str:
     """--rdzv-conf: key=value pairs, built by name (torchrun parses them into RendezvousParameters)."""
     conf = {"join_timeout": cfg.rendezvous.timeout, "timeout": cfg.rendezvous.timeout}
+    if cfg.rendezvous.backend == "c10d":
+        # The agents' TCPStore client gives up after read_timeout (default 60 s: torch
+        # distributed/elastic/rendezvous/c10d_rendezvous_backend.py _create_tcp_store;
+        # pytorch#107021). On Kubernetes the other pods start as soon as pod 0's name resolves,
+        # before pod 0 (still pulling its image, or waiting for a cacheset's lock) hosts the
+        # store: give them as long as the rendezvous itself (issue 30.5).
+        conf["read_timeout"] = cfg.rendezvous.timeout
     if cfg.job.min_nnodes and cfg.job.min_nnodes != cfg.job.nnodes:
         # Wait a little for late nodes after the minimum has joined, so that a full start
         # does not begin with fewer nodes only because one pod was slower.

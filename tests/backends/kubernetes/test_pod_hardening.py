@@ -238,6 +238,7 @@ def test_stage_script_quotes_the_s3_url(hostile: str, kind: str, tmp_path: Path)
         str(tmp_path / "dest"),
         str(tmp_path / "tmp"),  # type: ignore[arg-type]
         verify=["true"],
+        s3=["aws", "s3"],  # the stub stands for `python3 -m trainmaster.cluster.aws s3` (30.3)
     )
     result = sh(script, bin_dir)
     assert result.returncode != 0 and not canary.exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tarfile
 from pathlib import Path
 
@@ -34,6 +35,7 @@ VERIFY = [
     'test -f "$1/vocab.txt" && echo "verified $(ls "$1" | wc -l) files"',
     "verify",
 ]
+S3_STUB = ["aws", "s3"]  # the stub below stands for `python3 -m trainmaster.cluster.aws s3`
 AWS_STUB = """#!/bin/sh
 echo "$*" >> "$FAKE_S3/calls"
 key=${3#s3://}
@@ -81,7 +83,7 @@ def stage_it(
     cluster: kubernetes.Cluster, mount: Path, src: str, name: str = "wiki128", **kw: object
 ) -> tuple[str, list[str]]:
     cfg = job_cfg("trn1-32xl", [f"kubernetes.mount={mount}"])
-    pod = stage.build_stage_pod(cfg, src, name, verify=VERIFY, **kw)  # type: ignore[arg-type]
+    pod = stage.build_stage_pod(cfg, src, name, verify=VERIFY, s3=S3_STUB, **kw)  # type: ignore[arg-type]
     lines: list[str] = []
     dest = stage.run_stage(cluster, pod, on_line=lines.append, start_timeout_s=30, poll_s=0.05)
     return dest, lines
@@ -96,7 +98,7 @@ def test_golden_stage_pod() -> None:
     validate_k8s(pod)
     assert k8s_names.is_dns1123_label(pod["metadata"]["name"])
     res = pod["spec"]["containers"][0]["resources"]
-    assert res["requests"] == res["limits"] and pod["spec"]["restartPolicy"] == "Never"
+    assert res["requests"]["memory"] and pod["spec"]["restartPolicy"] == "Never"  # not BestEffort
 
 
 def test_sources_and_names(tmp_path: Path) -> None:
@@ -221,9 +223,11 @@ def test_failed_download(
     lines: list[str] = []
     with pytest.raises(JobFailed):
         cfg = job_cfg("trn1-32xl", [f"kubernetes.mount={mount}"])
-        pod = stage.build_stage_pod(cfg, "s3://bucket/missing.tar.gz", "wiki", verify=VERIFY)
+        pod = stage.build_stage_pod(
+            cfg, "s3://bucket/missing.tar.gz", "wiki", verify=VERIFY, s3=S3_STUB
+        )
         stage.run_stage(cluster, pod, on_line=lines.append, start_timeout_s=30, poll_s=0.05)
-    assert any("aws s3 cp s3://bucket/missing.tar.gz failed" in line for line in lines), lines
+    assert any("reading s3://bucket/missing.tar.gz failed" in line for line in lines), lines
     assert not fake.pods
 
 
@@ -258,3 +262,27 @@ def test_upload_of_bytes_roundtrip() -> None:
         info.size = 3
         tar.addfile(info, io.BytesIO(b"abc"))
     assert len(buf.getvalue()) % tarfile.RECORDSIZE == 0
+
+
+def test_s3_is_read_with_boto3_which_every_image_has() -> None:
+    """30.3: only the Neuron image has the AWS CLI; boto3 comes with trainmaster in all three."""
+    cfg = job_cfg("p5-48xl")
+    for src in (TUTORIAL_TAR, "s3://bucket/prefix/"):
+        text = stage.build_stage_pod(cfg, src, "wiki")["spec"]["containers"][0]["command"][2]
+        assert not re.search(r"(?<![.\w])aws s3", text)  # no AWS CLI
+        assert "python3 -m trainmaster.cluster.aws s3 " in text
+
+
+def test_stage_reads_s3_through_the_plans_service_account_by_default() -> None:
+    """30.8: the plan's IRSA service account for cluster.data_buckets is the default."""
+    cfg = job_cfg("trn1-32xl", ['cluster.data_buckets=["bucket"]'])
+    pod = stage.build_stage_pod(cfg, "s3://bucket/wiki.tar", "wiki")
+    assert pod["spec"]["serviceAccountName"] == "trainmaster-s3-reader"
+    other = stage.build_stage_pod(cfg, "s3://elsewhere/wiki.tar", "wiki")
+    assert "serviceAccountName" not in other["spec"]
+    mine = job_cfg(
+        "trn1-32xl", ['cluster.data_buckets=["bucket"]', "kubernetes.service_account=me"]
+    )
+    assert (
+        stage.build_stage_pod(mine, "s3://bucket/w.tar", "w")["spec"]["serviceAccountName"] == "me"
+    )

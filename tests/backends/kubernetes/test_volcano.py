@@ -106,7 +106,7 @@ def test_tutorial_job_with_our_corrections() -> None:
     spec, pod = job["spec"], pod_spec(job)
     assert spec["schedulerName"] == "volcano" and spec["queue"] == "trainmaster"
     assert spec["minAvailable"] == 2 and spec["tasks"][0]["replicas"] == 2
-    assert spec["maxRetry"] == 3
+    assert spec["maxRetry"] == 4  # 3 restarts (30.9)
     assert {(p["event"], p["action"]) for p in spec["policies"]} == {
         ("PodEvicted", "RestartJob"),
         ("PodFailed", "RestartJob"),
@@ -303,12 +303,23 @@ def test_script_pod0_waits_until_the_name_is_its_own(tmp_path: Path) -> None:
     assert "torchrun" not in stale.stdout
 
 
-def test_the_priority_class_comes_from_the_job_file() -> None:
-    """kubernetes.priority_class orders jobs: on the Volcano Job (its scheduler) and its pods."""
-    job = volcano.build_job(job_cfg("trn1-32xl", ['kubernetes.priority_class="team-high"']))
-    assert job["spec"]["priorityClassName"] == "team-high"
-    assert pod_spec(job)["priorityClassName"] == "team-high"
-    validate_volcano_job(job)
-    validate_pod_templates(job)
-    plain = volcano.build_job(job_cfg("trn1-32xl"))
-    assert "priorityClassName" not in plain["spec"] and "priorityClassName" not in pod_spec(plain)
+def test_max_restarts_counts_restarts() -> None:
+    """30.9: Volcano fails the job once RetryCount >= maxRetry, RetryCount counting the restart
+    being asked for (pkg/controllers/job/state/running.go, restarting.go)."""
+    for restarts in (1, 3):
+        _, job = volcano.objects(job_cfg("trn1-32xl", [f"job.max_restarts={restarts}"]))
+        assert job["spec"]["maxRetry"] == restarts + 1
+
+
+def test_efa_pods_request_hugepages_within_the_nodes_memory() -> None:
+    """30.7: AWS's EKS EFA manifests request hugepages-2Mi 5120Mi (awsome-distributed-training
+    micro-benchmarks/nccl-tests/kubernetes/nccl-tests.yaml); pre-allocated huge pages leave the
+    node's allocatable memory, so memory + hugepages stay within what the pod had before."""
+    for case in ("trn1-32xl", "trn1n-32xl", "p5-48xl"):
+        res = pod_spec(volcano.build_job(job_cfg(case)))["containers"][0]["resources"]
+        assert res["requests"]["hugepages-2Mi"] == res["limits"]["hugepages-2Mi"] == "5120Mi"
+        inst = job_cfg(case).derived.instance
+        memory = int(res["limits"]["memory"].removesuffix("Gi"))
+        assert memory + 5 <= int(inst.memory_gib * 0.9)
+    cpu = pod_spec(volcano.build_job(job_cfg("cpu")))["containers"][0]["resources"]
+    assert "hugepages-2Mi" not in cpu["limits"]

@@ -33,8 +33,17 @@ def cpu_limit(inst: catalog.InstanceType) -> int:
     return inst.vcpu - max(2, inst.vcpu // 16)
 
 
+# EFA's libfabric provider puts its bounce buffers in huge pages (ofiwg/libfabric
+# prov/efa/docs/overview.md), and AWS's EKS EFA manifests request them: hugepages-2Mi 5120Mi
+# (aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/kubernetes/
+# nccl-tests.yaml). Pre-allocated huge pages leave the node's allocatable memory, so the pod's
+# memory shrinks by as much (issue 30.7).
+HUGEPAGES = "hugepages-2Mi"
+HUGEPAGES_GIB = 5
+
+
 def memory_limit_gib(inst: catalog.InstanceType) -> int:
-    return int(inst.memory_gib * 0.9)
+    return int(inst.memory_gib * 0.9) - (HUGEPAGES_GIB if inst.efa_interfaces else 0)
 
 
 def shm_gib(inst: catalog.InstanceType) -> int:
@@ -48,6 +57,7 @@ def resources(inst: catalog.InstanceType) -> dict[str, Any]:
         res[inst.device_resource] = str(inst.devices)
     if inst.efa_interfaces:
         res[catalog.EFA] = str(inst.efa_interfaces)
+        res[HUGEPAGES] = f"{HUGEPAGES_GIB * 1024}Mi"
     return {"requests": dict(res), "limits": dict(res)}
 
 

@@ -6,10 +6,15 @@ only then renames it into place, so a failed or interrupted copy never leaves a 
 under a name the trainer would read. An archive holding one top folder (the tutorial's
 wikicorpus .tar does) is unwrapped. The pod is deleted whatever happens.
 
-Sources: an `s3://` prefix (`aws s3 sync`), an `s3://` .tar/.tar.gz/.tgz (`aws s3 cp - | tar x`,
+Sources: an `s3://` prefix (`s3 sync`), an `s3://` .tar/.tar.gz/.tgz (`s3 cp - | tar x`,
 nothing written twice), or a local folder, streamed as a tar through the API (pod exec with
 stdin, like `kubectl cp`): meant for small and medium datasets, since every byte crosses the
-API server; put large ones on S3. The image needs `aws`, GNU `tar` and `trainmaster`.
+API server; put large ones on S3. The image needs GNU `tar` and `trainmaster`. S3 is read with
+boto3 (`python3 -m trainmaster.cluster.aws s3 ...`), which trainmaster depends on, so every
+training image has it; only the Neuron image has the AWS CLI (issue 30.3). The credentials come
+through IRSA: kubernetes.service_account, else the plan's read-only service account for the
+buckets in cluster.data_buckets (config.S3_READER), since pods cannot reach the node's
+instance metadata.
 """
 
 from __future__ import annotations
@@ -36,10 +41,11 @@ from trainmaster.backends.kubernetes.client import (
     lines,
 )
 from trainmaster.backends.kubernetes.volcano import check_settings, image_of, labels
-from trainmaster.config import JobConfig
+from trainmaster.config import S3_READER, JobConfig
 from trainmaster.errors import JobFailed, UserError
 
 VERIFY = ["python3", "-m", "trainmaster", "data", "verify"]
+S3 = ["python3", "-m", "trainmaster.cluster.aws", "s3"]  # `cp URL -` and `sync URL DIR`, as aws s3
 EXISTS_EXIT = 3  # the script's exit code when datasets/NAME is already there
 WAIT_UPLOAD_S = 6 * 3600  # a local upload must finish within this
 DEADLINE_S = 24 * 3600  # activeDeadlineSeconds: no stage pod outlives a day, even if orphaned
@@ -111,18 +117,20 @@ def script(
     *,
     no_sign_request: bool = False,
     verify: list[str] | None = None,
+    s3: list[str] | None = None,
 ) -> str:
     q = shlex.quote  # every value below enters the shell quoted (docs/architecture.md 5: 17.9)
     unsigned = " --no-sign-request" if no_sign_request else ""
+    s3_cmd = shlex.join(s3 or S3)
     if source.kind == "s3-prefix":
-        copy = [f'aws s3 sync "$src_url" "$tmp" --no-progress{unsigned}']
+        copy = [f'{s3_cmd} sync "$src_url" "$tmp" --no-progress{unsigned}']
     elif source.kind == "s3-archive":
         flags = "-xzf" if source.gzip else "-xf"
         copy = [
             "rc=0",
-            f'( aws s3 cp "$src_url" -{unsigned} || touch "$tmp.failed" ) | '
+            f'( {s3_cmd} cp "$src_url" -{unsigned} || touch "$tmp.failed" ) | '
             f'tar {flags} - -C "$tmp" || rc=$?',
-            'if [ -e "$tmp.failed" ]; then echo "trainmaster: aws s3 cp $src_url '
+            'if [ -e "$tmp.failed" ]; then echo "trainmaster: reading $src_url '
             'failed" >&2; exit 1; fi',
             'if [ "$rc" -ne 0 ]; then echo "trainmaster: $src_url is not a readable '
             'tar archive (tar exit $rc)" >&2; exit 1; fi',
@@ -168,6 +176,7 @@ def build_stage_pod(
     image: str | None = None,
     no_sign_request: bool = False,
     verify: list[str] | None = None,
+    s3: list[str] | None = None,
 ) -> dict[str, Any]:
     """The stage pod: a pure function of the config, the source and the dataset name."""
     if not DATASET_NAME.match(dataset):
@@ -179,7 +188,11 @@ def build_stage_pod(
     source = parse_source(src)
     dest, tmp = paths(cfg, dataset)
     name, k = pod_name(dataset), cfg.kubernetes
-    res = {"cpu": "2", "memory": "8Gi"}
+    # Sized for the system nodes, m6i.large (2 vCPU, 8 GiB, of which EKS keeps some for the
+    # kubelet and the add-ons run there): 2 CPU / 8 Gi never fitted one. A copy and a verify need
+    # little; requests keep it off BestEffort, and it may use idle CPU (no CPU limit, as the
+    # add-ons in cluster/addons.py).
+    requests, limits = {"cpu": "500m", "memory": "1Gi"}, {"memory": "4Gi"}
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "activeDeadlineSeconds": DEADLINE_S,
@@ -190,13 +203,15 @@ def build_stage_pod(
                 "command": [
                     "/bin/sh",
                     "-c",
-                    script(source, dest, tmp, no_sign_request=no_sign_request, verify=verify),
+                    script(
+                        source, dest, tmp, no_sign_request=no_sign_request, verify=verify, s3=s3
+                    ),
                 ],
                 "env": [
                     {"name": "TRAINMASTER_STORAGE", "value": k.mount},
                     *({"name": key, "value": v} for key, v in podspec.scratch_env().items()),
                 ],
-                "resources": {"requests": dict(res), "limits": dict(res)},
+                "resources": {"requests": requests, "limits": limits},
                 "volumeMounts": [
                     {"name": podspec.STORAGE_VOLUME, "mountPath": k.mount},
                     podspec.scratch_mount(),
@@ -212,8 +227,14 @@ def build_stage_pod(
         # No node selector: any node that can mount the volume, accelerator nodes included.
         "tolerations": podspec.tolerations(cfg, None),
     }
-    if k.service_account:  # the S3 credentials (IRSA) come with the service account
-        spec["serviceAccountName"] = k.service_account
+    # The S3 credentials (IRSA) come with the service account: the job's own, else the plan's
+    # read-only one when it reads this bucket (cluster.data_buckets; issue 30.8).
+    account = k.service_account
+    bucket = src[5:].partition("/")[0] if source.kind != "local" else None
+    if account is None and not no_sign_request and bucket in cfg.cluster.data_buckets:
+        account = S3_READER
+    if account:
+        spec["serviceAccountName"] = account
     if not k8s_names.is_dns1123_label(name):  # pragma: no cover - pod_name() makes valid names
         raise UserError(f"bad pod name {name!r}", where="--name")
     return {

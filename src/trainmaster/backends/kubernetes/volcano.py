@@ -261,7 +261,10 @@ def _build(
         "schedulerName": "volcano",
         "queue": k.queue,
         "minAvailable": gang,
-        "maxRetry": job.max_restarts,
+        # Volcano fails the job once RetryCount >= maxRetry, and RestartJob counts the restart it
+        # asks for first (pkg/controllers/job/state/running.go RetryCount++, restarting.go): so
+        # maxRetry N allows N - 1 restarts; + 1 makes job.max_restarts mean restarts (30.9).
+        "maxRetry": job.max_restarts + 1,
         "plugins": {"svc": ["--publish-not-ready-addresses"], "env": []},
         "policies": [
             {"event": "PodEvicted", "action": action},

@@ -19,7 +19,7 @@ ECR_REPO=trainmaster
 IMAGE_TAG=0.1.0-neuron
 ACCELERATOR_SELECTOR=trainmaster.io/role=accelerator
 export AWS_REGION="$REGION" AWS_DEFAULT_REGION="$REGION" AWS_PAGER=""
-UP_STEPS=(tools ecr cluster kubeconfig node-stack nodegroup device-plugin efa-device-plugin devices-ready etcd volcano queue fsx-irsa fsx-csi storage image tensorboard summary)
+UP_STEPS=(tools ecr cluster kubeconfig node-stack nodegroup device-plugin efa-device-plugin devices-ready etcd volcano queue fsx-irsa s3-irsa fsx-csi storage image tensorboard summary)
 DOWN_STEPS=(down-tensorboard down-jobs down-pods down-storageclass down-claim down-nodegroup down-node-stack down-cluster down-ecr down-leftovers)
 cluster_field() { aws eks describe-cluster --name "$CLUSTER" --query "cluster.$1" --output text; }
 cluster_exists() { aws eks describe-cluster --name "$CLUSTER" >/dev/null 2>&1; }
@@ -239,6 +239,14 @@ step_fsx_irsa() {
 }
 check_fsx_irsa() {
   kubectl --namespace kube-system get serviceaccount fsx-csi-controller-sa -o jsonpath='{.metadata.annotations.eks\.amazonaws\.com/role-arn}' 2>/dev/null | grep -q '^arn:'
+}
+
+# s3-irsa: IAM role for `data stage` to read s3://trainmaster-data-bucket (IRSA)
+step_s3_irsa() {
+  eksctl create iamserviceaccount --config-file "$PLAN_DIR/eksctl/s3-irsa.yaml" --approve --override-existing-serviceaccounts
+}
+check_s3_irsa() {
+  kubectl --namespace default get serviceaccount trainmaster-s3-reader -o jsonpath='{.metadata.annotations.eks\.amazonaws\.com/role-arn}' 2>/dev/null | grep -q '^arn:'
 }
 
 # fsx-csi: FSx for Lustre CSI driver
