@@ -420,3 +420,30 @@ def test_stage_pod_fits_a_system_node() -> None:
     millis = int(cpu[:-1]) if cpu.endswith("m") else int(cpu) * 1000
     assert millis <= 1000 and res["requests"]["memory"] in ("512Mi", "1Gi", "2Gi")
     assert res["limits"]["memory"] in ("1Gi", "2Gi", "4Gi")  # below an m6i.large's allocatable
+
+
+def test_the_queue_takes_its_weight_and_capability_from_the_job() -> None:
+    from tests.cluster.schemas import validate_queue
+
+    cfg = trn1_config(
+        "kubernetes.queue_weight=4",
+        'kubernetes.queue_capability={ "aws.amazon.com/neuron" = "64", cpu = "1000" }',
+    )
+    q = addons.queue(spec.resolve(cfg))
+    assert q["spec"]["weight"] == 4
+    assert q["spec"]["capability"] == {"aws.amazon.com/neuron": "64", "cpu": "1000"}
+    validate_queue(q)  # Volcano's Queue CRD accepts it
+
+
+@pytest.mark.parametrize(
+    ("cap", "message"),
+    [
+        ('{ "aws.amazon.com/neuron" = "16" }', "less than one gang of this job needs (2 x 16)"),
+        ('{ "vpc.amazonaws.com/efa" = "8" }', "less than one gang of this job needs (2 x 8)"),
+        ('{ "aws.amazon.com/neuron" = "lots" }', "not a whole number"),
+    ],
+)
+def test_a_queue_too_small_for_one_gang_is_refused(cap: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        spec.resolve(trn1_config(f"kubernetes.queue_capability={cap}"))
+    assert err.value.where == "kubernetes.queue_capability"

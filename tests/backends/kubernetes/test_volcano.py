@@ -323,3 +323,14 @@ def test_efa_pods_request_hugepages_within_the_nodes_memory() -> None:
         assert memory + 5 <= int(inst.memory_gib * 0.9)
     cpu = pod_spec(volcano.build_job(job_cfg("cpu")))["containers"][0]["resources"]
     assert "hugepages-2Mi" not in cpu["limits"]
+
+
+def test_the_priority_class_comes_from_the_job_file() -> None:
+    """kubernetes.priority_class orders jobs: on the Volcano Job (its scheduler) and its pods."""
+    job = volcano.build_job(job_cfg("trn1-32xl", ['kubernetes.priority_class="team-high"']))
+    assert job["spec"]["priorityClassName"] == "team-high"
+    assert pod_spec(job)["priorityClassName"] == "team-high"
+    validate_volcano_job(job)
+    validate_pod_templates(job)
+    plain = volcano.build_job(job_cfg("trn1-32xl"))
+    assert "priorityClassName" not in plain["spec"] and "priorityClassName" not in pod_spec(plain)
