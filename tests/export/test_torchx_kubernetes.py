@@ -55,7 +55,7 @@ def test_torchx_renders_a_volcano_job_with_storage_devices_and_the_command(tmp_p
         assert "/dev/shm" in mounts
         limits = c["resources"]["limits"]
         assert limits["aws.amazon.com/neuron"] == "16" and limits["vpc.amazonaws.com/efa"] == "8"
-        assert limits["memory"] == f"{455 * 2**30 // 10**6}M"  # = the 455Gi trainmaster's pods ask (30.7)
+        assert limits["memory"] == f"{455 * 2**30 // 10**6}M"  # the pods' 455Gi (30.7)
         assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
         script = c["command"][-1]
         assert "python -m torch.distributed.run --nnodes=2 --nproc-per-node=32" in script
