@@ -102,6 +102,10 @@ class JobSection(Section):
         3,
         description="restarts of failed workers before the job fails; each resumes from the last checkpoint",
     )
+    max_retries: NonNegativeInt = Field(
+        3,
+        description="restarts of the whole job after a node is lost (local: the supervisor starts every node again; each resumes from the last checkpoint); counted apart from max_restarts",
+    )
     entrypoint: str = Field(
         BUILTIN_ENTRYPOINT,
         description="what torchrun starts on every worker: a Python file (train.py; local: from the launch folder, kubernetes: from the image's /workspace) or -m package.module; default the built-in BERT trainer",

@@ -41,8 +41,8 @@ from pathlib import Path
 
 from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig
 from trainmaster.errors import EXIT_BAD_INPUT, ConfigError, UserError
+from trainmaster.run import goodput, ranklog
 from trainmaster.run import metrics as runlog
-from trainmaster.run import ranklog
 from trainmaster.storage import ENV_VAR as STORAGE_ENV
 from trainmaster.storage import RunPaths
 
@@ -202,6 +202,7 @@ def _summary(run: RunPaths, target: list[str], extra: dict[str, object]) -> None
             "status": "completed",
             "entrypoint": " ".join(target),
             "restarts": restarts,
+            "job_retries": goodput.job_retries(),
             "finished_at": time.time(),
             **extra,
         },

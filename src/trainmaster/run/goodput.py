@@ -43,6 +43,7 @@ from trainmaster.run import metrics as runlog
 
 KINDS = ("startup", "compile", "productive", "lost", "checkpoint", "restart", "other")
 LAUNCHED_AT_ENV = "TRAINMASTER_LAUNCHED_AT"  # set by the local supervisor for its agents
+JOB_RETRIES_ENV = "TRAINMASTER_JOB_RETRIES"  # whole-gang restarts after a lost node, so far
 
 
 def record(path: Path, event: str, **fields: Any) -> None:
@@ -62,6 +63,12 @@ def read(path: Path) -> list[dict[str, Any]]:
         for ev in runlog.read_jsonl(path)
         if isinstance(ev.get("t"), (int, float)) and "event" in ev
     ]
+
+
+def job_retries(environ: Mapping[str, str] = os.environ) -> int:
+    """summary.json's `job_retries`: how often the launcher restarted the whole job."""
+    raw = environ.get(JOB_RETRIES_ENV, "")
+    return int(raw) if raw.isdigit() else 0
 
 
 def launched_at_from(environ: Mapping[str, str] = os.environ) -> float | None:

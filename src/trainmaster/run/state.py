@@ -54,6 +54,7 @@ class RunState(BaseModel):
     started_at: float | None = None
     finished_at: float | None = None
     cancel_requested: bool = False
+    job_retries: int = 0  # whole-gang restarts after a lost node (backends/local/supervisor.py)
     message: str = ""
 
     @model_validator(mode="before")

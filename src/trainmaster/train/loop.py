@@ -376,6 +376,7 @@ class Trainer:
             time_to_first_step_s=first_step_s,
             compile_cache=p.cache_state,
             restarts=restarts,
+            job_retries=goodput.job_retries(),
             world_size=rt.world,
             global_batch_size=cfg.train.global_batch_size,
             config_hash=cfg.derived.config_hash,

@@ -243,6 +243,7 @@ def _job_status(handle: str, s: runinfo.Status, store: Storage, *, detail: bool)
         ),
         workers=tuple(WorkerStatus(w.rank, w.node, w.local_rank, w.pid) for w in s.workers),
         restarts=s.restarts,
+        job_retries=st.job_retries,
         preemptions=s.preemptions,
         step=int(s.last["step"]) if s.last else None,
         max_steps=s.max_steps,

@@ -6,6 +6,13 @@ in state.json, and stops etcd. SIGTERM (from `cancel`) is passed on to every age
 a cancel recorded while it is still starting (no group to signal yet) is honoured at every
 step of the start-up. If the supervisor itself is killed, the agents finish the run on their
 own and whoever next reads the state (state.observed) records the end and stops the etcd.
+
+A lost node is not a failed job (the local twin of Volcano's RestartJob): when a node's agent
+dies by a signal (the instance died) or exits on a rendezvous or store error (the c10d store
+lived in a lost agent: its peers cannot go on), the supervisor stops the other nodes and starts
+the whole gang again under a new rendezvous id (and, for c10d on a free port, a new port), up
+to job.max_retries times; the workers resume from the last checkpoint. An elastic job goes on
+with the nodes it has instead (torchrun re-forms the group) unless its store went too.
 """
 
 from __future__ import annotations
@@ -20,12 +27,41 @@ from pathlib import Path
 
 from trainmaster import jobfile
 from trainmaster.backends.local import rendezvous
-from trainmaster.backends.local.launcher import agent_commands
+from trainmaster.backends.local.launcher import agent_commands, rdzv_id
 from trainmaster.compile import cache, lock
 from trainmaster.config import JobConfig
 from trainmaster.launch.torchrun import AGENT_ENV, Rendezvous
-from trainmaster.run import goodput, state
+from trainmaster.run import goodput, processes, state
+from trainmaster.run import metrics as runlog
+from trainmaster.run.goodput import JOB_RETRIES_ENV
 from trainmaster.storage import RunPaths, Storage
+
+# What a torchrun agent's log says when the rendezvous or its store is gone with a lost node
+# (torch/distributed/elastic/rendezvous/api.py and c10d's error types).
+STORE_LOST = ("RendezvousConnectionError", "RendezvousClosedError", "DistStoreError",
+              "DistNetworkError")  # fmt: skip
+POLL_S = 0.2
+
+
+def lost_reason(log: Path, offset: int, code: int | None) -> str | None:
+    """Why an ended agent counts as a lost node (None: it finished, or its workers failed)."""
+    if code is None or code == 0:
+        return None
+    if code < 0:
+        return signal.Signals(-code).name
+    try:
+        with log.open("rb") as f:
+            f.seek(offset)
+            tail = f.read()[-(256 << 10) :].decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = [m for m in STORE_LOST if m in tail]
+    return f"rendezvous lost: {found[0]}" if found else None
+
+
+def _last_step(run: RunPaths) -> int | None:
+    rows = [r for r in runlog.read_jsonl(run.metrics) if isinstance(r.get("step"), int)]
+    return int(rows[-1]["step"]) if rows else None
 
 
 def _signal_groups(pids: list[int], sig: int) -> None:
@@ -98,6 +134,23 @@ def _stop(etcd: subprocess.Popen[bytes] | None) -> None:
             etcd.wait(timeout=5)
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _fresh(cfg: JobConfig, rdzv: Rendezvous) -> Rendezvous:
+    """The rendezvous of a job retry: a new id (the old one may be closed or half-joined) and,
+    for c10d on a port we chose, a new free port (the old one may linger in TIME_WAIT or still
+    be held by a dying agent)."""
+    endpoint = rdzv.endpoint
+    if rdzv.backend == "c10d" and cfg.rendezvous.endpoint is None:
+        endpoint = f"{rendezvous.LOOPBACK}:{rendezvous.free_port()}"
+    return Rendezvous(rdzv.backend, endpoint, run_id=rdzv_id(cfg.job.name))
+
+
 def cache_env(cfg: JobConfig, storage: Path) -> dict[str, str]:
     """A compile job's cache settings (compile/cache.py), the same on every node."""
     folder = Storage(storage).cache_dir(cfg.train.cacheset)
@@ -120,6 +173,38 @@ def _hold_cache_lock(cfg: JobConfig, storage: Path) -> lock.CacheLock | None:
     return held
 
 
+def _stop_nodes(agents: list[subprocess.Popen[bytes]], st: state.RunState, grace_s: float) -> None:
+    """Stop what is left of a gang that lost a node: its workers at once (their collectives
+    wait on a dead peer; the last checkpoint is complete on disk), then the agents."""
+    for w in processes.workers(st):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(w.pid, signal.SIGKILL)
+    _signal_groups([a.pid for a in agents if a.poll() is None], signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while any(a.poll() is None for a in agents) and time.monotonic() < end:
+        time.sleep(POLL_S)  # waiting for processes to exit after a signal (bounded)
+    _signal_groups([a.pid for a in agents if a.poll() is None], signal.SIGKILL)
+    for a in agents:
+        a.wait()
+
+
+def _wait(
+    agents: list[subprocess.Popen[bytes]], run: RunPaths, offsets: list[int], elastic: bool,
+    cancelled: list[bool],
+) -> tuple[list[int], tuple[int, str] | None]:  # fmt: skip
+    """Wait for every agent, or for the first lost node that ends this attempt: (exit codes so
+    far, (node, why) or None). An elastic job loses a node by a signal and goes on."""
+    while True:
+        codes = [a.poll() for a in agents]
+        for i, code in enumerate(codes):
+            why = None if cancelled[0] else lost_reason(run.logs / f"node{i}.log", offsets[i], code)
+            if why is not None and not (elastic and code is not None and code < 0):
+                return [c if c is not None else -1 for c in codes], (i, why)
+        if all(c is not None for c in codes):
+            return [int(c) for c in codes if c is not None], None
+        time.sleep(POLL_S)  # polling child processes of their own sessions
+
+
 def supervise(run_dir: Path) -> int:
     run = RunPaths(run_dir)
     st = state.read(run.state)
@@ -133,7 +218,10 @@ def supervise(run_dir: Path) -> int:
     )
     agents: list[subprocess.Popen[bytes]] = []
 
+    cancelled = [False]  # set by the handler: agents ending now are cancelled, not lost
+
     def on_term(signum: int, _frame: object) -> None:
+        cancelled[0] = True
         state.update(run.state, cancel_requested=True)
         _signal_groups([a.pid for a in agents], signal.SIGTERM)
 
@@ -170,32 +258,61 @@ def supervise(run_dir: Path) -> int:
         # summary and `report` measure startup from the same instant.
         launched = time.time()
         env[goodput.LAUNCHED_AT_ENV] = repr(launched)
-        for i, cmd in enumerate(agent_commands(cfg, rdzv, run, storage, workdir)):
-            watch.check()
-            with (run.logs / f"node{i}.log").open("ab") as log:
-                agents.append(
-                    subprocess.Popen(
-                        cmd,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        cwd=workdir,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                        env={**env, "TRAINMASTER_NODE_INDEX": str(i)},
+        elastic = bool(cfg.job.min_nnodes and cfg.job.min_nnodes < cfg.job.nnodes)
+        retries = 0
+        while True:
+            env[JOB_RETRIES_ENV] = str(retries)
+            offsets = [_size(run.logs / f"node{i}.log") for i in range(cfg.job.nnodes)]
+            agents[:] = []
+            for i, cmd in enumerate(agent_commands(cfg, rdzv, run, storage, workdir)):
+                watch.check()
+                with (run.logs / f"node{i}.log").open("ab") as log:
+                    agents.append(
+                        subprocess.Popen(
+                            cmd,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            cwd=workdir,
+                            stdin=subprocess.DEVNULL,
+                            start_new_session=True,
+                            env={**env, "TRAINMASTER_NODE_INDEX": str(i)},
+                        )
                     )
-                )
-        if held is not None:  # a killed supervisor must not free the cache its workers use
-            held.also_held_by([a.pid for a in agents])
-        nodes = [
-            n.model_copy(update={"pid": a.pid, "start_time": state.start_time(a.pid)})
-            for n, a in zip(st.nodes, agents, strict=True)
-        ]
-        now = state.update(run.state, phase="running", started_at=launched, nodes=nodes)
-        # Read under the same lock as the write: a cancel recorded before it saw no agents to
-        # signal, so they are signalled here; a cancel after it finds them in state.json.
-        if now.cancel_requested:
-            _signal_groups([a.pid for a in agents], signal.SIGTERM)
-        codes = [a.wait() for a in agents]
+            if held is not None:  # a killed supervisor must not free the cache its workers use
+                held.also_held_by([a.pid for a in agents])
+            nodes = [
+                n.model_copy(update={"pid": a.pid, "start_time": state.start_time(a.pid),
+                                     "exit_code": None})
+                for n, a in zip(st.nodes, agents, strict=True)
+            ]  # fmt: skip
+            rdzv_now = st.rendezvous | {"endpoint": rdzv.endpoint, "run_id": rdzv.run_id or ""}
+            now = state.update(run.state, phase="running", started_at=launched, nodes=nodes,
+                               rendezvous=rdzv_now)  # fmt: skip
+            # Read under the same lock as the write: a cancel recorded before it saw no agents to
+            # signal, so they are signalled here; a cancel after it finds them in state.json.
+            if now.cancel_requested:
+                cancelled[0] = True
+                _signal_groups([a.pid for a in agents], signal.SIGTERM)
+            codes, lost = _wait(agents, run, offsets, elastic, cancelled)
+            if lost is None:
+                break
+            node, why = lost
+            step = _last_step(run)
+            at = f" at step {step}" if step is not None else ""
+            if retries >= cfg.job.max_retries:
+                _stop_nodes(agents, state.read(run.state), grace_s=10.0)
+                codes = [a.wait() for a in agents]
+                state.update(run.state, message=f"node {node} lost{at} ({why}); no job retry left "
+                             f"({retries}/{cfg.job.max_retries} used, job.max_retries)")  # fmt: skip
+                break
+            retries += 1
+            note = f"node {node} lost{at} ({why}); job retry {retries}/{cfg.job.max_retries}"
+            print(f"trainmaster supervisor: {note}", flush=True)
+            _stop_nodes(agents, state.read(run.state), grace_s=10.0)
+            goodput.record(run.timeline, "job_retry", t=time.time(), node=node, step=step, why=why)
+            state.update(run.state, job_retries=retries, message=note)
+            watch.check()
+            rdzv = _fresh(cfg, rdzv)
     except Cancelled:
         _signal_groups([a.pid for a in agents], signal.SIGTERM)
         codes = [a.wait() for a in agents]
@@ -216,8 +333,12 @@ def supervise(run_dir: Path) -> int:
         nodes += final.nodes[len(codes) :]
     elastic = bool(cfg.job.min_nnodes and cfg.job.min_nnodes < cfg.job.nnodes)
     phase = _final_phase(run, final, codes, elastic)
-    why = {"message": first_error(run) or final.message} if phase == "failed" else {}
-    state.update(run.state, phase=phase, nodes=nodes, finished_at=time.time(), **why)
+    extra: dict[str, str] = {}
+    if phase == "failed":
+        extra = {"message": first_error(run) or final.message}
+    elif phase == "succeeded" and final.job_retries:  # keep the lost node's story in status
+        extra = {"message": f"{final.message}; completed after {final.job_retries} job retry(s)"}
+    state.update(run.state, phase=phase, nodes=nodes, finished_at=time.time(), **extra)
     return 0 if phase == "succeeded" else 1
 
 
