@@ -178,7 +178,7 @@ def test_local_folder_through_exec(
     assert tree(Path(dest)) == files | {"extra/notes.txt": b"n"}
     assert lines[-1] == f"trainmaster: staged {dest}\n"
     execs = [r for r in fake.requests if r[1].endswith("/exec")]
-    assert [r[2]["command"][0] for r in execs] == ["tar", "touch"] and execs[0][2]["stdin"][0] in (
+    assert [r[2]["command"][0] for r in execs] == ["sh", "touch"] and execs[0][2]["stdin"][0] in (
         "true",
         "True",
     )
