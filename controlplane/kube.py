@@ -33,8 +33,9 @@ sys.path.insert(0, str(HERE))
 import kube_objects  # noqa: E402
 import kube_pki  # noqa: E402
 import kube_procs  # noqa: E402
+import kube_start  # noqa: E402
 
-RUN_DIR = Path(os.environ.get("TRAINMASTER_KUBE_DIR", "/tmp/trainmaster-kube"))
+RUN_DIR = Path(os.environ.get("TRAINMASTER_KUBE_DIR", "/tmp/trainmaster-kube")).absolute()
 DEFAULT_PORT = 6443
 UP_TIMEOUT = 90.0  # seconds for everything to be ready; a built plane takes ~15-25 s
 
@@ -136,7 +137,7 @@ def up(args: argparse.Namespace) -> int:
         (run / sub).mkdir(parents=True, exist_ok=True)
     (run / "state.json").write_text(json.dumps(state, indent=1))
 
-    plane = kube_procs.Plane(run, bins, share, state)
+    procs = kube_procs.Processes(run, bins, deadline=start + UP_TIMEOUT)
     try:
         kube_pki.make_pki(run / "pki")
         server = f"https://127.0.0.1:{port}"
@@ -145,13 +146,21 @@ def up(args: argparse.Namespace) -> int:
             kube_pki.write_kubeconfig(
                 run / "kubeconfigs" / f"{client}.kubeconfig", run / "pki", client, server
             )
-        plane.start_all(deadline=start + UP_TIMEOUT)
-    except (kube_procs.StartError, OSError, subprocess.CalledProcessError) as e:
-        plane.stop()
+        kube_start.start(procs, share, state)
+    except KeyboardInterrupt:
+        procs.stop()
+        print("interrupted: stopped what had started", file=sys.stderr)
+        return 130
+    except Exception as e:  # whatever failed, no process of a half-started plane stays behind
+        procs.stop()
         print(f"kube up failed after {time.monotonic() - start:.1f}s: {e}", file=sys.stderr)
         print(f"logs kept in {run}/logs (make kube-down removes them)", file=sys.stderr)
         return 1
     print(f"control plane up in {time.monotonic() - start:.1f}s ({run})")
+    print(
+        "  ready at   "
+        + ", ".join(f"{what.split(' (')[0]} {t:.1f}s" for what, t in procs.milestones)
+    )
     print_usage_hint(run, state)
     return 0
 

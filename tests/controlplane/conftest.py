@@ -148,7 +148,11 @@ def real_kube() -> Iterator[RealKube]:
                     "or set TRAINMASTER_KUBE_BUILD=1 to build them here"
                 )
             subprocess.run(["bash", str(CONTROLPLANE / "build.sh")], check=True)
-        up = subprocess.run([sys.executable, str(KUBE_PY), "up"], capture_output=True, text=True)
+        # a plane of our own needs no fixed port: any free one, unless TRAINMASTER_KUBE_PORT says
+        port = [] if os.environ.get("TRAINMASTER_KUBE_PORT") else ["--port", "0"]
+        up = subprocess.run(
+            [sys.executable, str(KUBE_PY), "up", *port], capture_output=True, text=True
+        )
         if up.returncode != 0:
             pytest.fail(f"kube.py up failed:\n{up.stdout}\n{up.stderr}")
         started = True
