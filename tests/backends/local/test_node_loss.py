@@ -84,3 +84,40 @@ def test_no_retry_left_fails_the_job_saying_why(pydoc_storage: Path, tmp_path: P
     assert "node 1 lost at step" in final.message and "no job retry left" in final.message
     run = RunPaths(Storage(pydoc_storage).run_dir(job))
     wait_for(lambda: not state.live_processes(state.read(run.state)), 60, "every process to exit")
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_an_elastic_job_completes_whichever_node_is_lost(
+    pydoc_storage: Path, tmp_path: Path, node: int
+) -> None:
+    """min_nnodes = 1: a lost node leaves the other going on alone, the global batch kept by
+    twice the accumulation, unless the lost agent held the c10d store (whichever agent bound
+    the port first): then the rendezvous went with it and the supervisor starts the gang again
+    (a job retry). Either way the job completes with every step logged once."""
+    job = f"elastic-c10d-{node}"
+    run = RunPaths(Storage(pydoc_storage).run_dir(job))
+    path = job_file(tmp_path, job, "job.min_nnodes=1")
+    assert (
+        run_cli("launch", str(path), "--storage", str(pydoc_storage), env=FAULT_ENV).returncode == 0
+    )
+    wait_step(pydoc_storage, job, 13, 300)
+    lose_node(pydoc_storage, job, node)
+    said: list[str] = []
+
+    def on_one_node_or_retried() -> bool:
+        st = state.read(run.state)
+        said.append(run_cli("status", job, "--storage", str(pydoc_storage)).stdout)
+        return "runs on 1 of 2 nodes" in said[-1] or st.job_retries > 0 or st.phase in state.FINAL
+
+    wait_for(on_one_node_or_retried, 180, "the job to go on with one node or to retry")
+    final = wait_final(pydoc_storage, job)
+    assert final.phase == "succeeded", diagnosis(pydoc_storage, job)
+    s = summary(pydoc_storage, job)
+    assert s["steps"] == JOB_STEPS and s["global_batch_size"] == 32  # what the job file says
+    if final.job_retries == 0:  # went on alone
+        assert (s["world_size"], s["grad_accum"]) == (1, 2)
+        assert any(f"runs on 1 of 2 nodes (node {node} gone)" in t for t in said)
+    else:  # the store went with the lost node
+        assert (s["world_size"], s["grad_accum"], final.job_retries) == (2, 1, 1)
+    steps = [int(r["step"]) for r in runinfo.read_metrics(run.metrics)]
+    assert steps == list(range(1, JOB_STEPS + 1))  # every step logged once

@@ -217,6 +217,11 @@ def _job_status(handle: str, s: runinfo.Status, store: Storage, *, detail: bool)
         notes += runinfo.hang_lines(s)
         summary = runinfo.summary_text(s)
         notes += [summary] if summary else []
+    live = [n for n in st.nodes if state.pid_alive(n.pid, n.start_time)]
+    if st.phase == "running" and st.nodes and 0 < len(live) < len(st.nodes):
+        # An elastic job goes on without a lost node (torchrun re-forms the group).
+        gone = ", ".join(str(n.index) for n in st.nodes if n not in live)
+        notes.append(f"runs on {len(live)} of {len(st.nodes)} nodes (node {gone} gone)")
     phase = Phase(st.phase)
     if phase == Phase.RUNNING and state.summary_of_attempt(run.state, st):
         phase = Phase.FINISHING  # the workers are done; the supervisor has yet to record it
