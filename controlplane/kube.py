@@ -37,7 +37,7 @@ import kube_start  # noqa: E402
 
 RUN_DIR = Path(os.environ.get("TRAINMASTER_KUBE_DIR", "/tmp/trainmaster-kube")).absolute()
 DEFAULT_PORT = 6443
-UP_TIMEOUT = 90.0  # seconds for everything to be ready; a built plane takes ~15-25 s
+UP_TIMEOUT = 90.0  # seconds for everything to be ready: ~10 s here, 30 s on a busy machine
 
 
 def bin_dir() -> Path:
