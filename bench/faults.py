@@ -15,6 +15,9 @@ step drawn from --seed:
                       file written, the rest not): the previous checkpoint must be used
   hang                a random worker stops after a random step (sleeps); the hang watchdog
                       (train.hang_timeout = --hang-timeout) must end it
+  node_loss           a random node dies after a random step: its torchrun agent and its
+                      workers SIGKILLed at once, as when an instance dies; the supervisor must
+                      restart the gang (a job retry, job.max_retries) from the last checkpoint
 
 The faults are the trainer's test hooks (trainmaster/train/faults.py), each fires once per job.
 Per kind it reports completed/N (phase succeeded with every step done), exact/N (the summary's
@@ -26,8 +29,11 @@ goodput ratio and the restarts. Prints one JSON object; no assertions (docs/arch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,12 +44,15 @@ from typing import Any
 
 from benchlib import agent_env, emit, load, machine, prepare_corpus, wait_final
 from trainmaster import jobfile
+from trainmaster.run import metrics as runlog
+from trainmaster.run import processes, state
 from trainmaster.storage import RunPaths, Storage
 from trainmaster.train import faults
 from trainmaster.train.model import DROPOUT_ENV
 
-KINDS = ("kill", "kill_in_checkpoint", "hang")
+KINDS = ("kill", "kill_in_checkpoint", "hang", "node_loss")
 CHECKPOINT_EVERY = 10
+NODE_LOSS = "_BENCH_NODE_LOSS"  # node:step, read by run_job (not by the trainer)
 TIMEOUT_S = 900.0
 
 
@@ -72,7 +81,12 @@ def job_file(root: Path, name: str, steps: int, hang_timeout: float) -> Path:
 
 
 def fault_env(kind: str, rng: random.Random, steps: int) -> tuple[dict[str, str], str]:
-    """The hook's environment variable for one trial, and the fault in words."""
+    """The hook's environment variable for one trial, and the fault in words (node_loss: no
+    hook; run_job kills the node itself, from outside, as the platform would)."""
+    if kind == "node_loss":
+        node = rng.choice((0, 1))
+        step = rng.choice([s for s in range(2, steps) if s % CHECKPOINT_EVERY])
+        return {NODE_LOSS: f"{node}:{step}"}, f"node {node} after step {step}"
     if kind == "kill_in_checkpoint":
         at = rng.choice(range(CHECKPOINT_EVERY, steps, CHECKPOINT_EVERY))  # not the final one
         return {faults.KILL_IN_CHECKPOINT_ENV: str(at)}, f"rank 0 in checkpoint {at}"
@@ -86,6 +100,7 @@ def run_job(
     root: Path, name: str, steps: int, hang_timeout: float, extra_env: dict[str, str]
 ) -> dict[str, Any]:
     path = job_file(root, name, steps, hang_timeout)
+    loss = extra_env.pop(NODE_LOSS, None)
     env = agent_env(2) | {DROPOUT_ENV: "0", "TRAINMASTER_DIST_TIMEOUT_S": "180", **extra_env}
     t0 = time.time()
     launched = subprocess.run(
@@ -97,6 +112,9 @@ def run_job(
     if launched.returncode != 0:
         return {"phase": "not launched", "error": launched.stderr.strip()[-300:]}
     run = RunPaths(Storage(root).run_dir(name))
+    if loss is not None:
+        node, step = map(int, loss.split(":"))
+        lose_node(run, node, step)
     phase = wait_final(run.state, TIMEOUT_S)
     summary = json.loads(run.summary.read_text()) if run.summary.exists() else {}
     g = summary.get("goodput") or {}
@@ -111,7 +129,25 @@ def run_job(
         "resume_s": g.get("restart"),
         "steps_lost": g.get("steps_lost"),
         "hangs": len(run.hangs.read_text().splitlines()) if run.hangs.exists() else 0,
+        "job_retries": state.read(run.state).job_retries,
     }
+
+
+def lose_node(run: RunPaths, node: int, step: int) -> None:
+    """Once the job has logged `step`, SIGKILL node's agent (its process group) and workers."""
+    end = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < end:
+        rows = runlog.read_jsonl(run.metrics)
+        if rows and int(rows[-1].get("step", 0)) >= step:
+            break
+        time.sleep(0.2)  # polling another process's progress
+    st = state.read(run.state)
+    workers = [w.pid for w in processes.workers(st) if w.node == node]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(st.nodes[node].pid or 0, signal.SIGKILL)
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _median(values: list[float]) -> float | None:
@@ -129,6 +165,7 @@ def tally(trials: list[dict[str, Any]], steps: int, reference: str | None) -> di
         ),
         "median_goodput": _median([t["goodput"] for t in done if t["goodput"] is not None]),
         "restarts": [t["restarts"] for t in trials],
+        "job_retries": [t.get("job_retries", 0) for t in trials],
     }
 
 
