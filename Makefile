@@ -43,7 +43,11 @@ $(TORCHX_VENV)/bin/torchx:
 	$(PYTHON) -m venv $(TORCHX_VENV)
 	$(TORCHX_VENV)/bin/python -m pip install --quiet torchx==0.7.0 kubernetes==25.3.0
 
-unit: $(STAMP) system-deps torchx-venv
+# The real control plane (kube-apiserver, Volcano, kwok; controlplane/README.md) is built once
+# into ~/.cache/trainmaster-kube; the tests marked `kube` start it on a free loopback port.
+include controlplane/controlplane.mk
+
+unit: $(STAMP) system-deps torchx-venv kube-build
 	$(BIN)/pytest -q
 
 test: lint unit
