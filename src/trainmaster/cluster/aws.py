@@ -9,6 +9,7 @@ profile to configure, or the IAM action that was denied.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -370,6 +371,34 @@ def s3_sync(url: str, dest: Path | str, *, unsigned: bool = False) -> int:
         if not page.get("IsTruncated"):
             return count
         kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+
+def s3_put_tree(folder: Path, url: str, manifest_name: str, manifest: dict[str, Any]) -> int:
+    """Upload folder's files under the URL's prefix, S3 checking each file's SHA-256 as it
+    arrives (ChecksumSHA256 from the manifest), then the manifest itself: last, so that a
+    manifest in S3 says every file before it is there. Returns the number of files."""
+    import base64
+
+    bucket, prefix = _split(url)
+    prefix = prefix.rstrip("/")
+    s3 = _s3(False)
+    for rel, (_size, digest) in manifest["files"].items():
+        checksum = base64.b64encode(bytes.fromhex(digest)).decode()
+        with (folder / rel).open("rb") as body:
+            _s3_put(
+                url, s3, Bucket=bucket, Key=f"{prefix}/{rel}", Body=body, ChecksumSHA256=checksum
+            )
+    text = json.dumps(manifest, indent=1).encode()
+    _s3_put(url, s3, Bucket=bucket, Key=f"{prefix}/{manifest_name}", Body=text)
+    return len(manifest["files"])
+
+
+def _s3_put(url: str, s3: Any, **kwargs: Any) -> None:
+    try:
+        call("s3:PutObject", s3.put_object, **kwargs)
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        raise UserError(f"cannot write {url} ({code or exc})", where="DEST") from exc
 
 
 def main(argv: Sequence[str]) -> int:
