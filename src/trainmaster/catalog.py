@@ -26,8 +26,10 @@ from typing import Literal
 
 from trainmaster.errors import ConfigError
 
-Accelerator = Literal["trainium1", "trainium2", "a100", "h100", "h200", "cpu"]
-DeviceKind = Literal["xla", "cuda", "cpu"]
+Accelerator = Literal["trainium1", "trainium2", "trainium3", "a100", "h100", "h200", "cpu"]
+# The software path a node type trains with: trn1 on PyTorch/XLA (frozen at Neuron 2.29.1,
+# cluster/versions.py), Trn2/Trn3 on TorchNeuron, native PyTorch with device "neuron".
+DeviceKind = Literal["xla", "neuron", "cuda", "cpu"]
 
 NEURON = "aws.amazon.com/neuron"
 EFA = "vpc.amazonaws.com/efa"
@@ -50,9 +52,16 @@ class InstanceType:
     price_per_hour: float  # USD on-demand
 
     @property
+    def neuron(self) -> bool:
+        """Trainium hardware (Neuron devices, driver, AMI, device plugin), whatever the path."""
+        return self.accelerator.startswith("trainium")
+
+    @property
     def device_kind(self) -> DeviceKind:
-        if self.accelerator.startswith("trainium"):
+        if self.accelerator == "trainium1":
             return "xla"
+        if self.neuron:
+            return "neuron"
         return "cpu" if self.accelerator == "cpu" else "cuda"
 
     @property
@@ -63,7 +72,7 @@ class InstanceType:
     @property
     def device_resource(self) -> str | None:
         """The Kubernetes extended resource of the accelerator (device plugin name)."""
-        if self.device_kind == "xla":
+        if self.neuron:
             return NEURON
         return NVIDIA_GPU if self.device_kind == "cuda" else None
 
@@ -93,6 +102,22 @@ _TYPES = [
 # chip is what a worker sees; 16 x 4 = 64 workers.
 
 CATALOG: dict[str, InstanceType] = {t.name: t for t in _TYPES}
+
+
+def device_refusal(inst: InstanceType, device: str) -> str | None:
+    """Why `train.device` cannot train on this node type (None: it can). Neuron's support:
+    PyTorch/XLA training ended with Neuron 2.30 and its last DLC (2.29.1) lists trn1, trn2, trn3;
+    TorchNeuron ("neuron") supports Trn2 and Trn3 only (cluster/versions.py has the sources)."""
+    if device == "neuron" and inst.accelerator == "trainium1":
+        return (
+            f"{inst.name} cannot run TorchNeuron (Neuron supports it on Trn2/Trn3 only); trn1 "
+            'trains with train.device = "xla" on the frozen Neuron 2.29.1 stack'
+        )
+    if device in ("xla", "neuron") and not inst.neuron:
+        return f"{device} needs a Trainium node type, not {inst.name}"
+    if device == "cuda" and inst.accelerator not in ("a100", "h100", "h200"):
+        return f"cuda needs a GPU node type, not {inst.name}"
+    return None
 
 
 # --- Published BERT-large phase-1 (seq 128) training throughput: what `trainmaster estimate`

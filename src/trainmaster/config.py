@@ -220,8 +220,9 @@ class DataSection(Section):
 
 
 class TrainSection(Section):
-    device: Literal["auto", "cpu", "cuda", "xla"] = Field(
-        "auto", description="auto | cpu (gloo) | cuda (nccl) | xla (Trainium)"
+    device: Literal["auto", "cpu", "cuda", "xla", "neuron"] = Field(
+        "auto",
+        description="auto | cpu (gloo) | cuda (nccl) | xla (trn1: PyTorch/XLA, frozen at Neuron 2.29.1) | neuron (Trn2/Trn3: TorchNeuron, beta)",
     )
     precision: Literal["fp32", "bf16"] = Field(
         "fp32",
@@ -321,7 +322,11 @@ class ClusterSection(Section):
     )
     region: str = Field("us-west-2", pattern=r"^[a-z]{2}(-[a-z]+)+-\d$", description="AWS region")
     kubernetes_version: str = Field(
-        "1.33", pattern=r"^1\.\d+$", description="EKS Kubernetes version"
+        # the newest in EKS standard support with Neuron and NVIDIA AL2023 AMIs (checked
+        # 2026-12-04; cluster/eks_versions.py, whose test keeps the two equal)
+        "1.36",
+        pattern=r"^1\.\d+$",
+        description="EKS Kubernetes version (standard or extended support)",
     )
     instance_type: str | None = Field(
         None, description="accelerator node type; unset = kubernetes.instance_type"
@@ -415,6 +420,8 @@ def derive(cfg: JobConfig) -> Derived:
             f"{k8s_inst.name}: the job's pods would never be scheduled",
         )
     if job.backend == "kubernetes":
+        refusal = catalog.device_refusal(inst, train.device)
+        _check(refusal is None, "train.device", refusal or "")
         _check(
             job.nproc_per_node <= inst.max_workers,
             "job.nproc_per_node",

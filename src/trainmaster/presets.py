@@ -75,6 +75,48 @@ JOB_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         },
         "cluster": {"name": "trainmaster-trn1", "region": "us-west-2"},
     },
+    # The same model on 2 x trn2.48xlarge through TorchNeuron (native PyTorch, device "neuron";
+    # a public beta as of Neuron 2.33.0, Trn2/Trn3 only: cluster/versions.py): 64 workers per node
+    # (16 Trainium2 x 4 logical NeuronCores at LNC=2, catalog.py), DDP, bf16 autocast. The global
+    # batch is the trn1 preset's, so the accumulation is 16 on 2 nodes. Region us-east-2: one
+    # that offers trn2.48xlarge in cfn-lint 1.58.0's EC2 data (instancetype_enum.json), and
+    # `cluster plan` looks up the zones that offer it.
+    "trn2-bert-large": {
+        "job": {
+            "name": "bert-large-trn2",
+            "backend": "kubernetes",
+            "nnodes": 2,
+            "nproc_per_node": 64,
+            "storage": "/data",
+        },
+        "rendezvous": {"backend": "c10d"},
+        "model": {"preset": "bert-large"},
+        "data": {
+            "dataset": "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128",
+            "seq_len": 128,
+            "max_pred": 20,
+        },
+        "train": {
+            "device": "neuron",
+            "precision": "bf16",
+            "batch_size": 16,
+            "global_batch_size": 32768,
+            "optimizer": "adamw",
+            "lr": 4e-4,
+            "warmup_steps": 2000,
+            "max_steps": 28125,
+            "checkpoint_every": 500,
+            "keep_checkpoints": 3,
+            "compile": True,
+            "cacheset": "bert-large-trn2",
+        },
+        "kubernetes": {
+            "instance_type": "trn2.48xlarge",
+            "queue": "trainmaster",
+            "image": f"{EXAMPLE_ACCOUNT}.dkr.ecr.us-east-2.amazonaws.com/trainmaster:0.1.0-torchneuron",
+        },
+        "cluster": {"name": "trainmaster-trn2", "region": "us-east-2"},
+    },
     # The same model on 2 x p5.48xlarge (8 x H100 each), NCCL, c10d through the job's service.
     "p5-bert-large": {
         "job": {

@@ -17,6 +17,7 @@ from trainmaster.config import JobConfig
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 TRN1_ZONES = '["us-west-2d", "us-west-2b"]'
+TRN2_ZONES = '["us-east-2a", "us-east-2b"]'
 P5_ZONES = '["us-east-1a", "us-east-1b"]'
 FAKE_TOOLS = ("aws", "eksctl", "kubectl", "helm", "docker", "trainmaster")
 
@@ -33,6 +34,10 @@ raise SystemExit(a.main(sys.argv[1:]))
 
 def trn1_config(*overrides: str) -> JobConfig:
     return jobfile.preset("trn1-bert-large", [f"cluster.zones={TRN1_ZONES}", *overrides])
+
+
+def trn2_config(*overrides: str) -> JobConfig:
+    return jobfile.preset("trn2-bert-large", [f"cluster.zones={TRN2_ZONES}", *overrides])
 
 
 def p5_config(*overrides: str) -> JobConfig:

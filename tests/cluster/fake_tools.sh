@@ -46,7 +46,13 @@ aws)
     esac ;;
   "aws eks describe-nodegroup"*)
     m nodegroup || notfound nodegroup
-    case "$line" in *subnets*) echo subnet-accel ;; *) echo ACTIVE ;; esac ;;
+    case "$line" in
+    *subnets*) echo subnet-accel ;;
+    *autoScalingGroups*) echo eks-accel-asg ;;
+    *) echo ACTIVE ;;
+    esac ;;
+  "aws autoscaling describe-auto-scaling-groups"*)
+    echo "arn:aws:autoscaling:us-west-2:123456789012:autoScalingGroup:1:autoScalingGroupName/eks-accel-asg" ;;
   "aws cloudformation deploy"*) mk stack ;;
   "aws cloudformation delete-stack"*) rmk stack ;;
   "aws cloudformation wait"*) ;;

@@ -26,6 +26,7 @@ def spec_of(instance: str, workers: int) -> spec.ClusterSpec:
             f'kubernetes.instance_type="{instance}"',
             f"job.nproc_per_node={workers}",
             "train.global_batch_size=65536",
+            'train.device="auto"',  # the node type's own path (xla, neuron or cuda)
         )
     )
 
@@ -75,12 +76,12 @@ def test_launch_template_basics() -> None:
     params = cloudformation.template(s)["Parameters"]
     assert (
         params["NodeImageId"]["Default"]
-        == "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/neuron/recommended/image_id"
+        == "/aws/service/eks/optimized-ami/1.36/amazon-linux-2023/x86_64/neuron/recommended/image_id"
     )
     gpu = cloudformation.template(spec.resolve(p5_config()))["Parameters"]["NodeImageId"]["Default"]
     assert (
         gpu
-        == "/aws/service/eks/optimized-ami/1.33/amazon-linux-2023/x86_64/nvidia/recommended/image_id"
+        == "/aws/service/eks/optimized-ami/1.36/amazon-linux-2023/x86_64/nvidia/recommended/image_id"
     )
 
 
@@ -184,10 +185,10 @@ def test_device_plugins_tolerate_the_accelerator_taint() -> None:
     s = spec.resolve(trn1_config())
     tolerated = {t["key"] for t in addons.efa_values(s)["tolerations"]}
     assert "aws.amazon.com/neuron" in tolerated
-    ds = addons.neuron_device_plugin(s)[-1]
-    assert {t["key"] for t in ds["spec"]["template"]["spec"]["tolerations"]} >= {
-        "aws.amazon.com/neuron"
-    }
+    neuron = addons.neuron_values(s)
+    assert {t["key"] for t in neuron["devicePlugin"]["tolerations"]} >= {"aws.amazon.com/neuron"}
+    # Neuron's node problem detector with recovery on, through the documented IRSA
+    assert neuron["npd"]["enabled"] and neuron["npd"]["nodeRecovery"]["enabled"]
     gpu = spec.resolve(p5_config())
     assert "nvidia.com/gpu" in {t["key"] for t in addons.nvidia_values(gpu)["tolerations"]}
 
@@ -294,7 +295,7 @@ def test_etcd_has_its_own_namespace_and_only_trainmasters_pods_reach_it() -> Non
     assert wanted == {"app.kubernetes.io/managed-by": "trainmaster"}
     assert wanted.items() <= labels("bert", "train").items()  # the job's pods carry it
     # the network policy agent that enforces it is on
-    [cni] = eksctl.cluster_config(s)["addons"]
+    cni, _monitoring = eksctl.cluster_config(s)["addons"]
     assert (
         cni["name"] == "vpc-cni" and '"enableNetworkPolicy": "true"' in cni["configurationValues"]
     )

@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from tests.cluster import schemas
-from tests.cluster.conftest import TRN1_ZONES, p5_config, tm, tm_here, trn1_config
+from tests.cluster.conftest import TRN1_ZONES, p5_config, tm, tm_here, trn1_config, trn2_config
 from tests.golden import check
 from trainmaster import api
-from trainmaster.cluster import plan, spec
+from trainmaster.cluster import plan, spec, versions
 from trainmaster.config import JobConfig
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -28,7 +28,12 @@ P5_CASE = (
     'cluster.public_access_cidrs=["192.0.2.0/28"]',
     "cluster.capacity_block_id=cr-0fedcba9876543210",
 )
-CASES = {"trn1": lambda: trn1_config(*TRN1_CASE), "p5": lambda: p5_config(*P5_CASE)}
+CASES = {
+    "trn1": lambda: trn1_config(*TRN1_CASE),
+    # TorchNeuron (beta), Neuron's chart, node repair
+    "trn2": lambda: trn2_config('cluster.public_access_cidrs=["198.51.100.0/24"]'),
+    "p5": lambda: p5_config(*P5_CASE),
+}
 COMMON = [
     "cloudformation/accelerator-nodes.yaml",
     "eksctl/cluster.yaml",
@@ -39,6 +44,7 @@ COMMON = [
     "image/Dockerfile.cpu",
     "image/Dockerfile.cuda",
     "image/Dockerfile.neuron",
+    "image/Dockerfile.torchneuron",
     "k8s/claim.yaml",
     "k8s/etcd.yaml",
     "k8s/queue.yaml",
@@ -79,7 +85,7 @@ def test_cli_plan_writes_every_file(tmp_path: Path) -> None:
         'cluster.public_access_cidrs=["192.0.2.0/28"]',
     )  # no look-up in a subprocess
     assert result.returncode == 0, result.stderr
-    expected = [*COMMON, "k8s/neuron-device-plugin.yaml"]
+    expected = [*COMMON, "helm/neuron-helm-chart.yaml", "eksctl/npd-irsa.yaml"]
     for rel in expected:
         assert (out / rel).is_file(), rel
         assert rel in result.stdout
@@ -90,13 +96,17 @@ def test_cli_plan_writes_every_file(tmp_path: Path) -> None:
     ) == sorted(expected)
     assert (out / "runbook.sh").stat().st_mode & 0o111
     assert "2 x trn1.32xlarge in us-west-2 (us-west-2d" in result.stdout
+    # the pins with the date each was checked, and why trn1 stays on its stack
+    pin = rf"neuron_helm_chart +{re.escape(versions.NEURON_CHART_VERSION)}  checked 2026-12-04"
+    assert re.search(pin, result.stdout), result.stdout
+    assert versions.FROZEN_XLA_NOTE in result.stdout
 
 
 def test_replanning_removes_files_the_new_plan_lacks(tmp_path: Path) -> None:
     plan.write_plan(trn1_config(), tmp_path)
-    assert (tmp_path / "k8s/neuron-device-plugin.yaml").exists()
+    assert (tmp_path / "helm/neuron-helm-chart.yaml").exists()
     plan.write_plan(p5_config(), tmp_path)
-    assert not (tmp_path / "k8s/neuron-device-plugin.yaml").exists()
+    assert not (tmp_path / "helm/neuron-helm-chart.yaml").exists()
     assert (tmp_path / "helm/nvidia-device-plugin.yaml").exists()
 
 

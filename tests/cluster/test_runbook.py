@@ -28,7 +28,7 @@ TUTORIAL = [
     ("aws cloudformation create-stack eks_trn1_ng_stack.yaml, wait", r"aws cloudformation deploy"),
     ("nodegroup manifest from the stack's LaunchTemplateId", r"render eksctl/nodegroup\.yaml"),
     ("eksctl create nodegroup -f trn1_nodegroup.yaml", r"eksctl create nodegroup"),
-    ("Neuron device plugin + RBAC", r"neuron-device-plugin"),
+    ("Neuron device plugin (Neuron's Helm chart, with its NPD)", r"neuron-helm-chart"),
     ("EFA device plugin (helm eks/aws-efa-k8s-device-plugin)", r"eks/aws-efa-k8s-device-plugin"),
     ("verify the device plugin pods", r"wait_allocatable"),
     ("etcd (kubectl apply, before Volcano)", r"kubectl apply -f \"\$PLAN_DIR/k8s/etcd\.yaml\""),

@@ -37,11 +37,11 @@ def test_up_runs_every_step_in_order(plan_dir: Path, fake_tools: dict[str, str])
         "eksctl create cluster",
         "aws cloudformation deploy",
         "eksctl create nodegroup",
-        "kubectl apply -f " + str(plan_dir / "k8s/neuron-device-plugin.yaml"),
+        "eksctl create iamserviceaccount",  # the Neuron NPD's IRSA (the FSx one comes later)
+        "helm upgrade --install neuron-helm-chart oci://public.ecr.aws/neuron/neuron-helm-chart",
         "helm upgrade --install aws-efa-k8s-device-plugin",
         "kubectl apply -f " + str(plan_dir / "k8s/etcd.yaml"),
         "kubectl apply --server-side -f https://raw.githubusercontent.com/volcano-sh/volcano/v1.15.1",
-        "eksctl create iamserviceaccount",
         "helm upgrade --install aws-fsx-csi-driver",
         "docker build --platform linux/amd64",
         "docker push",

@@ -56,6 +56,15 @@ def plan_cmd(
     )
     for rel in written.files:
         out.print(f"  {rel}", markup=False)
+    from trainmaster.cluster import versions
+
+    out.print("pinned versions (newest upstream release seen, date checked):", markup=False)
+    for line in versions.pin_lines():
+        out.print(f"  {line}", markup=False)
+    if s.instance.device_kind == "xla":  # trn1: say why its stack is frozen
+        out.print(f"note: {versions.FROZEN_XLA_NOTE}", markup=False)
+    elif s.instance.device_kind == "neuron":
+        out.print(f"note: {versions.TORCHNEURON_BETA}: the torchneuron image", markup=False)
     # how `data stage` gets S3 credentials (pods cannot reach the node's IMDS; issue 30.8)
     from trainmaster.config import S3_READER
 

@@ -103,6 +103,7 @@ def show(
             f"{inst['name']}: {inst['devices']} x {inst['accelerator']}, "
             f"{inst['vcpu']} vCPU, {inst['memory_gib']} GiB, ${inst['price_per_hour']}/h",
         ),
+        *_stack_row(inst["accelerator"], info["config"]["train"]["device"]),
         ("storage", d["storage"]),
         ("dataset", d["dataset_path"]),
         ("config hash", d["config_hash"]),
@@ -110,3 +111,20 @@ def show(
     for key, value in rows:
         table.add_row(key, value)
     out.print(table)
+
+
+def _stack_row(accelerator: str, device: str) -> list[tuple[str, str]]:
+    """Trainium's training stack: trn1's frozen PyTorch/XLA, or TorchNeuron's beta (issue 27)."""
+    from trainmaster.cluster import versions
+
+    if accelerator == "trainium1" or device == "xla":
+        return [("training stack", versions.FROZEN_XLA_NOTE)]
+    if device == "neuron" or accelerator.startswith("trainium"):
+        return [
+            (
+                "training stack",
+                f"{versions.TORCHNEURON_BETA}: torch-neuronx "
+                f"{versions.TORCHNEURON_VERSION}, Trn2/Trn3 only",
+            )
+        ]
+    return []

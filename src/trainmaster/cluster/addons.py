@@ -1,8 +1,8 @@
 """Kubernetes objects and Helm values of the cluster's add-ons, pinned (versions.py).
 
-- Device plugins: Neuron (our manifest: ServiceAccount, RBAC, DaemonSet; resources
-  aws.amazon.com/neuron and aws.amazon.com/neuroncore) or NVIDIA (Helm chart), and EFA (Helm
-  chart). The charts' defaults do not tolerate the accelerator taint, so the values add it;
+- Device plugins: Neuron (Neuron's Helm chart, with its node problem detector and recovery;
+  resources aws.amazon.com/neuron and aws.amazon.com/neuroncore) or NVIDIA (Helm chart), and
+  EFA (Helm chart). The charts' defaults do not tolerate the accelerator taint, so the values add it;
   without that the EFA plugin never lands on the nodes that have EFA.
 - Volcano's job queue (scheduling.volcano.sh/v1beta1) with kubernetes.queue_weight and, only
   when set, kubernetes.queue_capability: the tutorial's `cpu: 2` would refuse every job whose
@@ -25,7 +25,7 @@ from trainmaster.cluster.spec import ROLE_LABEL, ClusterSpec
 
 SYSTEM_SELECTOR = {ROLE_LABEL: "system"}
 MANAGED = {"app.kubernetes.io/managed-by": "trainmaster"}
-NEURON_PLUGIN = "neuron-device-plugin"
+NPD_SERVICE_ACCOUNT = "node-problem-detector"  # the chart's npd.serviceAccount.name
 ETCD = "etcd-server"
 ETCD_NAMESPACE = (
     "trainmaster-etcd"  # backends/kubernetes/volcano.py DEFAULT_ETCD names this namespace too
@@ -52,98 +52,29 @@ def accelerator_tolerations(spec: ClusterSpec) -> list[dict[str, str]]:
 # --- device plugins ---------------------------------------------------------------------------
 
 
-def neuron_device_plugin(spec: ClusterSpec) -> list[dict[str, Any]]:
-    """neuron-device-plugin with its RBAC (the rules of the Neuron Helm chart)."""
-    ns = "kube-system"
-    rules = [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-        {
-            "apiGroups": [""],
-            "resources": ["pods"],
-            "verbs": ["update", "patch", "get", "list", "watch"],
-        },
-        {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch", "update"]},
-    ]
-    labels = {"name": NEURON_PLUGIN}
-    container = {
-        "name": NEURON_PLUGIN,
-        "image": versions.NEURON_DEVICE_PLUGIN_IMAGE,
-        "imagePullPolicy": "IfNotPresent",
-        "env": [
-            {"name": "KUBECONFIG", "value": "/etc/kubernetes/kubelet.conf"},
-            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        ],
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
-        "volumeMounts": [
-            {"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
-            {"name": "infa-map", "mountPath": "/run"},
-        ],
-    }
-    daemonset = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": _meta(NEURON_PLUGIN, ns),
-        "spec": {
-            "selector": {"matchLabels": labels},
-            "updateStrategy": {"type": "RollingUpdate"},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "serviceAccountName": NEURON_PLUGIN,
-                    "priorityClassName": "system-node-critical",
-                    "tolerations": accelerator_tolerations(spec),
-                    "affinity": {
-                        "nodeAffinity": {
-                            "requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [
-                                    {
-                                        "matchExpressions": [
-                                            {
-                                                "key": "node.kubernetes.io/instance-type",
-                                                "operator": "In",
-                                                "values": [spec.instance.name],
-                                            }
-                                        ]
-                                    }
-                                ]
-                            }
-                        }
-                    },
-                    "containers": [container],
-                    "volumes": [
-                        {
-                            "name": "device-plugin",
-                            "hostPath": {"path": "/var/lib/kubelet/device-plugins"},
-                        },
-                        {"name": "infa-map", "hostPath": {"path": "/run"}},
-                    ],
-                },
-            },
+def neuron_values(spec: ClusterSpec) -> dict[str, Any]:
+    """Values of Neuron's Helm chart (versions.NEURON_CHART): its device plugin on the
+    accelerator nodes, and its node problem detector (NPD) with node recovery on.
+
+    Neuron documents the chart as the way to install the device plugin, the scheduler extension
+    and the NPD (aws-neuron-sdk deploy/eks/helm-chart.rst). The NPD watches the kernel log for
+    Neuron hardware errors (SRAM/NC/HBM uncorrectable, DMA) and sets the node condition
+    NeuronHealth; with `npd.nodeRecovery.enabled` it also marks the instance unhealthy in its
+    Auto Scaling group, which replaces it (deploy/infrastructure/problem-detector.rst). Its
+    service account comes from eksctl/npd-irsa.yaml (the documented IRSA policy), so the chart
+    does not create one. A job on a node marked so loses a pod, and Volcano restarts the gang on
+    the nodes left (the node-loss handling of backends/kubernetes/volcano.py).
+    """
+    tolerations = accelerator_tolerations(spec)
+    return {
+        "devicePlugin": {"enabled": True, "tolerations": tolerations},
+        "scheduler": {"enabled": False},  # Volcano schedules the gangs
+        "npd": {
+            "enabled": True,
+            "serviceAccount": {"create": False, "name": NPD_SERVICE_ACCOUNT},
+            "nodeRecovery": {"enabled": True},
         },
     }
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(NEURON_PLUGIN, ns)},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": _meta(NEURON_PLUGIN),
-            "rules": rules,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": _meta(NEURON_PLUGIN),
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": NEURON_PLUGIN,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": NEURON_PLUGIN, "namespace": ns}],
-        },
-        daemonset,
-    ]
 
 
 def efa_values(spec: ClusterSpec) -> dict[str, Any]:

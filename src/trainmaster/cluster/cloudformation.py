@@ -162,7 +162,7 @@ def _parameters(spec: ClusterSpec) -> dict[str, Any]:
         "VpcId": {"Type": "AWS::EC2::VPC::Id", "Description": "the cluster's VPC"},
         "NodeImageId": {
             "Type": "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>",
-            "Default": versions.ami_parameter(spec.kubernetes_version, spec.instance.device_kind),
+            "Default": versions.ami_parameter(spec.kubernetes_version, spec.instance.neuron),
             "Description": "SSM parameter of the EKS-optimised AL2023 accelerated AMI",
         },
     }

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainmaster.cluster import versions
+from trainmaster.cluster.addons import NPD_SERVICE_ACCOUNT
 from trainmaster.cluster.spec import ROLE_LABEL, SYSTEM_INSTANCE_TYPE, SYSTEM_NODES, ClusterSpec
 from trainmaster.config import S3_READER
 
@@ -97,6 +99,7 @@ def cluster_config(spec: ClusterSpec) -> dict[str, Any]:
             "disablePodIMDS": True,
             "labels": {ROLE_LABEL: "system"},
             "tags": {"trainmaster.io/cluster": spec.name},
+            "nodeRepairConfig": {"enabled": True},
         }
     ]
     # The API endpoint: public only to the job file's CIDRs (default: the planning machine's /32;
@@ -113,7 +116,14 @@ def cluster_config(spec: ClusterSpec) -> dict[str, Any]:
     # 1.14+ on EKS 1.25+ (https://docs.aws.amazon.com/eks/latest/userguide/calico.html, "Configure
     # your cluster for Kubernetes network policies"; aws.amazon.com/blogs/containers/
     # amazon-vpc-cni-now-supports-kubernetes-network-policies/).
-    cfg["addons"] = [{"name": "vpc-cni", "configurationValues": '{"enableNetworkPolicy": "true"}'}]
+    # The node monitoring agent sets NodeConditions (AcceleratedHardwareReady: NVIDIA XID and DCGM,
+    # Neuron errors; kernel, network, storage, runtime) that the node groups' auto repair acts
+    # on (https://docs.aws.amazon.com/eks/latest/userguide/node-health.html). Its version is EKS's
+    # default for the cluster version (versions.NODE_MONITORING_ADDON).
+    cfg["addons"] = [
+        {"name": "vpc-cni", "configurationValues": '{"enableNetworkPolicy": "true"}'},
+        {"name": versions.NODE_MONITORING_ADDON},
+    ]
     # who did what to the cluster (the tutorial kept no trail); the noisy api log stays off
     cfg["cloudWatch"] = {"clusterLogging": {"enableTypes": ["audit", "authenticator"]}}
     return cfg
@@ -136,6 +146,11 @@ def nodegroup_config(spec: ClusterSpec) -> dict[str, Any]:
             "labels": spec.accelerator_labels,
             "taints": [{"key": spec.taint_key, "value": "true", "effect": "NoSchedule"}],
             "tags": {"trainmaster.io/cluster": spec.name},
+            # EKS replaces or reboots a node the node monitoring agent reports unhealthy (GPU:
+            # NVIDIA XID/DCGM, Neuron: device errors); eksctl schema NodeGroupNodeRepairConfig,
+            # https://docs.aws.amazon.com/eks/latest/userguide/node-health.html. The job's pod on
+            # it is lost and Volcano restarts the gang (node-loss handling).
+            "nodeRepairConfig": {"enabled": True},
         }
     ]
     if spec.capacity_block:
@@ -163,6 +178,58 @@ def fsx_irsa_config(spec: ClusterSpec) -> dict[str, Any]:
             "metadata": {"name": FSX_SERVICE_ACCOUNT, "namespace": FSX_NAMESPACE},
             "roleName": spec.fsx_role_name,
             "attachPolicy": FSX_CSI_POLICY,
+        }
+    ]
+    return cfg
+
+
+# Neuron's node problem detector and recovery (addons.neuron_values): the IAM policy and IRSA of
+# aws-neuron-sdk deploy/infrastructure/problem-detector-irsa.rst, for the node group's Auto
+# Scaling group, which exists only once the node group does (runbook placeholders).
+NODE_ASG_ARN = "@NODE_ASG_ARN@"
+NODE_ASG_NAME = "@NODE_ASG_NAME@"
+
+
+def npd_policy() -> dict[str, Any]:
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Action": [
+                    "autoscaling:SetInstanceHealth",
+                    "autoscaling:DescribeAutoScalingInstances",
+                ],
+                "Effect": "Allow",
+                "Resource": NODE_ASG_ARN,
+            },
+            {
+                "Action": ["ec2:DescribeInstances"],
+                "Effect": "Allow",
+                "Resource": "*",
+                "Condition": {
+                    "ForAllValues:StringEquals": {
+                        "ec2:ResourceTag/aws:autoscaling:groupName": NODE_ASG_NAME
+                    }
+                },
+            },
+            {
+                "Action": ["cloudwatch:PutMetricData"],
+                "Effect": "Allow",
+                "Resource": "*",
+                "Condition": {"StringEquals": {"cloudwatch:Namespace": "NeuronHealthCheck"}},
+            },
+        ],
+    }
+
+
+def npd_irsa_config(spec: ClusterSpec) -> dict[str, Any]:
+    """`eksctl create iamserviceaccount -f`: the Neuron NPD's service account (Neuron nodes)."""
+    cfg = _base(spec)
+    cfg["iam"]["serviceAccounts"] = [
+        {
+            "metadata": {"name": NPD_SERVICE_ACCOUNT, "namespace": versions.NEURON_NPD_NAMESPACE},
+            "roleName": f"{spec.name}-neuron-npd"[:64],
+            "attachPolicy": npd_policy(),
         }
     ]
     return cfg

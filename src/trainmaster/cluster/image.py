@@ -15,7 +15,7 @@ from __future__ import annotations
 from trainmaster.cluster import versions
 from trainmaster.launch import entry
 
-FLAVOURS = ("neuron", "cuda", "cpu")
+FLAVOURS = ("neuron", "torchneuron", "cuda", "cpu")
 SOURCE_DIR = "/opt/trainmaster/src"
 
 _DOCKERIGNORE = """\
@@ -65,6 +65,51 @@ def neuron() -> str:
     FI_PROVIDER=efa \\
     FI_EFA_USE_DEVICE_RDMA=1 \\
     FI_EFA_FORK_SAFE=1
+{_INSTALL}WORKDIR /workspace
+CMD ["/bin/bash"]
+"""
+    )
+
+
+def torchneuron() -> str:
+    """Trn2/Trn3 on TorchNeuron (PUBLIC BETA, as AWS flags it): torch 2.13.0 and torch-neuronx
+    2.13.3.0 from Neuron's pip repository, on the Ubuntu that its standalone wheels support
+    (versions.py says what was and was not verified). The Neuron runtime and collectives come
+    from Neuron's apt repository as the quickstart installs them; their Neuron 2.33 versions
+    were not readable here, so they are the repository's at build time: the build prints them,
+    pin them then (`apt-get install aws-neuronx-runtime-lib=VERSION`)."""
+    efa = versions.EFA_INSTALLER_URL
+    return (
+        _header(
+            "torchneuron",
+            versions.TORCHNEURON_BASE_IMAGE,
+            f"BETA: {versions.TORCHNEURON_BETA}. Native PyTorch on Trainium2/3, device 'neuron'.",
+        )
+        + f"""\
+{_ENV}ENV PATH=/opt/venv/bin:/opt/aws/neuron/bin:$PATH \\
+    FI_PROVIDER=efa \\
+    FI_EFA_USE_DEVICE_RDMA=1 \\
+    FI_EFA_FORK_SAFE=1
+RUN apt-get update \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
+        python3 python3-venv ca-certificates curl gnupg \\
+ && curl -fsSL https://apt.repos.neuron.amazonaws.com/GPG-PUB-KEY-AMAZON-AWS-NEURON.PUB \\
+        | gpg --dearmor -o /usr/share/keyrings/neuron-archive-keyring.gpg \\
+ && . /etc/os-release \\
+ && echo "deb [signed-by=/usr/share/keyrings/neuron-archive-keyring.gpg] https://apt.repos.neuron.amazonaws.com $VERSION_CODENAME main" \\
+        > /etc/apt/sources.list.d/neuron.list \\
+ && apt-get update \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
+        aws-neuronx-runtime-lib aws-neuronx-collectives \\
+ && dpkg -l 'aws-neuronx-*' \\
+ && curl -fsSL --retry 5 -o /tmp/efa.tar.gz {efa} \\
+ && tar -xf /tmp/efa.tar.gz -C /tmp \\
+ && (cd /tmp/aws-efa-installer && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify) \\
+ && rm -rf /tmp/efa.tar.gz /tmp/aws-efa-installer /var/lib/apt/lists/* \\
+ && python3 -m venv /opt/venv
+RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url {versions.TORCH_INDEX["cpu"]} \\
+ && python -m pip install --no-cache-dir --extra-index-url {versions.NEURON_PIP_INDEX} \\
+        "torch-neuronx=={versions.TORCHNEURON_VERSION}.*" "torch=={versions.TORCH_VERSION}"
 {_INSTALL}WORKDIR /workspace
 CMD ["/bin/bash"]
 """
@@ -127,7 +172,12 @@ CMD ["/bin/bash"]
 def dockerfiles() -> dict[str, str]:
     """File name -> text, with BuildKit's per-Dockerfile ignore files next to each."""
     files: dict[str, str] = {}
-    for flavour, text in (("neuron", neuron()), ("cuda", cuda()), ("cpu", cpu())):
+    for flavour, text in (
+        ("neuron", neuron()),
+        ("torchneuron", torchneuron()),
+        ("cuda", cuda()),
+        ("cpu", cpu()),
+    ):
         files[f"Dockerfile.{flavour}"] = text
         files[f"Dockerfile.{flavour}.dockerignore"] = _DOCKERIGNORE
     return files

@@ -91,8 +91,14 @@ def build(spec: ClusterSpec) -> dict[str, str]:
         files["eksctl/s3-irsa.yaml"] = to_yaml(
             eksctl.s3_irsa_config(spec), f"{made} eksctl create iamserviceaccount -f"
         )
-    if spec.instance.device_kind == "xla":
-        files["k8s/neuron-device-plugin.yaml"] = to_yaml(addons.neuron_device_plugin(spec), made)
+    if spec.instance.neuron:
+        files["eksctl/npd-irsa.yaml"] = to_yaml(
+            eksctl.npd_irsa_config(spec), f"{made} eksctl create iamserviceaccount -f"
+        )
+        files["helm/neuron-helm-chart.yaml"] = to_yaml(
+            addons.neuron_values(spec),
+            f"{made} {versions.NEURON_CHART} {versions.NEURON_CHART_VERSION}",
+        )
     else:
         files["helm/nvidia-device-plugin.yaml"] = to_yaml(
             addons.nvidia_values(spec),

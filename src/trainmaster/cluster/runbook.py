@@ -46,6 +46,11 @@ placeholder() {  # the value of an @NAME@ placeholder
     LUSTRE_SG_ID) stack_output LustreSecurityGroup ;;
     SUBNET_ID) aws eks describe-nodegroup --cluster-name "$CLUSTER" --nodegroup-name "$NODEGROUP" \
                  --query 'nodegroup.subnets[0]' --output text ;;
+    NODE_ASG_NAME) aws eks describe-nodegroup --cluster-name "$CLUSTER" --nodegroup-name "$NODEGROUP" \
+                 --query 'nodegroup.resources.autoScalingGroups[0].name' --output text ;;
+    NODE_ASG_ARN) aws autoscaling describe-auto-scaling-groups \
+                 --auto-scaling-group-names "$(placeholder NODE_ASG_NAME)" \
+                 --query 'AutoScalingGroups[0].AutoScalingGroupARN' --output text ;;
     IMAGE) image_ref ;;
     *) echo "unknown placeholder @$1@" >&2; return 1 ;;
   esac

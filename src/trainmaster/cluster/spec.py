@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from trainmaster import __version__, catalog
-from trainmaster.cluster import versions
+from trainmaster.cluster import eks_versions
 from trainmaster.config import JobConfig
 from trainmaster.errors import ConfigError
 from trainmaster.naming import is_dns1123_label, is_dns1123_subdomain
@@ -290,12 +290,7 @@ def resolve(
     """Defaults filled in, names derived, bad input refused (ConfigError naming the field)."""
     c, k = cfg.cluster, cfg.kubernetes
     _check_name(c.name)
-    if c.kubernetes_version not in versions.SUPPORTED_KUBERNETES:
-        raise ConfigError(
-            f"{c.kubernetes_version} is not supported; use one of "
-            f"{', '.join(versions.SUPPORTED_KUBERNETES)}",
-            where="cluster.kubernetes_version",
-        )
+    eks_versions.check(c.kubernetes_version)  # standard or extended support today, else refused
     type_field = "cluster.instance_type" if c.instance_type else "kubernetes.instance_type"
     inst = catalog.get(c.instance_type or k.instance_type, where=type_field)
     if inst.device_resource is None:
@@ -358,7 +353,10 @@ def resolve(
 
 
 def _flavour(inst: catalog.InstanceType) -> str:
-    return {"xla": "neuron", "cuda": "cuda", "cpu": "cpu"}[inst.device_kind]
+    # trn1: the frozen PyTorch/XLA DLC; Trn2/Trn3: TorchNeuron (cluster/versions.py)
+    return {"xla": "neuron", "neuron": "torchneuron", "cuda": "cuda", "cpu": "cpu"}[
+        inst.device_kind
+    ]
 
 
 def image_reference(image: str | None, region: str, flavour: str) -> tuple[str, str]:

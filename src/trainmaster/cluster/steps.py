@@ -124,17 +124,24 @@ def up_steps(spec: ClusterSpec) -> list[Step]:
             tools=("aws", "eksctl", "kubectl"),
         ),
     ]
-    if spec.instance.device_kind == "xla":
+    if spec.instance.neuron:
+        npd_ns = versions.NEURON_NPD_NAMESPACE
         steps.append(
             Step(
                 "device-plugin",
-                "Neuron device plugin (aws.amazon.com/neuron)",
+                "Neuron Helm chart: device plugin (aws.amazon.com/neuron), node problem detector "
+                "and recovery (IRSA for its Auto Scaling group)",
                 (
-                    'kubectl apply -f "$PLAN_DIR/k8s/neuron-device-plugin.yaml"',
-                    "kubectl --namespace kube-system rollout status daemonset/neuron-device-plugin --timeout=10m",
+                    f"kubectl create namespace {npd_ns} --dry-run=client -o yaml | kubectl apply -f -",
+                    'local file; file="$(render eksctl/npd-irsa.yaml)"',
+                    'eksctl create iamserviceaccount --config-file "$file" --approve '
+                    "--override-existing-serviceaccounts",
+                    f"helm upgrade --install neuron-helm-chart {versions.NEURON_CHART} "
+                    f"--version {versions.NEURON_CHART_VERSION} --namespace kube-system "
+                    '--values "$PLAN_DIR/helm/neuron-helm-chart.yaml" --wait --timeout 10m',
                 ),
-                check="kubectl --namespace kube-system get daemonset neuron-device-plugin >/dev/null 2>&1",
-                tools=("kubectl",),
+                check="helm status neuron-helm-chart --namespace kube-system >/dev/null 2>&1",
+                tools=("aws", "eksctl", "kubectl", "helm"),
             )
         )
     else:

@@ -1,21 +1,34 @@
-"""Every version the cluster plan pins, in one table, with where it was checked.
+"""Every version the cluster plan pins, in one table, with where and when it was checked.
 
 The tutorial's worst failures were unpinned components drifting under it (Volcano from
 master, etcd `:latest` gone from quay.io, the FSx CSI driver at `?ref=master`, a script
 fetched from another repository's master; docs/architecture.md 5: tutorial 6.1-6.2). Here
 each component is pinned, and a new release is adopted by changing one line, on purpose, after
-reading its notes.
-Checked 2026-08 against the upstream repositories named in the comments.
+reading its notes. Each `Pin` says the newest upstream release seen on `checked`; a pin older
+than that fails tests/cluster/test_versions.py unless `held` says why it stays behind, so a
+refresh is a one-line, reviewed change. `trainmaster cluster plan` prints the table.
+EKS versions and their support dates: cluster/eks_versions.py.
 """
 
 from __future__ import annotations
 
+import datetime
+from dataclasses import dataclass
 from typing import Final
 
-# EKS versions that have AL2023 accelerated (Neuron and NVIDIA) AMIs and are in standard or
-# extended support; EKS published no AL2 AMIs after 1.32, so AL2023 it is
-# (docs/architecture.md 5: tutorial 6.12).
-SUPPORTED_KUBERNETES: Final = ("1.30", "1.31", "1.32", "1.33", "1.34")
+
+@dataclass(frozen=True)
+class Pin:
+    name: str
+    version: str  # what the plan uses
+    latest: str  # the newest upstream release seen on `checked`
+    checked: datetime.date
+    source: str
+    held: str = ""  # why `version` stays behind `latest` (empty: it must equal it)
+
+
+_D = datetime.date
+CHECKED: Final = _D(2026, 12, 4)
 
 # --- add-ons -------------------------------------------------------------------------------
 # volcano-sh/volcano tag v1.15.1: the release whose CRDs trainmaster ships in
@@ -33,25 +46,41 @@ VOLCANO_WEBHOOK_SERVICE: Final = "volcano-admission-service"
 # 5: tutorial 6.2); meta-pytorch/torchx resources/etcd.yaml pins the same tag.
 ETCD_IMAGE: Final = "quay.io/coreos/etcd:v3.5.33"
 
-# aws/eks-charts stable/aws-efa-k8s-device-plugin (chart v0.5.30, plugin v0.5.20).
+# aws/eks-charts stable/aws-efa-k8s-device-plugin/Chart.yaml at 5239609 (2026-08-03): chart
+# v0.5.30, plugin v0.5.20; its values list trn2.48xlarge, trn2.3xlarge and p5.48xlarge.
 EKS_CHARTS_REPO: Final = "https://aws.github.io/eks-charts"
 EFA_CHART: Final = "eks/aws-efa-k8s-device-plugin"
 EFA_CHART_VERSION: Final = "v0.5.30"
 
-# aws-neuron neuron-device-plugin image (neuron-helm-chart values, Neuron docs
-# deploy/includes/k8s-neuron-device-plugin.rst). Installed from our own manifest, not the
-# chart, so that it is validated here and carries exactly the tolerations our taints need.
-NEURON_DEVICE_PLUGIN_IMAGE: Final = "public.ecr.aws/neuron/neuron-device-plugin:2.22.4.0"
+# Neuron's Helm chart: device plugin, scheduler extension, node problem detector (NPD) with node
+# recovery; Neuron recommends it over the raw manifests (aws-neuron-sdk deploy/eks/helm-chart.rst,
+# deploy/infrastructure/problem-detector.rst: `helm upgrade --install neuron-helm-chart
+# oci://public.ecr.aws/neuron/neuron-helm-chart`, recovery with npd.nodeRecovery.enabled=true).
+# aws-neuron/neuron-helm-charts charts/neuron-helm-chart/Chart.yaml at b77a6f90: 1.9.0 (values:
+# device plugin 2.31.0.0, NPD v1.35.2, neuron-node-recovery 1.11.0). A chart 1.10.0 (device
+# plugin 2.32.0.0) appears in users' `helm list` output of 2026-09-11, but its Chart.yaml was
+# not readable here, so it is not pinned (unverified).
+NEURON_CHART: Final = "oci://public.ecr.aws/neuron/neuron-helm-chart"
+NEURON_CHART_VERSION: Final = "1.9.0"
+NEURON_NPD_NAMESPACE: Final = "neuron-healthcheck-system"  # the chart's npd.namespaceOverride
 
-# NVIDIA/k8s-device-plugin Helm chart.
+# NVIDIA/k8s-device-plugin deployments/helm/nvidia-device-plugin/Chart.yaml at tag v0.20.0
+# (1b826acc, 2026-08-19).
 NVIDIA_CHARTS_REPO: Final = "https://nvidia.github.io/k8s-device-plugin"
 NVIDIA_CHART: Final = "nvdp/nvidia-device-plugin"
-NVIDIA_CHART_VERSION: Final = "0.17.1"
+NVIDIA_CHART_VERSION: Final = "0.20.0"
 
 # kubernetes-sigs/aws-fsx-csi-driver charts/aws-fsx-csi-driver (chart 1.17.0, driver v1.9.0).
 FSX_CHARTS_REPO: Final = "https://kubernetes-sigs.github.io/aws-fsx-csi-driver"
 FSX_CHART: Final = "aws-fsx-csi-driver/aws-fsx-csi-driver"
 FSX_CHART_VERSION: Final = "1.17.0"
+
+# EKS add-on: the node monitoring agent (NodeConditions for kernel, network, storage, runtime
+# and accelerated hardware: NVIDIA XID, Neuron, DCGM) that managed node groups' auto repair acts
+# on (docs.aws.amazon.com/eks/latest/userguide/node-health.html; aws/eks-node-monitoring-agent
+# README, v1.7.0 published 2026-08-04). The add-on's version is EKS's default for the cluster's
+# Kubernetes version (eksctl resolves it), so it is named here, not pinned.
+NODE_MONITORING_ADDON: Final = "eks-node-monitoring-agent"
 
 # --- node software ---------------------------------------------------------------------------
 # The official EFA installer URL, pinned (the tutorial fetched "-latest" from an S3 path).
@@ -60,11 +89,52 @@ EFA_INSTALLER_URL: Final = (
     f"https://efa-installer.amazonaws.com/aws-efa-installer-{EFA_INSTALLER_VERSION}.tar.gz"
 )
 
-# --- training image ----------------------------------------------------------------------------
-# AWS Neuron Deep Learning Container (torch-neuronx 2.8, Neuron SDK 2.26.1, Python 3.11).
+# --- training images -------------------------------------------------------------------------
+# trn1 trains on a frozen stack: Neuron ended PyTorch/XLA training with Neuron 2.30.0 ("PyTorch
+# 2.9 was the last version based on the PyTorch/XLA backend for training", aws-neuron-sdk
+# about-neuron/announcements/neuron2.x/announce-no-support-pytorch-xla-training.rst), and its
+# successor TorchNeuron runs on Trn2/Trn3 only (release-notes/components/torchneuron.rst, Neuron
+# 2.33.0). So trn1 stays on the last release that trains with PyTorch/XLA: Neuron 2.29.1
+# (2026-05-01, release-notes/prev/2.29.1.rst). A 2.30.0 tag of this DLC exists, but 2.30.0 is
+# past the end of XLA training support. aws-neuron/deep-learning-containers README and
+# pytorch/training/2.9.0/Dockerfile.neuronx at tag 2.29.1: Ubuntu 24.04, Python 3.12.11,
+# torch-neuronx 2.9.0.2.13.26312+8e870898, neuronx-cc 2.24.8799.0+6f62ff7c, runtime lib
+# 2.31.24.0, NxD Training 1.7.0; for trn1, trn2, trn3, inf2.
+NEURON_XLA_SDK: Final = "2.29.1"
 NEURON_BASE_IMAGE: Final = (
-    "public.ecr.aws/neuron/pytorch-training-neuronx:2.8.0-neuronx-py311-sdk2.26.1-ubuntu22.04"
+    "public.ecr.aws/neuron/pytorch-training-neuronx:2.9.0-neuronx-py312-sdk2.29.1-ubuntu24.04"
 )
+NEURON_XLA_STACK: Final = {
+    "neuron_sdk": NEURON_XLA_SDK,
+    "torch_neuronx": "2.9.0.2.13.26312+8e870898",
+    "neuronx_cc": "2.24.8799.0+6f62ff7c",
+    "python": "3.12.11",
+    "ubuntu": "24.04",
+}
+# Compiler flags of AWS's BERT pre-training scripts (docs/architecture.md 5: 12.4); neuronx-cc
+# documents both (compiler/neuronx-cc/api-reference-guide, about-neuron/arch/neuron-features/
+# neuron-caching.rst). train/device.py and compile/fingerprint.py use these.
+NEURON_CC_FLAGS: Final = "--model-type=transformer --retry_failed_compilation"
+FROZEN_XLA_NOTE: Final = (
+    "trn1 trains on a frozen stack: Neuron ended PyTorch/XLA training with Neuron 2.30 and "
+    "TorchNeuron runs on Trn2/Trn3 only, so trn1 stays on Neuron 2.29.1 "
+    "(torch-neuronx 2.9, Python 3.12, Ubuntu 24.04)"
+)
+
+# TorchNeuron (native PyTorch, device "neuron"): torch-neuronx 2.13.3.0 for PyTorch 2.13.0 (the
+# torch this project installs), Python 3.12-3.14, Trn2/Trn3, PUBLIC BETA as of Neuron 2.33.0
+# (2026-10-19; release-notes/components/torchneuron.rst, torch/about-pytorch-neuron). AWS lists
+# a "PyTorch Training (TorchNeuron)" DLC for 2.33 (setup/pytorch/dlc.rst at v2.33.0), but its
+# tag was not readable here (the deep-learning-containers snapshot read is of 2026-08-17), so the
+# image installs the wheel from Neuron's pip repository as the quickstart does; "the standalone
+# wheels in this release support Ubuntu 26.04 only" (torch/get-started/quickstart-torch-neuron,
+# v2.33.1), hence that base. The ubuntu:26.04 tag itself was not verified here.
+TORCHNEURON_SDK: Final = "2.33.0"
+TORCHNEURON_VERSION: Final = "2.13.3.0"
+TORCHNEURON_BASE_IMAGE: Final = "public.ecr.aws/docker/library/ubuntu:26.04"
+NEURON_PIP_INDEX: Final = "https://pip.repos.neuron.amazonaws.com"
+TORCHNEURON_BETA: Final = "TorchNeuron is a public beta (Neuron 2.33.0)"
+
 CUDA_BASE_IMAGE: Final = "nvidia/cuda:12.8.1-base-ubuntu24.04"
 CPU_BASE_IMAGE: Final = "python:3.11-slim-bookworm"
 TORCH_VERSION: Final = "2.13.0"  # what the Makefile installs; the CPU and CUDA images use it too
@@ -75,10 +145,81 @@ TORCH_INDEX: Final = {
 PYTHON_ETCD_VERSION: Final = "0.4.5"
 TENSORBOARD_VERSION: Final = "2.20.0"
 
+_AUG = _D(2026, 8, 1)  # the first table: checked against the repositories in 2026-08
+PINS: Final = (
+    Pin("volcano", VOLCANO_VERSION, VOLCANO_VERSION, _AUG, "github.com/volcano-sh/volcano tags"),
+    Pin(
+        "etcd",
+        ETCD_IMAGE,
+        ETCD_IMAGE,
+        _AUG,
+        "quay.io/coreos/etcd; meta-pytorch/torchx resources/etcd.yaml",
+        held="3.5.x: etcd 3.6 removed --enable-v2 (torch's etcd rendezvous)",
+    ),
+    Pin(
+        "neuron_helm_chart",
+        NEURON_CHART_VERSION,
+        "1.9.0",
+        CHECKED,
+        "aws-neuron/neuron-helm-charts charts/neuron-helm-chart/Chart.yaml (b77a6f90)",
+    ),
+    Pin(
+        "nvidia_device_plugin_chart",
+        NVIDIA_CHART_VERSION,
+        "0.20.0",
+        CHECKED,
+        "NVIDIA/k8s-device-plugin tag v0.20.0 (2026-08-19)",
+    ),
+    Pin(
+        "efa_device_plugin_chart",
+        EFA_CHART_VERSION,
+        "v0.5.30",
+        CHECKED,
+        "aws/eks-charts stable/aws-efa-k8s-device-plugin/Chart.yaml (5239609, 2026-08-03)",
+    ),
+    Pin("fsx_csi_driver_chart", FSX_CHART_VERSION, FSX_CHART_VERSION, _AUG, "aws-fsx-csi-driver"),
+    Pin("efa_installer", EFA_INSTALLER_VERSION, EFA_INSTALLER_VERSION, _AUG, "efa-installer"),
+    Pin(
+        "neuron_xla_image",
+        NEURON_BASE_IMAGE,
+        "sdk2.30.0",
+        CHECKED,
+        "aws-neuron/deep-learning-containers README (2.32.0); announce-no-support-pytorch-xla-"
+        "training.rst",
+        held="frozen: PyTorch/XLA training ended with Neuron 2.30.0; 2.29.1 is the last that trains",
+    ),
+    Pin(
+        "torchneuron",
+        TORCHNEURON_VERSION,
+        "2.13.3.0",
+        CHECKED,
+        "aws-neuron-sdk release-notes/components/torchneuron.rst (Neuron 2.33.0, 2026-10-19)",
+        held="",
+    ),
+    Pin("cuda_base_image", CUDA_BASE_IMAGE, CUDA_BASE_IMAGE, _AUG, "hub.docker.com/r/nvidia/cuda"),
+    Pin("cpu_base_image", CPU_BASE_IMAGE, CPU_BASE_IMAGE, _AUG, "hub.docker.com/_/python"),
+    Pin("torch", TORCH_VERSION, TORCH_VERSION, _AUG, "pypi.org/project/torch (Makefile)"),
+    Pin(
+        "python_etcd",
+        PYTHON_ETCD_VERSION,
+        PYTHON_ETCD_VERSION,
+        _AUG,
+        "pypi.org/project/python-etcd",
+    ),
+    Pin(
+        "tensorboard",
+        TENSORBOARD_VERSION,
+        TENSORBOARD_VERSION,
+        _AUG,
+        "pypi.org/project/tensorboard",
+    ),
+)
 
-def ami_parameter(kubernetes_version: str, device_kind: str) -> str:
-    """SSM parameter of the current EKS-optimised AL2023 accelerated AMI."""
-    flavour = "neuron" if device_kind == "xla" else "nvidia"
+
+def ami_parameter(kubernetes_version: str, neuron: bool) -> str:
+    """SSM parameter of the current EKS-optimised AL2023 accelerated AMI (awslabs/amazon-eks-ami
+    publishes AL2023_x86_64_NEURON and _NVIDIA for every supported version, CHANGELOG)."""
+    flavour = "neuron" if neuron else "nvidia"
     return (
         f"/aws/service/eks/optimized-ami/{kubernetes_version}/amazon-linux-2023/x86_64/"
         f"{flavour}/recommended/image_id"
@@ -87,18 +228,14 @@ def ami_parameter(kubernetes_version: str, device_kind: str) -> str:
 
 def pins() -> dict[str, str]:
     """The pinned versions, as recorded in plan.json (what a reviewer diffs)."""
-    return {
-        "volcano": VOLCANO_VERSION,
-        "etcd": ETCD_IMAGE,
-        "efa_device_plugin_chart": EFA_CHART_VERSION,
-        "neuron_device_plugin": NEURON_DEVICE_PLUGIN_IMAGE,
-        "nvidia_device_plugin_chart": NVIDIA_CHART_VERSION,
-        "fsx_csi_driver_chart": FSX_CHART_VERSION,
-        "efa_installer": EFA_INSTALLER_VERSION,
-        "neuron_base_image": NEURON_BASE_IMAGE,
-        "cuda_base_image": CUDA_BASE_IMAGE,
-        "cpu_base_image": CPU_BASE_IMAGE,
-        "torch": TORCH_VERSION,
-        "python_etcd": PYTHON_ETCD_VERSION,
-        "tensorboard": TENSORBOARD_VERSION,
-    }
+    return {p.name: p.version for p in PINS}
+
+
+def pin_lines() -> list[str]:
+    """`cluster plan`'s table: each pin, the newest release seen and the date it was checked."""
+    width = max(len(p.name) for p in PINS)
+    out = []
+    for p in PINS:
+        behind = f" (newest {p.latest}: {p.held})" if p.version != p.latest else ""
+        out.append(f"{p.name:<{width}}  {p.version}  checked {p.checked}{behind}")
+    return out

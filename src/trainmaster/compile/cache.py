@@ -48,7 +48,7 @@ def mechanism(cfg: JobConfig, environ: Mapping[str, str] | None = None) -> Mecha
     if device != "xla":
         return "inductor"
     if cfg.job.backend == "kubernetes":
-        return "neuron" if cfg.derived.instance.device_kind == "xla" else "xla"
+        return "neuron" if cfg.derived.instance.neuron else "xla"
     pjrt = environ.get("PJRT_DEVICE", "").upper()
     return "xla" if pjrt and pjrt != "NEURON" else "neuron"
 

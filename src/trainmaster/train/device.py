@@ -1,6 +1,7 @@
-"""Device, process group and collectives for cpu (gloo), cuda (nccl) and xla (torch_xla).
+"""Device, process group and collectives: the native path (cpu, cuda, neuron) and xla.
 
-torch_xla is imported only on the xla path. On XLA the process group is torch_xla's ("xla",
+The native path asks torch for the device and its backend (gloo, nccl, TorchNeuron's), with
+the per-device choices of train/devices.py's one table. torch_xla is imported only on the xla path. On XLA the process group is torch_xla's ("xla",
 init_method xla://), gradients are reduced with xm.reduce_gradients after accumulation (one
 all-reduce per optimizer step, like the AWS tutorial), graphs are cut with torch_xla.sync()
 at step boundaries, and batches reach the device through MpDeviceLoader. torch_xla on a CPU
@@ -12,32 +13,53 @@ and after init.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import importlib
 import importlib.util
 import os
 import pickle
 from collections.abc import Iterable, Iterator
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from trainmaster.errors import UserError
+from trainmaster.train.devices import (
+    CUDA_SYNC_EVERY,
+    NATIVE,
+    DeviceKind,
+    DeviceOptions,
+    dist_backend,
+    options_for,
+)
 from trainmaster.train.preflight import Env
 
-DeviceKind = Literal["cpu", "cuda", "xla"]
 Batch = dict[str, torch.Tensor]
 TIMEOUT_ENV = "TRAINMASTER_DIST_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 1800  # bounded: a lost peer ends the job instead of hanging it
+__all__ = ["CUDA_SYNC_EVERY", "DeviceKind", "DeviceOptions", "Runtime", "options_for"]
+
+
+def _registered(kind: str) -> bool:
+    """Whether torch knows the device: cuda with a GPU; "neuron" once TorchNeuron has renamed
+    PyTorch's PrivateUse1 backend (it autoloads with torch: no import needed, Neuron docs)."""
+    if kind == "cuda":
+        return torch.cuda.is_available()
+    return bool(torch._C._get_privateuse1_backend_name() == kind)
 
 
 def resolve_kind(requested: str) -> DeviceKind:
-    if requested == "cuda" and not torch.cuda.is_available():
+    if requested == "cuda" and not _registered("cuda"):
         raise UserError(
             "cuda was asked for, but torch sees no GPU (a CPU build of torch, or no "
             'driver); use train.device = "cpu" or "auto"',
+            where="train.device",
+        )
+    if requested == "neuron" and not _registered("neuron"):
+        raise UserError(
+            "neuron was asked for, but torch has no neuron device: TorchNeuron (torch-neuronx, "
+            "a beta; the torchneuron image) is not installed, or this is no Trn2/Trn3",
             where="train.device",
         )
     if requested == "xla" and importlib.util.find_spec("torch_xla") is None:
@@ -45,50 +67,16 @@ def resolve_kind(requested: str) -> DeviceKind:
             "xla was asked for, but torch_xla is not installed in this environment",
             where="train.device",
         )
-    if requested in ("cpu", "cuda", "xla"):
+    if requested in ("cpu", "cuda", "xla", "neuron"):
         return requested  # type: ignore[return-value]
-    if torch.cuda.is_available():
-        return "cuda"
     if os.environ.get("PJRT_DEVICE") and importlib.util.find_spec("torch_xla") is not None:
         return "xla"
+    # auto: the accelerator torch found (cuda, or neuron under TorchNeuron), else the CPU
+    if torch.accelerator.is_available():
+        found = torch.accelerator.current_accelerator()
+        if found is not None and found.type in NATIVE:
+            return found.type
     return "cpu"
-
-
-CUDA_SYNC_EVERY = 10  # steps between host reads of the loss on CUDA (metrics rows in batches)
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceOptions:
-    """The per-device choices of the fast path, in one place (and tested for each kind).
-
-    On CUDA: bf16 autocast (fp32 master weights), fused AdamW, SDPA attention, batches pinned
-    and copied non-blocking, TF32 for what stays fp32, and the host reads the loss only every
-    `sync_every` steps, so the GPU never waits for Python in between. With a padding mask,
-    PyTorch's SDPA runs its memory-efficient kernel (the flash kernel takes no mask).
-    """
-
-    autocast_bf16: bool
-    adamw: str  # "fused" | "foreach": torch.optim.AdamW's implementation
-    attn_implementation: str | None  # transformers' attention; None = its default
-    pin_memory: bool
-    non_blocking: bool
-    tf32: bool
-    sync_every: int  # host syncs (loss read, metrics row) every N steps; 1 = every step
-
-
-def options_for(kind: DeviceKind, *, bf16: bool) -> DeviceOptions:
-    """What a worker on this kind of device does; a pure function of (kind, precision)."""
-    cuda = kind == "cuda"
-    return DeviceOptions(
-        autocast_bf16=bf16 and kind in ("cpu", "cuda"),
-        # torch's fused AdamW has CPU and CUDA kernels; XLA takes the foreach ops.
-        adamw="fused" if kind in ("cpu", "cuda") else "foreach",
-        attn_implementation="sdpa" if kind in ("cpu", "cuda") else None,
-        pin_memory=cuda,
-        non_blocking=cuda,
-        tf32=cuda,
-        sync_every=CUDA_SYNC_EVERY if cuda else 1,
-    )  # XLA: the loss read is the step's barrier
 
 
 class Runtime:
@@ -108,24 +96,30 @@ class Runtime:
         timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
         if kind == "xla":
             self.device = self._init_xla(timeout)
-        elif kind == "cuda":
-            torch.cuda.set_device(env.local_rank)
-            if self.options.tf32:
-                torch.backends.cuda.matmul.allow_tf32 = True
-                torch.backends.cudnn.allow_tf32 = True
-            self.device = torch.device("cuda", env.local_rank)
-            if self.distributed:
-                dist.init_process_group("nccl", timeout=timeout, device_id=self.device, **pg)
-        else:
-            self.device = torch.device("cpu")
-            if self.distributed:
-                dist.init_process_group("gloo", timeout=timeout, **pg)
+        else:  # the native path: cpu, cuda, neuron (devices.py)
+            self.device = self._init_native(timeout, pg)
         if self.distributed and dist.get_world_size() != self.world:
             raise UserError(
                 f"the {kind} process group has {dist.get_world_size()} workers, but "
                 f"torchrun started {self.world}",
                 where="WORLD_SIZE",
             )
+
+    def _init_native(self, timeout: datetime.timedelta, pg: dict[str, Any]) -> torch.device:
+        """One device per worker (local rank) on an accelerator, its backend from torch."""
+        if self.kind == "cpu":
+            device = torch.device("cpu")
+        else:
+            device = torch.device(self.kind, self.env.local_rank)
+            torch.accelerator.set_device_index(device)
+        if self.options.tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        if self.distributed:
+            backend = dist_backend(self.kind)
+            bound = device if device.type != "cpu" else None
+            dist.init_process_group(backend, timeout=timeout, device_id=bound, **pg)
+        return device
 
     def _init_xla(self, timeout: datetime.timedelta) -> torch.device:
         pjrt = os.environ.get("PJRT_DEVICE", "").upper()
@@ -161,7 +155,7 @@ class Runtime:
                 self._xm.mark_step()
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """bf16 autocast around forward and loss on cpu/cuda (fp32 master weights)."""
+        """bf16 autocast around forward and loss on cpu/cuda/neuron (fp32 master weights)."""
         if self.options.autocast_bf16:
             return torch.autocast(device_type=self.kind, dtype=torch.bfloat16)
         return contextlib.nullcontext()
@@ -220,6 +214,8 @@ class Runtime:
         state: dict[str, Any] = {"torch": torch.get_rng_state()}
         if self.kind == "cuda":
             state["cuda"] = torch.cuda.get_rng_state(self.device)
+        # neuron: TorchNeuron documents no device generator API; its dropout masks after a
+        # resume are not the uninterrupted run's (unverified, so not claimed bit-exact).
         if self.kind == "xla":
             state["xla"] = int(self._xm.get_rng_state())
         return state

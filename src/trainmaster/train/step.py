@@ -42,7 +42,7 @@ def _ddp(net: nn.Module, rt: Runtime) -> DistributedDataParallel:
     )
     return DistributedDataParallel(
         net,
-        device_ids=[rt.device.index] if rt.kind == "cuda" else None,
+        device_ids=[rt.device.index] if rt.device.type != "cpu" else None,
         gradient_as_bucket_view=True,
         **no_buffer_sync,
     )
@@ -60,8 +60,9 @@ class Stepper:
     ) -> None:
         self.optimizer, self.scheduler, self.rt = optimizer, scheduler, rt
         net: nn.Module = Pretraining(model)
-        if compile and rt.kind != "xla":  # XLA compiles its graphs anyway (Neuron cache)
-            net = torch.compile(net)  # type: ignore[assignment]
+        backend = rt.options.compile_backend  # None on XLA: it compiles its graphs anyway
+        if compile and backend is not None:
+            net = torch.compile(net, backend=backend)  # type: ignore[assignment]
         self.ddp = _ddp(net, rt) if rt.distributed and rt.kind != "xla" else None
         self.net: nn.Module = self.ddp if self.ddp is not None else net
         self.params = list(model.parameters())

@@ -127,7 +127,7 @@ def env(
         "PYTHONUNBUFFERED": "1",
         **torchrun.AGENT_ENV,
     }
-    if inst.device_kind == "xla":
+    if inst.neuron:  # trn1 (XLA) and Trn2/Trn3 (TorchNeuron) alike
         plain |= {
             "FI_PROVIDER": "efa",
             "FI_EFA_USE_DEVICE_RDMA": "1",

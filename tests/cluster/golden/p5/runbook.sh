@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# trainmaster cluster runbook: trainmaster-p5, 2 x p5.48xlarge in us-east-1 (us-east-1a), Kubernetes 1.33.
+# trainmaster cluster runbook: trainmaster-p5, 2 x p5.48xlarge in us-east-1 (us-east-1a), Kubernetes 1.36.
 # Written by `trainmaster cluster plan`; `trainmaster cluster up` runs the same steps.
 #
 #     ./runbook.sh               every step in order, skipping those whose work exists
@@ -47,6 +47,11 @@ placeholder() {  # the value of an @NAME@ placeholder
     LUSTRE_SG_ID) stack_output LustreSecurityGroup ;;
     SUBNET_ID) aws eks describe-nodegroup --cluster-name "$CLUSTER" --nodegroup-name "$NODEGROUP" \
                  --query 'nodegroup.subnets[0]' --output text ;;
+    NODE_ASG_NAME) aws eks describe-nodegroup --cluster-name "$CLUSTER" --nodegroup-name "$NODEGROUP" \
+                 --query 'nodegroup.resources.autoScalingGroups[0].name' --output text ;;
+    NODE_ASG_ARN) aws autoscaling describe-auto-scaling-groups \
+                 --auto-scaling-group-names "$(placeholder NODE_ASG_NAME)" \
+                 --query 'AutoScalingGroups[0].AutoScalingGroupARN' --output text ;;
     IMAGE) image_ref ;;
     *) echo "unknown placeholder @$1@" >&2; return 1 ;;
   esac
@@ -182,7 +187,7 @@ check_nodegroup() {
 # device-plugin: NVIDIA device plugin (nvidia.com/gpu)
 step_device_plugin() {
   helm repo add nvdp https://nvidia.github.io/k8s-device-plugin --force-update
-  helm upgrade --install nvidia-device-plugin nvdp/nvidia-device-plugin --version 0.17.1 --namespace kube-system --values "$PLAN_DIR/helm/nvidia-device-plugin.yaml" --wait --timeout 10m
+  helm upgrade --install nvidia-device-plugin nvdp/nvidia-device-plugin --version 0.20.0 --namespace kube-system --values "$PLAN_DIR/helm/nvidia-device-plugin.yaml" --wait --timeout 10m
 }
 check_device_plugin() {
   helm status nvidia-device-plugin --namespace kube-system >/dev/null 2>&1

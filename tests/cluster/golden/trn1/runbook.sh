@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# trainmaster cluster runbook: trainmaster-trn1, 2 x trn1.32xlarge in us-west-2 (us-west-2d), Kubernetes 1.33.
+# trainmaster cluster runbook: trainmaster-trn1, 2 x trn1.32xlarge in us-west-2 (us-west-2d), Kubernetes 1.36.
 # Written by `trainmaster cluster plan`; `trainmaster cluster up` runs the same steps.
 #
 #     ./runbook.sh               every step in order, skipping those whose work exists
@@ -47,6 +47,11 @@ placeholder() {  # the value of an @NAME@ placeholder
     LUSTRE_SG_ID) stack_output LustreSecurityGroup ;;
     SUBNET_ID) aws eks describe-nodegroup --cluster-name "$CLUSTER" --nodegroup-name "$NODEGROUP" \
                  --query 'nodegroup.subnets[0]' --output text ;;
+    NODE_ASG_NAME) aws eks describe-nodegroup --cluster-name "$CLUSTER" --nodegroup-name "$NODEGROUP" \
+                 --query 'nodegroup.resources.autoScalingGroups[0].name' --output text ;;
+    NODE_ASG_ARN) aws autoscaling describe-auto-scaling-groups \
+                 --auto-scaling-group-names "$(placeholder NODE_ASG_NAME)" \
+                 --query 'AutoScalingGroups[0].AutoScalingGroupARN' --output text ;;
     IMAGE) image_ref ;;
     *) echo "unknown placeholder @$1@" >&2; return 1 ;;
   esac
@@ -179,13 +184,15 @@ check_nodegroup() {
   [ "$(aws eks describe-nodegroup --cluster-name "$CLUSTER" --nodegroup-name "$NODEGROUP" --query nodegroup.status --output text 2>/dev/null)" = ACTIVE ]
 }
 
-# device-plugin: Neuron device plugin (aws.amazon.com/neuron)
+# device-plugin: Neuron Helm chart: device plugin (aws.amazon.com/neuron), node problem detector and recovery (IRSA for its Auto Scaling group)
 step_device_plugin() {
-  kubectl apply -f "$PLAN_DIR/k8s/neuron-device-plugin.yaml"
-  kubectl --namespace kube-system rollout status daemonset/neuron-device-plugin --timeout=10m
+  kubectl create namespace neuron-healthcheck-system --dry-run=client -o yaml | kubectl apply -f -
+  local file; file="$(render eksctl/npd-irsa.yaml)"
+  eksctl create iamserviceaccount --config-file "$file" --approve --override-existing-serviceaccounts
+  helm upgrade --install neuron-helm-chart oci://public.ecr.aws/neuron/neuron-helm-chart --version 1.9.0 --namespace kube-system --values "$PLAN_DIR/helm/neuron-helm-chart.yaml" --wait --timeout 10m
 }
 check_device_plugin() {
-  kubectl --namespace kube-system get daemonset neuron-device-plugin >/dev/null 2>&1
+  helm status neuron-helm-chart --namespace kube-system >/dev/null 2>&1
 }
 
 # efa-device-plugin: EFA device plugin (vpc.amazonaws.com/efa)
