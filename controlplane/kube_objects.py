@@ -23,6 +23,12 @@ from trainmaster.cluster.spec import ROLE_LABEL
 VOLCANO_NAMESPACE = "volcano-system"
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")  # kwok manages only nodes that carry it
 MAX_PODS = 110  # the kubelet's default
+# The EFA installer, which the EKS accelerated AMIs carry, reserves 2 MiB huge pages for
+# libfabric's EFA provider ("If you have EFA installer installed on your instance, you should
+# be able to see there are huge page reserved", ofiwg/libfabric issue 9739); EFA pods request
+# them (backends/kubernetes/podspec.py HUGEPAGES). Without them an EFA node here would refuse
+# every training pod with "overused hugepages-2Mi", which a real node does not.
+EFA_HUGEPAGES_MI = 5128 * 2
 
 
 # libyaml's loader when PyYAML has it: the pure-Python one takes seconds for Volcano's CRDs
@@ -122,7 +128,7 @@ def node(name: str, instance_type: str) -> dict[str, Any]:
         "pods": str(MAX_PODS),
         "ephemeral-storage": f"{ROOT_VOLUME_GIB}Gi",
         "hugepages-1Gi": "0",
-        "hugepages-2Mi": "0",
+        "hugepages-2Mi": f"{EFA_HUGEPAGES_MI}Mi" if t.efa_interfaces else "0",
     }
     devices: dict[str, str] = {}
     if t.device_resource:
@@ -130,10 +136,12 @@ def node(name: str, instance_type: str) -> dict[str, Any]:
     if t.efa_interfaces:
         devices[catalog.EFA] = str(t.efa_interfaces)
     reserved_mi = 255 + 11 * MAX_PODS + 100
+    huge_mi = EFA_HUGEPAGES_MI if t.efa_interfaces else 0
     allocatable = {
         **capacity,
         "cpu": f"{t.vcpu * 1000 - _cpu_reserved_milli(t.vcpu)}m",
-        "memory": f"{t.memory_gib * 1024 - reserved_mi}Mi",
+        # the kubelet leaves pre-allocated huge pages out of allocatable memory
+        "memory": f"{t.memory_gib * 1024 - reserved_mi - huge_mi}Mi",
     }
     spec: dict[str, Any] = {}
     if t.device_resource:

@@ -181,3 +181,7 @@ def kube_namespace(real_kube: RealKube) -> Iterator[str]:
     name = real_kube.namespace()
     yield name
     real_kube.delete_namespace(name)
+
+
+# the fixtures of trainmaster's own jobs on this plane (cluster add-ons, a namespace with storage)
+from tests.controlplane.kubejobs import cluster_addons, job_ns, plan_dir  # noqa: E402, F401

@@ -163,6 +163,7 @@ class KubernetesBackend:
                 "namespace": st.namespace,
                 "Volcano": st.volcano_phase,
                 "restarts": str(st.retries),
+                "attempt": str(st.attempt),
             },
         )
 

@@ -115,12 +115,24 @@ def _message(exc: ApiException) -> str:
         return str(exc.body or exc.reason).strip()
 
 
+def _details(exc: ApiException) -> dict[str, Any]:
+    try:
+        details = json.loads(exc.body or "")["details"]
+    except (ValueError, KeyError, TypeError):
+        return {}
+    return details if isinstance(details, dict) else {}
+
+
 def _missing_object(exc: ApiException, name: str | None) -> bool:
     """404 for an object (Status with details.name) rather than for an unknown API."""
-    try:
-        return name is not None and json.loads(exc.body or "")["details"]["name"] == name
-    except (ValueError, KeyError, TypeError):
-        return False
+    return name is not None and _details(exc).get("name") == name
+
+
+def _missing_subresource(exc: ApiException) -> str:
+    """The subresource (e.g. pods/log) a 404 is about, when it is one: the object exists and
+    its node (the kubelet) had nothing to serve. Seen on kwok's fake nodes, which serve no log."""
+    kind = str(_details(exc).get("kind") or "")
+    return kind if "/" in kind else ""
 
 
 @contextlib.contextmanager
@@ -153,6 +165,13 @@ def call(
             raise UserError(
                 f"not allowed to {verb} {resource} in namespace {ns} (403 Forbidden: "
                 f"{msg}); ask for an RBAC Role that grants {verb} on {resource}",
+                where="kubernetes",
+            ) from exc
+        if code == 404 and _missing_subresource(exc):
+            raise UserError(
+                f"{_missing_subresource(exc)} of {name} in namespace {ns}: its node served "
+                f"nothing (404: {msg}); the container may not have started, or the node "
+                "serves no logs",
                 where="kubernetes",
             ) from exc
         if code == 404 and _missing_object(exc, name):

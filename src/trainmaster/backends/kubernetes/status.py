@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmaster.backends.kubernetes import names as k8s_names
+from trainmaster.backends.kubernetes import waiting
 from trainmaster.backends.kubernetes.client import (
     CONNECTIONS,
     JOBS,
@@ -81,6 +82,7 @@ class JobStatus:
     config_hash: str = ""
     storage: str = ""
     created: str = ""
+    attempt: int = 0  # Volcano's status.version: bumped by every restart (the pods' job-version)
 
 
 def _pod_info(pod: dict[str, Any]) -> PodInfo:
@@ -138,8 +140,14 @@ def status(cluster: Cluster, name: str, *, find_rank0: bool = True) -> JobStatus
         config_hash=ann.get(ANN_CONFIG_HASH, ""),
         storage=ann.get(ANN_STORAGE, ""),
         created=meta.get("creationTimestamp", ""),
+        attempt=int(st.get("version", 0)),
     )
     out.pods = pods(cluster, name)
+    unbound = len(out.pods) < out.min_available or any(not p.node for p in out.pods)
+    if out.phase in ("pending", "running") and unbound:
+        # the gang waits: the scheduler's reason is on the PodGroup (waiting.py)
+        why = waiting.reason(cluster, name, meta.get("uid", ""), out.min_available)
+        out.message = why or out.message
     if find_rank0:
         out.rank0_pod = rank0_pod(cluster, out.pods)
     return out
