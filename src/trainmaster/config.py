@@ -102,6 +102,10 @@ class JobSection(Section):
         3,
         description="restarts of failed workers before the job fails; each resumes from the last checkpoint",
     )
+    network: Literal["host", "netns"] = Field(
+        "host",
+        description="local: host = every node on this machine's loopback; netns = each node in a network namespace of its own with its own address on a bridge (root, iproute2), so that the rendezvous and collectives cross a network (c10d only)",
+    )
     max_retries: NonNegativeInt = Field(
         3,
         description="restarts of the whole job after a node is lost (local: the supervisor starts every node again; each resumes from the last checkpoint); counted apart from max_restarts",

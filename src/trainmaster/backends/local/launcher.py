@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmaster import jobfile
-from trainmaster.backends.local import rendezvous
+from trainmaster.backends.local import netns, rendezvous
 from trainmaster.compile import cache, lock
 from trainmaster.compile import precompile as compile_precompile
 from trainmaster.config import JobConfig
@@ -46,8 +46,18 @@ class Plan:
     purpose: str = "train"  # train | precompile (precompile replaces the cache's fingerprint)
 
 
-def _rendezvous(cfg: JobConfig) -> tuple[Rendezvous, bool]:
+def _rendezvous(cfg: JobConfig, run: RunPaths) -> tuple[Rendezvous, bool]:
     r = cfg.rendezvous
+    if cfg.job.network == "netns":
+        netns.check()
+        if r.backend != "c10d" or r.endpoint is not None:
+            raise UserError(
+                'job.network = "netns" runs the c10d store in node 0\'s namespace: use '
+                'rendezvous.backend = "c10d" with no rendezvous.endpoint',
+                where="rendezvous",
+            )
+        net = netns.plan(run.dir, cfg.job.nnodes)
+        return Rendezvous("c10d", f"{net.address(0)}:{netns.C10D_PORT}"), False
     if r.backend == "c10d":
         if r.endpoint is None:
             return Rendezvous("c10d", f"{rendezvous.LOOPBACK}:{rendezvous.free_port()}"), False
@@ -78,6 +88,9 @@ def agent_commands(
         python=sys.executable,
         workdir=workdir or str(Path.cwd()),
     )
+    if cfg.job.network == "netns":  # each node in its own network namespace (netns.py)
+        net = netns.plan(run.dir, cfg.job.nnodes)
+        return [net.wrap(i, cmd) for i in range(cfg.job.nnodes)]
     return [cmd for _ in range(cfg.job.nnodes)]
 
 
@@ -134,7 +147,7 @@ def plan(cfg: JobConfig, store: Storage, *, resume: bool = False, precompile: bo
     note = None
     if cfg.train.compile and not precompile:
         note = compile_precompile.expect(cfg, store).message
-    rdzv, private = _rendezvous(cfg)
+    rdzv, private = _rendezvous(cfg, run)
     # The id is chosen here, so that --dry-run shows the command that start() runs.
     rdzv = dataclasses.replace(rdzv, run_id=rdzv_id(cfg.job.name))
     return Plan(

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from trainmaster import jobfile
-from trainmaster.backends.local import rendezvous
+from trainmaster.backends.local import netns, rendezvous
 from trainmaster.backends.local.launcher import agent_commands, rdzv_id
 from trainmaster.compile import cache, lock
 from trainmaster.config import JobConfig
@@ -146,7 +146,10 @@ def _fresh(cfg: JobConfig, rdzv: Rendezvous) -> Rendezvous:
     for c10d on a port we chose, a new free port (the old one may linger in TIME_WAIT or still
     be held by a dying agent)."""
     endpoint = rdzv.endpoint
-    if rdzv.backend == "c10d" and cfg.rendezvous.endpoint is None:
+    if cfg.job.network == "netns":  # node 0's address; the next port (the old may linger)
+        host, _, port = endpoint.rpartition(":")
+        endpoint = f"{host}:{int(port) + 1}"
+    elif rdzv.backend == "c10d" and cfg.rendezvous.endpoint is None:
         endpoint = f"{rendezvous.LOOPBACK}:{rendezvous.free_port()}"
     return Rendezvous(rdzv.backend, endpoint, run_id=rdzv_id(cfg.job.name))
 
@@ -217,6 +220,7 @@ def supervise(run_dir: Path) -> int:
         run_id=st.rendezvous.get("run_id") or None,
     )
     agents: list[subprocess.Popen[bytes]] = []
+    net: netns.Network | None = None
 
     cancelled = [False]  # set by the handler: agents ending now are cancelled, not lost
 
@@ -256,6 +260,10 @@ def supervise(run_dir: Path) -> int:
         workdir = st.workdir or os.getcwd()
         # One launch time for state.json and the trainers' goodput (summary.json), so that
         # summary and `report` measure startup from the same instant.
+        if cfg.job.network == "netns":
+            net = netns.plan(run.dir, cfg.job.nnodes)
+            netns.up(net)
+            env["GLOO_SOCKET_IFNAME"] = netns.IFNAME  # not the host name's address
         launched = time.time()
         env[goodput.LAUNCHED_AT_ENV] = repr(launched)
         elastic = bool(cfg.job.min_nnodes and cfg.job.min_nnodes < cfg.job.nnodes)
@@ -322,6 +330,8 @@ def supervise(run_dir: Path) -> int:
         raise
     finally:
         _stop(etcd)
+        if net is not None:
+            netns.down(net)
         if held is not None:
             with contextlib.suppress(Exception):
                 held.release()
