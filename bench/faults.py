@@ -18,6 +18,9 @@ step drawn from --seed:
   node_loss           a random node dies after a random step: its torchrun agent and its
                       workers SIGKILLed at once, as when an instance dies; the supervisor must
                       restart the gang (a job retry, job.max_retries) from the last checkpoint
+  partition           (root) the job runs with job.network = netns; a random node's link is cut
+                      after a random step for --cut seconds (both nodes live on): the hang
+                      watchdog must notice and the job complete once the link is back
 
 The faults are the trainer's test hooks (trainmaster/train/faults.py), each fires once per job.
 Per kind it reports completed/N (phase succeeded with every step done), exact/N (the summary's
@@ -44,26 +47,29 @@ from typing import Any
 
 from benchlib import agent_env, emit, load, machine, prepare_corpus, wait_final
 from trainmaster import jobfile
+from trainmaster.run import goodput, processes, state
 from trainmaster.run import metrics as runlog
-from trainmaster.run import processes, state
 from trainmaster.storage import RunPaths, Storage
 from trainmaster.train import faults
 from trainmaster.train.model import DROPOUT_ENV
 
-KINDS = ("kill", "kill_in_checkpoint", "hang", "node_loss")
+KINDS = ("kill", "kill_in_checkpoint", "hang", "node_loss", "partition")
 CHECKPOINT_EVERY = 10
 NODE_LOSS = "_BENCH_NODE_LOSS"  # node:step, read by run_job (not by the trainer)
+PARTITION = "_BENCH_PARTITION"  # node:step
 TIMEOUT_S = 900.0
+CUT_S = 30.0  # how long a partition lasts
 
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def job_file(root: Path, name: str, steps: int, hang_timeout: float) -> Path:
+def job_file(root: Path, name: str, steps: int, hang_timeout: float, netns: bool = False) -> Path:
     cfg = jobfile.preset(
         "local-cpu",
         [
+            *(['job.network="netns"'] if netns else []),
             f'job.name="{name}"',
             f"train.max_steps={steps}",
             "train.warmup_steps=2",
@@ -83,10 +89,11 @@ def job_file(root: Path, name: str, steps: int, hang_timeout: float) -> Path:
 def fault_env(kind: str, rng: random.Random, steps: int) -> tuple[dict[str, str], str]:
     """The hook's environment variable for one trial, and the fault in words (node_loss: no
     hook; run_job kills the node itself, from outside, as the platform would)."""
-    if kind == "node_loss":
+    if kind in ("node_loss", "partition"):
         node = rng.choice((0, 1))
         step = rng.choice([s for s in range(2, steps) if s % CHECKPOINT_EVERY])
-        return {NODE_LOSS: f"{node}:{step}"}, f"node {node} after step {step}"
+        key = NODE_LOSS if kind == "node_loss" else PARTITION
+        return {key: f"{node}:{step}"}, f"node {node} after step {step}"
     if kind == "kill_in_checkpoint":
         at = rng.choice(range(CHECKPOINT_EVERY, steps, CHECKPOINT_EVERY))  # not the final one
         return {faults.KILL_IN_CHECKPOINT_ENV: str(at)}, f"rank 0 in checkpoint {at}"
@@ -99,8 +106,9 @@ def fault_env(kind: str, rng: random.Random, steps: int) -> tuple[dict[str, str]
 def run_job(
     root: Path, name: str, steps: int, hang_timeout: float, extra_env: dict[str, str]
 ) -> dict[str, Any]:
-    path = job_file(root, name, steps, hang_timeout)
     loss = extra_env.pop(NODE_LOSS, None)
+    cut = extra_env.pop(PARTITION, None)
+    path = job_file(root, name, steps, hang_timeout, netns=cut is not None)
     env = agent_env(2) | {DROPOUT_ENV: "0", "TRAINMASTER_DIST_TIMEOUT_S": "180", **extra_env}
     t0 = time.time()
     launched = subprocess.run(
@@ -115,6 +123,10 @@ def run_job(
     if loss is not None:
         node, step = map(int, loss.split(":"))
         lose_node(run, node, step)
+    back = None
+    if cut is not None:
+        node, step = map(int, cut.split(":"))
+        back = partition(run, node, step, CUT_S)
     phase = wait_final(run.state, TIMEOUT_S)
     summary = json.loads(run.summary.read_text()) if run.summary.exists() else {}
     g = summary.get("goodput") or {}
@@ -130,17 +142,42 @@ def run_job(
         "steps_lost": g.get("steps_lost"),
         "hangs": len(run.hangs.read_text().splitlines()) if run.hangs.exists() else 0,
         "job_retries": state.read(run.state).job_retries,
+        "recover_s": recover_s(run, back),
     }
 
 
-def lose_node(run: RunPaths, node: int, step: int) -> None:
-    """Once the job has logged `step`, SIGKILL node's agent (its process group) and workers."""
+def partition(run: RunPaths, node: int, step: int, seconds: float) -> float:
+    """Once the job has logged `step`, cut node's link for `seconds`; returns when it is back."""
+    from trainmaster.backends.local import netns
+
+    wait_for_step(run, step)
+    net = netns.plan(run.dir, 2)
+    netns.set_link(net, node, "down")
+    time.sleep(seconds)  # the partition's length is the experiment, not a synchronisation
+    netns.set_link(net, node, "up")
+    return time.time()
+
+
+def recover_s(run: RunPaths, back: float | None) -> float | None:
+    """From the link's return to the next training step (timeline.jsonl)."""
+    if back is None:
+        return None
+    after = [e["t"] for e in goodput.read(run.timeline) if e["event"] == "steps" and e["t"] > back]
+    return round(min(after) - back, 2) if after else None
+
+
+def wait_for_step(run: RunPaths, step: int) -> None:
     end = time.monotonic() + TIMEOUT_S
     while time.monotonic() < end:
         rows = runlog.read_jsonl(run.metrics)
         if rows and int(rows[-1].get("step", 0)) >= step:
-            break
+            return
         time.sleep(0.2)  # polling another process's progress
+
+
+def lose_node(run: RunPaths, node: int, step: int) -> None:
+    """Once the job has logged `step`, SIGKILL node's agent (its process group) and workers."""
+    wait_for_step(run, step)
     st = state.read(run.state)
     workers = [w.pid for w in processes.workers(st) if w.node == node]
     with contextlib.suppress(ProcessLookupError):
@@ -166,6 +203,9 @@ def tally(trials: list[dict[str, Any]], steps: int, reference: str | None) -> di
         "median_goodput": _median([t["goodput"] for t in done if t["goodput"] is not None]),
         "restarts": [t["restarts"] for t in trials],
         "job_retries": [t.get("job_retries", 0) for t in trials],
+        "median_recover_s": _median(
+            [t["recover_s"] for t in done if t.get("recover_s") is not None]
+        ),
     }
 
 
