@@ -46,6 +46,7 @@ COMMON = [
     "image/Dockerfile.neuron",
     "image/Dockerfile.torchneuron",
     "k8s/claim.yaml",
+    "k8s/node-marker.yaml",
     "k8s/etcd.yaml",
     "k8s/queue.yaml",
     "k8s/storageclass.yaml",

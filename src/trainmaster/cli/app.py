@@ -18,6 +18,7 @@ from trainmaster.cli.data_cmd import data_app
 from trainmaster.cli.demo_cmd import demo
 from trainmaster.cli.estimate_cmd import estimate
 from trainmaster.cli.export_cmd import export_app
+from trainmaster.cli.node_cmd import node_app
 from trainmaster.cli.options import BackendOpt, ContextOpt, KubeconfigOpt, NamespaceOpt, StorageOpt
 from trainmaster.errors import EXIT_BAD_INPUT, EXIT_FAILED, JobFailed, UserError
 
@@ -46,6 +47,7 @@ app.command()(monitor_cmd.report)
 app.command()(estimate)
 app.add_typer(data_app, name="data")
 app.add_typer(cluster_app, name="cluster")
+app.add_typer(node_app, name="node")
 app.add_typer(compile_cmd.cache_app, name="cache")
 app.add_typer(export_app, name="export")
 

@@ -25,7 +25,17 @@ from typing import Any
 import yaml
 
 from trainmaster import __version__
-from trainmaster.cluster import addons, cloudformation, eksctl, fsx, image, runbook, steps, versions
+from trainmaster.cluster import (
+    addons,
+    cloudformation,
+    eksctl,
+    fsx,
+    image,
+    nodeguard,
+    runbook,
+    steps,
+    versions,
+)
 from trainmaster.cluster.spec import ClusterSpec, ZoneLookup, resolve
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
@@ -82,6 +92,10 @@ def build(spec: ClusterSpec) -> dict[str, str]:
         "k8s/etcd.yaml": to_yaml(addons.etcd(spec), made),
         "k8s/storageclass.yaml": to_yaml(fsx.storage_class(spec), f"{made}\n{PLACEHOLDER_NOTE}"),
         "k8s/claim.yaml": to_yaml(fsx.claim(spec), made),
+        "k8s/node-marker.yaml": to_yaml(
+            nodeguard.rbac(spec.namespace, spec.service_account),
+            f"{made} Lets a training pod mark only its own node unhealthy (nodeguard.py).",
+        ),
         "k8s/tensorboard.yaml": to_yaml(addons.tensorboard(spec), f"{made}\n{PLACEHOLDER_NOTE}"),
         "helm/aws-fsx-csi-driver.yaml": to_yaml(
             fsx.csi_values(spec), f"{made} {versions.FSX_CHART} {versions.FSX_CHART_VERSION}"

@@ -72,6 +72,7 @@ class ClusterSpec:
         None  # kubernetes.workspace: image/Dockerfile.workspace (cluster/image.py)
     )
     data_buckets: tuple[str, ...] = ()  # cluster.data_buckets: read by `data stage` (IRSA)
+    service_account: str = "default"  # the training pods' (kubernetes.service_account): nodeguard
 
     @property
     def accelerator_zone(self) -> str:
@@ -336,6 +337,7 @@ def resolve(
         nodes=nodes,
         zones=tuple(zones),
         namespace=k.namespace,
+        service_account=k.service_account or "default",
         queue=k.queue,
         queue_weight=k.queue_weight,
         queue_capability=tuple(k.queue_capability.items()),

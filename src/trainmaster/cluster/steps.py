@@ -223,6 +223,13 @@ def up_steps(spec: ClusterSpec) -> list[Step]:
             tools=("kubectl",),
         ),
         Step(
+            "node-marker",
+            "RBAC and admission policy: a training pod may mark its own node unhealthy",
+            ('kubectl apply --server-side -f "$PLAN_DIR/k8s/node-marker.yaml"',),
+            check="kubectl get validatingadmissionpolicy trainmaster-node-marker >/dev/null 2>&1",
+            tools=("kubectl",),
+        ),
+        Step(
             "fsx-irsa",
             "IAM role for the FSx CSI controller (IRSA, least privilege)",
             (

@@ -26,6 +26,7 @@ Checks (each only where it applies; what a CPU run here cannot have is not check
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -250,12 +251,32 @@ def run(
     for r in every:
         for c in r["checks"]:
             if not c["ok"]:
+                if r["host"] == mine["host"] and local_rank == 0:
+                    mark_node(f"preflight-{c['name']}", c["detail"])
                 raise UserError(
                     f"preflight check {c['name']} failed on {r['host']} (rank "
                     f"{r['rank']}): {c['detail']}",
                     where=f"node {r['node']}",
                 )
     return every
+
+
+def mark_node(reason: str, detail: str, environ: Mapping[str, str] = os.environ) -> None:
+    """On Kubernetes, before the pod fails: taint this node so that the restarted gang avoids
+    it, and leave the termination message (backends/kubernetes/nodemark.py; who may: cluster/
+    nodeguard.py). A separate process: the trainer never imports the operator side. Bounded,
+    and its failure only costs the mark."""
+    if not environ.get("KUBERNETES_SERVICE_HOST"):
+        return
+    import subprocess
+    import sys
+
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            [sys.executable, "-m", "trainmaster.backends.kubernetes.nodemark", reason, detail],
+            timeout=30,
+            check=False,
+        )
 
 
 def per_node(every: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -132,9 +132,12 @@ class KubernetesBackend:
         )
 
     def status(self, job: str) -> base.JobStatus:
-        from trainmaster.backends.kubernetes import jobs
+        from trainmaster.backends.kubernetes import jobs, nodemark
 
-        st = jobs.status(self._cluster(), job)
+        cluster = self._cluster()
+        st = jobs.status(cluster, job)
+        # nodes a pod of this job marked unhealthy (cluster/nodeguard.py): the restart avoids them
+        marked = [m for m in nodemark.marks(cluster) if m.job == f"{st.namespace}/{st.name}"]
         nodes = tuple(
             base.NodeStatus(
                 index=p.index,
@@ -165,6 +168,7 @@ class KubernetesBackend:
                 "restarts": str(st.retries),
                 "attempt": str(st.attempt),
             },
+            notes=tuple(m.line() for m in marked),
         )
 
     def logs(self, job: str, *, rank: int | None, node: int | None, follow: bool) -> base.LogStream:

@@ -276,6 +276,15 @@ def best_effort() -> Iterator[None]:
         yield
 
 
+def whoami(cluster: Cluster) -> dict[str, Any]:
+    """The caller's user info as the API server sees it (SelfSubjectReview): a pod's token
+    carries its node in extra (backends/kubernetes/nodemark.py)."""
+    with call(cluster, "create", "selfsubjectreviews"):
+        review = k8s.AuthenticationV1Api(cluster.api).create_self_subject_review({})
+    info = review.status.user_info if review.status else None
+    return {"username": info.username, "extra": info.extra or {}} if info else {}
+
+
 def exec_stream(
     cluster: Cluster, pod: str, namespace: str, command: list[str], **kwargs: Any
 ) -> Any:

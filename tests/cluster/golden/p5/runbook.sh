@@ -19,7 +19,7 @@ ECR_REPO=trainmaster
 IMAGE_TAG=0.1.0-cuda
 ACCELERATOR_SELECTOR=trainmaster.io/role=accelerator
 export AWS_REGION="$REGION" AWS_DEFAULT_REGION="$REGION" AWS_PAGER=""
-UP_STEPS=(tools ecr cluster kubeconfig node-stack nodegroup device-plugin efa-device-plugin devices-ready etcd volcano queue fsx-irsa fsx-csi storage image tensorboard summary)
+UP_STEPS=(tools ecr cluster kubeconfig node-stack nodegroup device-plugin efa-device-plugin devices-ready etcd volcano queue node-marker fsx-irsa fsx-csi storage image tensorboard summary)
 DOWN_STEPS=(down-tensorboard down-jobs down-pods down-storageclass down-claim down-nodegroup down-node-stack down-cluster down-ecr down-leftovers)
 cluster_field() { aws eks describe-cluster --name "$CLUSTER" --query "cluster.$1" --output text; }
 cluster_exists() { aws eks describe-cluster --name "$CLUSTER" >/dev/null 2>&1; }
@@ -236,6 +236,14 @@ step_queue() {
 }
 check_queue() {
   kubectl get queues.scheduling.volcano.sh trainmaster >/dev/null 2>&1
+}
+
+# node-marker: RBAC and admission policy: a training pod may mark its own node unhealthy
+step_node_marker() {
+  kubectl apply --server-side -f "$PLAN_DIR/k8s/node-marker.yaml"
+}
+check_node_marker() {
+  kubectl get validatingadmissionpolicy trainmaster-node-marker >/dev/null 2>&1
 }
 
 # fsx-irsa: IAM role for the FSx CSI controller (IRSA, least privilege)

@@ -1,0 +1,164 @@
+"""Mark, list and clear unhealthy nodes (cluster/nodeguard.py says why and who may).
+
+In a training pod whose node failed a check:
+
+    python3 -m trainmaster.backends.kubernetes.nodemark REASON DETAIL
+
+asks the API server who it is (SelfSubjectReview: a pod's token names its node), taints that
+node `trainmaster.io/unhealthy=REASON:NoSchedule` with annotations (reason, detail, time, the
+job's namespace/name from TRAINMASTER_JOB and the pod's namespace), and writes the one-line
+termination message (`trainmaster: node fault: REASON on NODE: DETAIL`) to
+$TRAINMASTER_TERMINATION_LOG (default /dev/termination-log), which the kubelet puts in the
+pod's status. It runs before the pod exits, so the mark is there before Volcano restarts the
+gang. The operator side lists marks (`status`) and clears them (`trainmaster node clear`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from trainmaster.backends.kubernetes.client import Cluster, call, connect, whoami
+from trainmaster.cluster.nodeguard import ANN_DETAIL, ANN_JOB, ANN_REASON, ANN_TIME, TAINT_KEY
+from trainmaster.cluster.nodeguard import NODE_NAME_EXTRA as NODE_NAME
+from trainmaster.errors import UserError
+
+TERMINATION_LOG = "/dev/termination-log"
+REASON_CHARS = 63  # a taint value: a label value, at most 63 characters
+
+
+@dataclass(frozen=True)
+class NodeMark:
+    node: str
+    reason: str
+    detail: str
+    since: str
+    job: str  # NAMESPACE/JOB of the pod that marked it
+
+    def line(self) -> str:
+        return f"node {self.node} marked unhealthy ({self.reason}) at {self.since}: {self.detail}"
+
+
+def _value(reason: str) -> str:
+    clean = "".join(c if c.isalnum() or c in "-_." else "-" for c in reason)[:REASON_CHARS]
+    return clean.strip("-_.") or "unhealthy"
+
+
+def mark_patch(
+    reason: str, detail: str, job: str, taints: list[dict[str, Any]], now: str
+) -> dict[str, Any]:
+    """The node patch: our taint (replacing an older one of ours), the annotations."""
+    kept = [t for t in taints if t.get("key") != TAINT_KEY]
+    ours = {"key": TAINT_KEY, "value": _value(reason), "effect": "NoSchedule"}
+    return {
+        "metadata": {
+            "annotations": {
+                ANN_REASON: reason,
+                ANN_DETAIL: detail[:1000],
+                ANN_TIME: now,
+                ANN_JOB: job,
+            }
+        },
+        "spec": {"taints": [*kept, ours]},
+    }
+
+
+def whoami_node(cluster: Cluster) -> tuple[str, str]:
+    """(node, namespace) of this process's own service-account token (a pod's)."""
+    info = whoami(cluster)
+    nodes = info.get("extra", {}).get(NODE_NAME) or []
+    if not nodes:
+        raise UserError(
+            "this token names no node (not a pod's service-account token)", where="nodemark"
+        )
+    user = str(info.get("username", ""))  # system:serviceaccount:NAMESPACE:NAME
+    return str(nodes[0]), user.split(":")[2] if user.count(":") == 3 else ""
+
+
+def mark(cluster: Cluster, node: str, reason: str, detail: str, job: str) -> None:
+    with call(cluster, "get", "nodes", node):
+        current = cluster.core.read_node(node)
+    taints = [t.to_dict() for t in current.spec.taints or []]
+    taints = [{k: v for k, v in t.items() if v is not None and k != "time_added"} for t in taints]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with call(cluster, "patch", "nodes", node):
+        cluster.core.patch_node(node, mark_patch(reason, detail, job, taints, now))
+
+
+def marks(cluster: Cluster) -> list[NodeMark]:
+    """Every node trainmaster marked (needs `list nodes`; nothing when not allowed)."""
+    from trainmaster.backends.kubernetes.client import ApiError, TransportError
+
+    try:
+        nodes = cluster.core.list_node().items
+    except (ApiError, TransportError):
+        return []
+    out = []
+    for n in nodes:
+        if any(t.key == TAINT_KEY for t in n.spec.taints or []):
+            ann = n.metadata.annotations or {}
+            out.append(
+                NodeMark(
+                    n.metadata.name,
+                    ann.get(ANN_REASON, "?"),
+                    ann.get(ANN_DETAIL, ""),
+                    ann.get(ANN_TIME, "?"),
+                    ann.get(ANN_JOB, ""),
+                )
+            )
+    return out
+
+
+def clear(cluster: Cluster, node: str) -> bool:
+    """Remove the mark; False when the node had none."""
+    with call(cluster, "get", "nodes", node):
+        current = cluster.core.read_node(node)
+    taints = current.spec.taints or []
+    if not any(t.key == TAINT_KEY for t in taints):
+        return False
+    kept = [
+        {k: v for k, v in t.to_dict().items() if v is not None and k != "time_added"}
+        for t in taints
+        if t.key != TAINT_KEY
+    ]
+    patch = {
+        "metadata": {"annotations": dict.fromkeys((ANN_REASON, ANN_DETAIL, ANN_TIME, ANN_JOB))},
+        "spec": {"taints": kept},
+    }
+    with call(cluster, "patch", "nodes", node):
+        cluster.core.patch_node(node, patch)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """In the pod: mark this node, write the termination message. Exit 0 even when the mark
+    fails (the pod's own failure is what matters); the message then says so."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print(
+            "usage: python3 -m trainmaster.backends.kubernetes.nodemark REASON DETAIL",
+            file=sys.stderr,
+        )
+        return 2
+    reason, detail = args
+    try:
+        cluster = connect()
+        node, namespace = whoami_node(cluster)
+        mark(cluster, node, reason, detail, f"{namespace}/{os.environ.get('TRAINMASTER_JOB', '')}")
+        message = f"trainmaster: node fault: {reason} on {node}: {detail}"
+    except (UserError, OSError) as exc:
+        message = f"trainmaster: node fault: {reason}: {detail} (node not marked: {exc})"
+    print(message, file=sys.stderr)
+    try:
+        with open(os.environ.get("TRAINMASTER_TERMINATION_LOG", TERMINATION_LOG), "w") as f:
+            f.write(message[:4000] + "\n")  # the kubelet keeps at most 4096 bytes
+    except OSError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

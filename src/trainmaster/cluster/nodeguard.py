@@ -1,0 +1,124 @@
+"""The node mark (issue 25.4): a restarted gang must not land on the node that failed it.
+
+A training pod whose node fails a check marks that node itself, before it exits, with a taint of
+trainmaster's own, `trainmaster.io/unhealthy=<reason>:NoSchedule`, and annotations saying why,
+when and for which job (backends/kubernetes/nodemark.py). Why the pod and not a watcher:
+Volcano's RestartJob kills and recreates the whole gang within a second of the pod's Failed
+phase (measured on the local control plane), and the scheduler places the new pods at once; only
+a mark written before the pod ends is sure to be there when they are placed. `status` names the
+marked node; `trainmaster node clear NODE` removes the mark once the node is repaired.
+
+Least privilege. Nodes are cluster-wide and RBAC cannot say "only your own node", so the
+ClusterRole grants get/patch on nodes and a ValidatingAdmissionPolicy narrows it: for the job's
+service account a node update is allowed only on the node named in the caller's own token (a
+pod's service-account token carries `authentication.kubernetes.io/node-name`, Kubernetes 1.32+,
+GA; seen here on v1.35) and may change nothing but trainmaster's taint and annotations. So a
+compromised training pod can at worst keep its own node free of new pods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TAINT_KEY = "trainmaster.io/unhealthy"
+ANN_PREFIX = "trainmaster.io/unhealthy"
+ANN_REASON, ANN_DETAIL = f"{ANN_PREFIX}-reason", f"{ANN_PREFIX}-detail"
+ANN_TIME, ANN_JOB = f"{ANN_PREFIX}-since", f"{ANN_PREFIX}-job"
+NAME = "trainmaster-node-marker"
+MANAGED = {"app.kubernetes.io/managed-by": "trainmaster"}
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+
+_OURS_ONLY = [
+    (
+        f"'{NODE_NAME_EXTRA}' in request.userInfo.extra && "
+        f"request.userInfo.extra['{NODE_NAME_EXTRA}'][0] == object.metadata.name",
+        "a training pod may mark only the node it runs on",
+    ),
+    (
+        "(has(object.metadata.labels) ? object.metadata.labels : {}) == "
+        "(has(oldObject.metadata.labels) ? oldObject.metadata.labels : {})",
+        "a training pod may not change a node's labels",
+    ),
+    (
+        f"(has(object.spec.taints) ? object.spec.taints.filter(t, t.key != '{TAINT_KEY}') : []) "
+        f"== (has(oldObject.spec.taints) ? oldObject.spec.taints.filter(t, t.key != "
+        f"'{TAINT_KEY}') : [])",
+        f"a training pod may change no taint but {TAINT_KEY}",
+    ),
+    (
+        "(has(object.spec.unschedulable) ? object.spec.unschedulable : false) == "
+        "(has(oldObject.spec.unschedulable) ? oldObject.spec.unschedulable : false)",
+        "a training pod may not cordon a node",
+    ),
+    (
+        "(has(object.metadata.annotations) ? object.metadata.annotations : {}).all(k, "
+        f"k.startsWith('{ANN_PREFIX}') || (has(oldObject.metadata.annotations) && "
+        "k in oldObject.metadata.annotations && "
+        "oldObject.metadata.annotations[k] == object.metadata.annotations[k])) && "
+        "(has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {}).all(k, "
+        f"k.startsWith('{ANN_PREFIX}') || (has(object.metadata.annotations) && "
+        "k in object.metadata.annotations))",
+        f"a training pod may change no annotation but {ANN_PREFIX}-*",
+    ),
+]
+
+
+def rbac(namespace: str, service_account: str) -> list[dict[str, Any]]:
+    """The ClusterRole and its binding to the job's service account, and the admission policy
+    that narrows them (module docstring). k8s/node-marker.yaml of the plan."""
+    user = f"system:serviceaccount:{namespace}:{service_account}"
+    meta = {"name": NAME, "labels": dict(MANAGED)}
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": meta,
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": meta,
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": NAME,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+            ],
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": meta,
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "operations": ["UPDATE"],
+                            "resources": ["nodes"],
+                        }
+                    ]
+                },
+                "matchConditions": [
+                    {
+                        "name": "the-job-service-account",
+                        "expression": f"request.userInfo.username == '{user}'",
+                    }
+                ],
+                "validations": [
+                    {"expression": expr, "message": message} for expr, message in _OURS_ONLY
+                ],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": meta,
+            "spec": {"policyName": NAME, "validationActions": ["Deny"]},
+        },
+    ]

@@ -1,0 +1,148 @@
+"""Issue 25.4 on the real control plane: a restart does not land on the node that caused it.
+
+3 fake trn1 nodes, a 2-node job. Pod 1 fails preflight: what its trainer runs before the pod
+ends (train/health.py mark_node -> `python -m trainmaster.backends.kubernetes.nodemark`) runs
+here with a service-account token bound to that real pod (so the API server sees the pod's
+node in it, as in the pod), under the plan's RBAC and admission policy (cluster/nodeguard.py);
+then the pod is set Failed with the termination message nodemark wrote. Volcano restarts the
+gang, and it lands on the healthy node and the spare. The policy refuses the same token on
+another node or for a label; `status` names the node and why; `node clear` removes the mark.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.controlplane import kubejobs as kj
+from tests.controlplane.conftest import RealKube
+from trainmaster.cluster import nodeguard
+
+pytestmark = [pytest.mark.kube, pytest.mark.timeout(3600)]
+
+
+@pytest.fixture
+def marker_rbac(real_kube: RealKube, job_ns: str) -> Iterator[None]:
+    from kubernetes import dynamic
+
+    objs = nodeguard.rbac(job_ns, "default")
+    for obj in objs:
+        kj.apply(real_kube, obj)
+    yield
+    client = dynamic.DynamicClient(real_kube.api)
+    for obj in reversed(objs):
+        client.resources.get(api_version=obj["apiVersion"], kind=obj["kind"]).delete(
+            name=obj["metadata"]["name"]
+        )
+    for node in real_kube.node_names:  # the next test finds every node clean
+        kj.ok(kj.tm(real_kube, job_ns, "node", "clear", node))
+
+
+def pod_kubeconfig(kube: RealKube, pod: Any, out: Path) -> Path:
+    """A kubeconfig holding a token of the pod's service account bound to the pod: the
+    identity the pod's own processes have (its node in the token's claims)."""
+    token = kube.core.create_namespaced_service_account_token(
+        pod.spec.service_account_name or "default",
+        pod.metadata.namespace,
+        {
+            "spec": {
+                "expirationSeconds": 600,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod.metadata.name,
+                    "uid": pod.metadata.uid,
+                },
+            }
+        },
+    ).status.token
+    admin = yaml.safe_load(kube.kubeconfig.read_text())
+    admin["users"] = [{"name": "pod", "user": {"token": token}}]
+    for ctx in admin["contexts"]:
+        ctx["context"]["user"] = "pod"
+    out.write_text(yaml.safe_dump(admin))
+    return out
+
+
+def test_restart_avoids_the_marked_node(
+    real_kube: RealKube, job_ns: str, marker_rbac: None, tmp_path: Path
+) -> None:
+    ns = job_ns
+    assert len(real_kube.node_names) == 3  # the tutorial's two and a spare
+    handle = kj.launch(real_kube, ns, kj.TRN1)
+    job = handle.rsplit("/", 1)[1]
+    first = kj.bound(real_kube, ns, job, 2, "0")
+    bad = first[1].spec.node_name
+    healthy = first[0].spec.node_name
+    kubeconfig = pod_kubeconfig(real_kube, first[1], tmp_path / "pod.kubeconfig")
+    term = tmp_path / "termination-log"
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "TRAINMASTER_JOB": job,
+        "TRAINMASTER_TERMINATION_LOG": str(term),
+    }
+    detail = "0 /dev/neuron* device(s), need 16"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainmaster.backends.kubernetes.nodemark",
+            "preflight-neuron",
+            detail,
+        ],
+        env=env,
+        check=True,
+        timeout=60,
+    )
+    message = term.read_text().strip()
+    assert message == f"trainmaster: node fault: preflight-neuron on {bad}: {detail}"
+    taints = real_kube.core.read_node(bad).spec.taints or []
+    assert any(t.key == nodeguard.TAINT_KEY and t.effect == "NoSchedule" for t in taints)
+
+    # the admission policy: the pod's token marks its own node only, and only our mark
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+
+    as_pod = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+    with pytest.raises(ApiException) as refused:
+        as_pod.patch_node(
+            healthy,
+            {
+                "spec": {
+                    "taints": [{"key": nodeguard.TAINT_KEY, "value": "x", "effect": "NoSchedule"}]
+                }
+            },
+        )
+    assert "only the node it runs on" in str(refused.value.body)
+    with pytest.raises(ApiException) as refused:
+        as_pod.patch_node(bad, {"metadata": {"labels": {"evil": "1"}}})
+    assert "labels" in str(refused.value.body)
+
+    # the pod ends as the kubelet reports it; Volcano restarts the gang, away from the node
+    kj.fail_pod(real_kube, ns, first[1].metadata.name, message=message, exit_code=1)
+    second = kj.bound(real_kube, ns, job, 2, "1")
+    assert bad not in {p.spec.node_name for p in second}
+    assert {p.spec.node_name for p in second} == set(real_kube.node_names) - {bad}
+
+    st = kj.status(real_kube, ns, handle)
+    assert st["restarts"] == 1 and any(
+        f"node {bad} marked unhealthy (preflight-neuron)" in n and detail in n for n in st["notes"]
+    ), st["notes"]
+    assert f"node {bad} marked unhealthy" in " ".join(
+        kj.ok(kj.tm(real_kube, ns, "status", handle)).split()
+    )
+    assert bad in kj.ok(kj.tm(real_kube, ns, "node", "list"))
+
+    kj.ok(kj.tm(real_kube, ns, "node", "clear", bad))
+    assert not any(
+        t.key == nodeguard.TAINT_KEY for t in real_kube.core.read_node(bad).spec.taints or []
+    )
+    assert not kj.status(real_kube, ns, handle)["notes"]
