@@ -22,12 +22,13 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 # Debian's etcd (3.4, serves the v2 API that torch's etcd rendezvous needs with --enable-v2).
+# Also openssl (the local control plane's certificates) and iproute2 (job.network = netns).
 system-deps:
-	@if command -v etcd >/dev/null 2>&1; then :; \
+	@if command -v etcd >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 && command -v ip >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing etcd-server (apt)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; \
-	else echo "note: etcd not found; the etcd tests will be skipped (sudo apt-get install -y etcd-server)"; fi
+		echo "installing etcd-server, openssl, iproute2 (apt)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server openssl iproute2 >/dev/null; \
+	else echo "note: etcd, openssl or ip not found; the tests that need them will be skipped (sudo apt-get install -y etcd-server openssl iproute2)"; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
