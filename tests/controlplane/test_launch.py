@@ -73,6 +73,9 @@ def test_p5_and_custom_gpt_launch_and_bind(
     real_kube.wait_for(lambda: not kj.pods(real_kube, job_ns, "bert-large-p5"), 60, "p5 pods gone")
     placed = _launch_checked(real_kube, job_ns, kj.CUSTOM_GPT, "job.nproc_per_node=8")
     assert {p.spec.node_name for p in placed} == set(p5_nodes)
+    # gone before its nodes are: a pod on a deleted node waits for the pod GC (40 s and more)
+    kj.ok(kj.tm(real_kube, job_ns, "cancel", "custom-gpt"))
+    real_kube.wait_for(lambda: not kj.pods(real_kube, job_ns, "custom-gpt"), 60, "pods gone")
 
 
 def test_strict_validation_refuses_unknown_fields(real_kube: RealKube, job_ns: str) -> None:
