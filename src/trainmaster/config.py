@@ -359,6 +359,12 @@ class ClusterSection(Section):
         description=f"S3 buckets `data stage` reads: `cluster plan` gives the service account {S3_READER} read-only access to them (IRSA), and `data stage` uses it",
     )
 
+    results_bucket: str | None = Field(
+        None,
+        pattern=S3_BUCKET,
+        description="S3 bucket (in cluster.region) that keeps the runs: `cluster plan` links runs/ on the FSx file system to s3://BUCKET/CLUSTER/runs/ (a data repository association exporting every change), and `cluster down` exports once more before it deletes the file system; unset: `cluster down` needs --discard-data",
+    )
+
     @field_validator("data_buckets")
     @classmethod
     def _buckets(cls, value: list[str]) -> list[str]:

@@ -65,6 +65,11 @@ aws)
     *StackStatus*) echo CREATE_COMPLETE ;;
     esac ;;
   "aws fsx describe-file-systems"*) echo "${FAKE_LEFTOVER:-}" ;;
+  "aws s3api head-bucket"*) ;;
+  "aws fsx create-data-repository-association"*) mk dra ;;
+  "aws fsx describe-data-repository-associations"*) if m dra; then echo AVAILABLE; else echo None; fi ;;
+  "aws fsx create-data-repository-task"*) mk export-task; echo task-0fake ;;
+  "aws fsx describe-data-repository-tasks"*) echo "${FAKE_EXPORT:-SUCCEEDED}" ;;
   *) echo "fake aws: unexpected: $line" >&2; exit 2 ;;
   esac ;;
 eksctl)

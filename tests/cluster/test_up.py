@@ -130,7 +130,7 @@ def test_missing_tools_are_named_with_how_to_install(plan_dir: Path) -> None:
 def test_down_follows_the_tutorial_order(plan_dir: Path, fake_tools: dict[str, str]) -> None:
     assert tm("cluster", "up", "--plan", str(plan_dir), env=fake_tools).returncode == 0
     env = {**fake_tools, "FAKE_K8S_EXISTS": "1"}
-    result = tm("cluster", "down", "--plan", str(plan_dir), "--yes", env=env)
+    result = tm("cluster", "down", "--plan", str(plan_dir), "--yes", "--discard-data", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     log = calls(fake_tools)
     start = index(log, "kubectl delete -f " + str(plan_dir / "k8s/tensorboard.yaml"))
@@ -162,6 +162,7 @@ def test_down_reports_file_systems_left_behind(plan_dir: Path, fake_tools: dict[
         "--plan",
         str(plan_dir),
         "--yes",
+        "--discard-data",
         env={**fake_tools, "FAKE_LEFTOVER": "fs-0123456789abcdef0"},
     )
     assert result.returncode == 1
@@ -169,7 +170,9 @@ def test_down_reports_file_systems_left_behind(plan_dir: Path, fake_tools: dict[
 
 
 def test_down_asks_first(plan_dir: Path, fake_tools: dict[str, str]) -> None:
-    result = tm("cluster", "down", "--plan", str(plan_dir), env=fake_tools, stdin="")
+    result = tm(
+        "cluster", "down", "--plan", str(plan_dir), "--discard-data", env=fake_tools, stdin=""
+    )
     assert result.returncode == 2
     assert result.stderr.startswith("error: --yes:") and "confirmation" in result.stderr
     assert calls(fake_tools) == []
@@ -190,3 +193,53 @@ def test_commands_without_a_plan_say_how_to_make_one(tmp_path: Path) -> None:
     result = tm("cluster", "up", "--plan", str(tmp_path / "nowhere"))
     assert result.returncode == 2
     assert "trainmaster cluster plan" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_down_keeps_the_runs_or_asks_to_discard_them(
+    plan_dir: Path, fake_tools: dict[str, str]
+) -> None:
+    """Without cluster.results_bucket the checkpoints would go with the file system."""
+    refused = tm("cluster", "down", "--plan", str(plan_dir), "--yes", env=fake_tools)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --discard-data: ")
+    assert "cluster.results_bucket" in refused.stderr and calls(fake_tools) == []
+
+
+def test_runs_are_linked_to_s3_and_exported_before_the_file_system_goes(
+    tmp_path: Path, fake_tools: dict[str, str]
+) -> None:
+    plan.write_plan(trn1_config('cluster.results_bucket="team-results"'), tmp_path / "kept")
+    kept = tmp_path / "kept"
+    assert tm("cluster", "up", "--plan", str(kept), env=fake_tools).returncode == 0
+    log = calls(fake_tools)
+    link = index(log, "aws fsx create-data-repository-association")
+    assert (
+        "--file-system-path /runs --data-repository-path s3://team-results/trainmaster-trn1/runs/"
+        in log[link]
+    )
+    assert "AutoExportPolicy={Events=[NEW,CHANGED,DELETED]}" in log[link]
+    assert (
+        index(log, "kubectl --namespace default wait --for=jsonpath") < link
+    )  # after the claim is Bound
+    env = {**fake_tools, "FAKE_K8S_EXISTS": "1"}
+    done = tm("cluster", "down", "--plan", str(kept), "--yes", env=env)  # no --discard-data needed
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = calls(fake_tools)
+    export = index(log, "aws fsx create-data-repository-task")
+    assert "--type EXPORT_TO_REPOSITORY --paths runs" in log[export]
+    assert export < index(log, "kubectl delete -f " + str(kept / "k8s/claim.yaml"))
+
+
+def test_a_failed_export_keeps_the_file_system(tmp_path: Path, fake_tools: dict[str, str]) -> None:
+    plan.write_plan(trn1_config('cluster.results_bucket="team-results"'), tmp_path / "kept")
+    kept = tmp_path / "kept"
+    assert tm("cluster", "up", "--plan", str(kept), env=fake_tools).returncode == 0
+    env = {**fake_tools, "FAKE_K8S_EXISTS": "1", "FAKE_EXPORT": "FAILED"}
+    failed = tm("cluster", "down", "--plan", str(kept), "--yes", env=env)
+    assert (
+        failed.returncode == 1 and "the export of runs/ is FAILED" in failed.stdout + failed.stderr
+    )
+    assert not [
+        line
+        for line in calls(fake_tools)
+        if line.startswith("kubectl delete -f " + str(kept / "k8s/claim.yaml"))
+    ]

@@ -242,12 +242,29 @@ def down(
     fresh: Annotated[
         bool, typer.Option("--fresh", help="Forget recorded progress; check every step again")
     ] = False,
+    discard_data: Annotated[
+        bool,
+        typer.Option(
+            "--discard-data",
+            help="Delete the FSx file system with the runs on it although the plan exports them nowhere (cluster.results_bucket unset)",
+        ),
+    ] = False,
 ) -> None:
-    """Delete everything the plan created, in the tutorial's clean-up order (asks first)."""
+    """Delete everything the plan created, in the tutorial's clean-up order (asks first).
+
+    With cluster.results_bucket the runs are exported to S3 once more first; without it the
+    checkpoints would go with the file system, so it takes --discard-data."""
     from trainmaster.cluster import up as up_mod
     from trainmaster.cluster.plan import load_plan
 
     plan = load_plan(plan_dir)
+    if not dry_run and not plan.cluster.get("results") and not discard_data:
+        raise UserError(
+            "cluster down deletes the FSx file system and every run on it (checkpoints, "
+            "metrics, logs): set cluster.results_bucket and plan again (runs/ is then exported "
+            "to S3 first), copy what you need from a pod, or pass --discard-data",
+            where="--discard-data",
+        )
     if not dry_run and not yes:
         if not sys.stdin.isatty():
             raise UserError("deleting the cluster needs a confirmation; pass --yes", where="--yes")

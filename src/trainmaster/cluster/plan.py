@@ -146,6 +146,7 @@ def build(spec: ClusterSpec) -> dict[str, str]:
             "queue": spec.queue,
             "pvc": spec.pvc,
             "mount": spec.mount,
+            "results": fsx.results_url(spec),
             "image_repository": spec.image_repository,
             "image_tag": spec.image_tag,
             "flavour": spec.flavour,

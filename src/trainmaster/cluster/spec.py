@@ -71,7 +71,10 @@ class ClusterSpec:
     workspace: str | None = (
         None  # kubernetes.workspace: image/Dockerfile.workspace (cluster/image.py)
     )
-    data_buckets: tuple[str, ...] = ()  # cluster.data_buckets: read by `data stage` (IRSA)
+    data_buckets: tuple[str, ...] = ()
+    results_bucket: str | None = (
+        None  # cluster.results_bucket: runs/ exported to S3 (steps.py)  # cluster.data_buckets: read by `data stage` (IRSA)
+    )
     service_account: str = "default"  # the training pods' (kubernetes.service_account): nodeguard
 
     @property
@@ -351,6 +354,7 @@ def resolve(
         capacity_block=block,
         workspace=k.workspace,
         data_buckets=tuple(c.data_buckets),
+        results_bucket=c.results_bucket,
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainmaster.cluster import versions
+from trainmaster.cluster import fsx, versions
 from trainmaster.cluster.addons import ETCD, ETCD_NAMESPACE
 from trainmaster.cluster.eksctl import FSX_NAMESPACE, FSX_SERVICE_ACCOUNT
 from trainmaster.cluster.spec import ROLE_LABEL, ClusterSpec
@@ -275,6 +275,20 @@ def up_steps(spec: ClusterSpec) -> list[Step]:
             ),
             tools=("aws", "kubectl"),
         ),
+        *(
+            [
+                Step(
+                    "results",
+                    f"runs/ on the file system exported to {fsx.results_url(spec)} (FSx data "
+                    "repository association)",
+                    fsx.link_results(spec),
+                    check=fsx.results_linked(spec),
+                    tools=("aws", "kubectl"),
+                )
+            ]
+            if spec.results_bucket
+            else []
+        ),
         Step(
             "image",
             f"Training image ({spec.flavour}) built for linux/amd64 and pushed to ECR",
@@ -376,6 +390,19 @@ def down_steps(spec: ClusterSpec) -> list[Step]:
             (guard, 'kubectl delete -f "$PLAN_DIR/k8s/storageclass.yaml" --ignore-not-found'),
             check="k8s_gone storageclass/fsx-sc",
             tools=k8s,
+        ),
+        *(
+            [
+                Step(
+                    "down-export",
+                    f"Export runs/ to {fsx.results_url(spec)} once more (the file system goes next)",
+                    (guard, *fsx.export_results(spec)),
+                    tools=k8s,
+                    echo=True,
+                )
+            ]
+            if spec.results_bucket
+            else []
         ),
         Step(
             "down-claim",
