@@ -286,3 +286,30 @@ def test_stage_reads_s3_through_the_plans_service_account_by_default() -> None:
     assert (
         stage.build_stage_pod(mine, "s3://bucket/w.tar", "w")["spec"]["serviceAccountName"] == "me"
     )
+
+
+def test_the_upload_waits_for_the_staging_folder_or_gives_way(tmp_path: Path) -> None:
+    """The exec'd upload starts before the pod script's mkdir; it must neither fail at once
+    (no folder yet) nor wait out its timeout when the script has given up (dataset exists)."""
+    import io
+    import subprocess
+    import tarfile
+    import threading
+
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        info = tarfile.TarInfo("a.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    folder, dest = tmp_path / "staging", tmp_path / "dataset"
+    proc = subprocess.Popen(
+        stage.untar_command(str(folder), str(dest), wait_s=60), stdin=subprocess.PIPE
+    )
+    threading.Timer(0.5, folder.mkdir).start()  # the script's mkdir, a moment later
+    proc.communicate(data.getvalue(), timeout=30)
+    assert proc.returncode == 0 and (folder / "a.txt").read_bytes() == b"hi"
+
+    dest.mkdir()  # the dataset is there: the script exits 3 without a staging folder
+    gone = subprocess.run(stage.untar_command(str(tmp_path / "never"), str(dest), wait_s=60),
+                          input=b"", timeout=30, check=False)  # fmt: skip
+    assert gone.returncode == stage.EXISTS_EXIT

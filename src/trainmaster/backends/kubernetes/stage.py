@@ -302,17 +302,19 @@ def _exec(
         raise JobFailed(f"`{shlex.join(command)}` in pod {name} failed (exit {code}): {text}")
 
 
-def untar_command(folder: str, wait_s: int = 300) -> list[str]:
+def untar_command(folder: str, dest: str, wait_s: int = 300) -> list[str]:
     """tar into the staging folder once the pod's script has made it. A pod is Running as soon
     as its container starts, before the script's `mkdir -p "$tmp"`: an upload exec'd at once
     found no folder (tar: Cannot open). The script makes the folder after removing any old one,
-    so its existence says the script is ready for the upload."""
+    so its existence says the script is ready for the upload. When the dataset exists already
+    the script exits without making it (EXISTS_EXIT): so does the upload."""
     wait = (
         'n=0; until [ -d "$1" ]; do n=$((n + 1)); '
+        f'if [ -e "$2" ]; then exit {EXISTS_EXIT}; fi; '
         f'if [ "$n" -ge {wait_s * 10} ]; then echo "no staging folder $1" >&2; exit 1; fi; '
         'sleep 0.1; done; exec tar -x -f - -C "$1"'
     )
-    return ["sh", "-c", wait, "untar", folder]
+    return ["sh", "-c", wait, "untar", folder, dest]
 
 
 def run_stage(
@@ -359,7 +361,7 @@ def run_stage(
             )
         if source.kind == "local" and phase == "Running":
             try:
-                _exec(cluster, name, ns, untar_command(tmp), Path(source.location))
+                _exec(cluster, name, ns, untar_command(tmp, dest), Path(source.location))
                 _exec(cluster, name, ns, ["touch", f"{tmp}.done"])
             except (UserError, JobFailed):
                 # The pod may have ended on its own (e.g. the dataset exists): its log says why.
