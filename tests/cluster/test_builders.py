@@ -156,7 +156,7 @@ def test_fsx_role_is_least_privilege() -> None:
 def test_addons_follow_the_job() -> None:
     cfg = trn1_config(
         'kubernetes.queue="research"',
-        'kubernetes.pvc="shared"',
+        'kubernetes.pvc="team-claim"',
         'kubernetes.namespace="ml"',
         'kubernetes.mount="/mnt/fsx"',
     )
@@ -164,7 +164,7 @@ def test_addons_follow_the_job() -> None:
     assert addons.queue(s)["metadata"]["name"] == "research"
     assert "capability" not in addons.queue(s)["spec"]
     claim = fsx.claim(s)
-    assert (claim["metadata"]["name"], claim["metadata"]["namespace"]) == ("shared", "ml")
+    assert (claim["metadata"]["name"], claim["metadata"]["namespace"]) == ("team-claim", "ml")
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     deployment, service = addons.tensorboard(s)
     command = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
