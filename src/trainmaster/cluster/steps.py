@@ -409,9 +409,7 @@ def down_steps(spec: ClusterSpec) -> list[Step]:
             f"Delete claim {spec.pvc} and wait until its file system is deleted",
             (
                 guard,
-                f"local pv fs=; pv=\"$(kubectl {ns} get pvc {spec.pvc} -o jsonpath='{{.spec.volumeName}}' 2>/dev/null || true)\"",
-                # the PV's volumeHandle is the file system id (fs-...)
-                'if [ -n "$pv" ]; then fs="$(kubectl get pv "$pv" -o jsonpath=\'{.spec.csi.volumeHandle}\' 2>/dev/null || true)"; fi',
+                *fsx.claim_fs(spec),  # $fs: the claim's file system id
                 'kubectl delete -f "$PLAN_DIR/k8s/claim.yaml" --ignore-not-found --wait=true',
                 'if [ -n "$pv" ]; then kubectl wait --for=delete "pv/$pv" --timeout=30m; fi',
                 # the PV goes when DeleteFileSystem has started, minutes before the file system (and
