@@ -18,7 +18,7 @@ def test_next_sentence_is_random_half_the_time() -> None:
     """One long document of one-token sentences: every chunk has many sentences, so the
     50% draw alone decides (only the last chunk of a pass can be a forced random)."""
     s = ExampleSettings(seq_len=64, short_seq_prob=0.0, dupe_factor=10)
-    plan = plan_pairs([1] * 20_000, [20_000], s, random.Random(3), np.random.default_rng(3))
+    plan = plan_pairs([1] * 20_000, [20_000], s, np.random.default_rng(3))
     n = len(plan)
     p = plan[:, 4].mean()
     assert abs(p - 0.5) < 5 * math.sqrt(0.25 / n) + s.dupe_factor / n, (p, n)
@@ -29,7 +29,7 @@ def test_pairs_fit_and_actual_next_follows_a() -> None:
     lengths = [rng.choice([1, 3, 10, 40, 300]) for _ in range(3000)]  # some far too long
     docs = [100] * 30
     s = ExampleSettings(seq_len=32, dupe_factor=2)
-    plan = plan_pairs(lengths, docs, s, random.Random(6), np.random.default_rng(6))
+    plan = plan_pairs(lengths, docs, s, np.random.default_rng(6))
     a0, a1, b0, b1, rand = plan.T
     assert ((a1 - a0) >= 1).all() and ((b1 - b0) >= 1).all()
     assert ((a1 - a0) + (b1 - b0) <= s.seq_len - 3).all()
@@ -72,7 +72,7 @@ def test_truncation_matches_the_reference() -> None:
 
 def test_short_targets_follow_short_seq_prob() -> None:
     s = ExampleSettings(seq_len=128, short_seq_prob=0.3, dupe_factor=3)
-    plan = plan_pairs([5] * 30_000, [30_000], s, random.Random(1), np.random.default_rng(1))
+    plan = plan_pairs([5] * 30_000, [30_000], s, np.random.default_rng(1))
     used = (plan[:, 1] - plan[:, 0]) + (plan[:, 3] - plan[:, 2])
     short = (used < 100).mean()  # a target below ~100 only comes from the short draw
     assert 0.2 < short < 0.35

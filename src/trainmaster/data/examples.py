@@ -16,7 +16,6 @@ special token. Randomness comes from (seed, chunk index) only, never from worker
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,68 +78,73 @@ class VocabTables:
         return cls(sp, random_ids, continuation)
 
 
-def _rngs(seed: int, chunk: int) -> tuple[random.Random, np.random.Generator]:
-    """Scalar draws (the plan) from Python's fast Random, array draws from numpy."""
-    plan_state = np.random.SeedSequence(seed, spawn_key=(0, chunk)).generate_state(4)
-    plan = random.Random(int.from_bytes(plan_state.tobytes(), "little"))
-    return plan, np.random.Generator(
-        np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(1, chunk)))
-    )
+def _generator(seed: int, chunk: tuple[int, ...]) -> np.random.Generator:
+    """All of a chunk's draws: from (seed, the chunk's place in the input) only."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(1, *chunk))))
 
 
 def plan_pairs(
-    lengths: list[int],
-    doc_sizes: list[int],
+    lengths: np.ndarray | list[int],
+    doc_sizes: np.ndarray | list[int],
     s: ExampleSettings,
-    rng: random.Random,
     gen: np.random.Generator,
 ) -> np.ndarray:
     """[M, 5] int64: a0, a1, b0, b1 (token spans) and is_random_next, for every duplicate.
 
-    Sentences are consecutive in the flat token array, so a run of sentences is a span. The
-    loop makes the pairs; truncation, which no later choice depends on, is done after it
-    for all pairs at once.
+    The reference walks each document sentence by sentence, and where one pair ends decides
+    where the next begins. Here every sentence of every duplicate gets the draws of a pair
+    that would start there, all at once (searchsorted on the token offsets finds where its
+    target length is reached); then only the walk from pair start to pair start is a Python
+    loop, one step per example. Each start a walk visits uses draws of its own, so the pairs
+    have the reference's distribution; draws at unvisited starts are simply not used.
     """
-    ends = np.cumsum(lengths).tolist()
-    starts = [e - n for e, n in zip(ends, lengths, strict=True)]
-    bounds = np.concatenate([[0], np.cumsum(doc_sizes)]).tolist()
-    docs = list(zip(bounds[:-1], bounds[1:], strict=True))
-    max_tokens, short_p = s.seq_len - 3, s.short_seq_prob
-    out: list[tuple[int, int, int, int, int]] = []
-    rand = rng.random  # lo + int(rand() * n) instead of randint: 10x cheaper, bias ~2**-53
-    ndocs = len(docs)
-    for _ in range(s.dupe_factor):
-        for d, (s0, s1) in enumerate(docs):
-            want = 2 + int(rand() * (max_tokens - 1)) if rand() < short_p else max_tokens
-            first, filled, i = s0, 0, s0
-            while i < s1:
-                filled += lengths[i]
-                if i == s1 - 1 or filled >= want:
-                    n_seg = i - first + 1
-                    a_end = first + (1 + int(rand() * (n_seg - 1)) if n_seg >= 2 else 1)
-                    a0, a1 = starts[first], ends[a_end - 1]
-                    if n_seg == 1 or rand() < 0.5:
-                        r = d
-                        for _try in range(10):
-                            r = int(rand() * ndocs)
-                            if r != d:
-                                break
-                        r0, r1 = docs[r]
-                        j = r0 + int(rand() * (r1 - r0))
-                        b0, got, need = starts[j], 0, want - (a1 - a0)
-                        while j < r1:
-                            got += lengths[j]
-                            j += 1
-                            if got >= need:
-                                break
-                        out.append((a0, a1, b0, ends[j - 1], 1))
-                        i = a_end - 1  # put the unused sentences back
-                    else:
-                        out.append((a0, a1, ends[a_end - 1], ends[i], 0))
-                    want = 2 + int(rand() * (max_tokens - 1)) if rand() < short_p else max_tokens
-                    first, filled = i + 1, 0
-                i += 1
-    plan = np.array(out, dtype=np.int64).reshape(-1, 5)
+    lens = np.asarray(lengths, dtype=np.int64)
+    sizes = np.asarray(doc_sizes, dtype=np.int64)
+    n, ndocs, max_tokens = len(lens), len(sizes), s.seq_len - 3
+    cum = np.concatenate([[0], np.cumsum(lens)])  # sentence k is tokens cum[k]:cum[k+1]
+    doc_end = np.cumsum(sizes)
+    doc_start = doc_end - sizes
+    doc = np.repeat(np.arange(ndocs), sizes)
+    dupes = s.dupe_factor
+    f = np.tile(np.arange(n), dupes)  # a pair starting at sentence f, in each duplicate
+    d = np.tile(doc, dupes)
+    end = doc_end[d]
+    u = gen.random((6, len(f)))
+    short = u[0] < s.short_seq_prob
+    want = np.where(short, 2 + (u[1] * (max_tokens - 1)).astype(np.int64), max_tokens)
+    # The chunk: sentences f..i, the first whose running total reaches want (or the doc's last).
+    i = np.minimum(np.searchsorted(cum, cum[f] + want) - 1, end - 1)
+    n_seg = i - f + 1
+    a_end = f + np.where(n_seg >= 2, 1 + (u[2] * (n_seg - 1)).astype(np.int64), 1)
+    a0, a1 = cum[f], cum[a_end]
+    rand = (n_seg == 1) | (u[3] < 0.5)
+    # A random other document (the reference tries 10 times; here never the same one).
+    if ndocs > 1:
+        r = (u[4] * (ndocs - 1)).astype(np.int64)
+        r += r >= d
+    else:
+        r = d
+    j = doc_start[r] + (u[5] * sizes[r]).astype(np.int64)
+    need = want - (a1 - a0)
+    j_last = np.clip(np.searchsorted(cum, cum[j] + need) - 1, j, doc_end[r] - 1)
+    b0 = np.where(rand, cum[j], a1)
+    b1 = np.where(rand, cum[j_last + 1], cum[i + 1])
+    nxt = np.where(rand, a_end, i + 1)  # a random B puts the unused sentences back
+    # The walk, on flat (duplicate, sentence) indices: each duplicate's sentences are offset by
+    # n, so a document's end is a bound on the same row.
+    nxt += np.repeat(np.arange(dupes) * n, n)
+    offsets = np.repeat(np.arange(dupes) * n, ndocs)
+    starts = (np.tile(doc_start, dupes) + offsets).tolist()
+    stops = (np.tile(doc_end, dupes) + offsets).tolist()
+    step = nxt.tolist()
+    visited: list[int] = []
+    add = visited.append
+    for k, stop in zip(starts, stops, strict=True):
+        while k < stop:
+            add(k)
+            k = step[k]
+    at = np.array(visited, dtype=np.int64)
+    plan = np.stack([a0[at], a1[at], b0[at], b1[at], rand[at].astype(np.int64)], axis=1)
     truncate(plan, max_tokens, gen)
     return plan
 
@@ -274,18 +278,18 @@ def mask(
 def make_examples(
     flat: np.ndarray,
     lengths: np.ndarray,
-    doc_sizes: list[int],
-    chunk: int,
+    doc: np.ndarray,
+    chunk: tuple[int, ...],
     s: ExampleSettings,
     tables: VocabTables,
 ) -> dict[str, np.ndarray]:
-    """All duplicates of one chunk's examples, compact (see `expand`)."""
+    """All duplicates of one chunk's examples, compact (see `expand`): flat tokens, each
+    line's length and document (lines run in document order), the chunk's place in the input.
+    """
     keep = lengths > 0  # a line of nothing but dropped characters is no sentence
-    doc_starts = np.concatenate([[0], np.cumsum(doc_sizes)[:-1]]).astype(np.int64)
-    kept_per_doc = np.add.reduceat(keep.astype(np.int64), doc_starts) if doc_sizes else ()
-    sizes = [int(c) for c in kept_per_doc if c > 0]
-    plan_rng, gen = _rngs(s.seed, chunk)
-    plan = plan_pairs(lengths[keep].tolist(), sizes, s, plan_rng, gen)
+    sizes = np.bincount(doc[keep]) if keep.any() else np.zeros(0, np.int64)
+    gen = _generator(s.seed, chunk)
+    plan = plan_pairs(lengths[keep], sizes[sizes > 0], s, gen)
     ids, input_mask, _, maskable = build(flat, plan, s.seq_len, tables.special)
     positions = choose(maskable, ids, s, tables, gen)
     originals = mask(ids, positions, s, tables, gen)
@@ -303,8 +307,9 @@ def make_examples(
 def expand(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Compact examples -> the shard format's arrays.
 
-    Examples cross process boundaries twice (worker -> main -> writer); in compact form
-    (16-bit ids, masks as two lengths) that is ~3x fewer bytes to pickle than the format.
+    Examples pass through a scratch file between the two stages (every shard takes rows of
+    every chunk); in compact form (16-bit ids, masks as two lengths) that is ~3x fewer bytes
+    than the format.
     """
     pos = np.arange(c["input_ids"].shape[1])
     length, b_start = c["length"][:, None], c["b_start"][:, None]

@@ -95,6 +95,14 @@ class Output:
         assert self.staging is not None, "temp_path outside writing()"
         return self.staging / f"part-{k}.hdf5"
 
+    def scratch(self) -> Path:
+        """A folder for the examples between the two stages (removed before commit; a
+        killed run's goes with its staging folder)."""
+        assert self.staging is not None, "scratch outside writing()"
+        folder = self.staging / "examples"
+        folder.mkdir()
+        return folder
+
     def final_paths(self) -> list[Path]:
         return [self.final_path(k) for k in range(self.shards)]
 

@@ -1,19 +1,20 @@
 """`data prepare`: text -> shards, across processes, all-or-nothing.
 
-Stages: check every argument, read and check the input, get the vocabulary, make examples per
-chunk (in worker processes), shuffle them all with the seed, write the shards under temporary
-names (in workers), and only then put them in place and write dataset.json last. Whatever
+Stages: check every argument, cut the input into slices (from file sizes alone), get the
+vocabulary, make examples per slice (worker processes read, tokenise and mask their slices
+themselves: data/pool.py), shuffle them all with the seed, write the shards under temporary
+names (in workers, each gathering its rows), and only then put them in place and write
+dataset.json last. The parent reads no text unless it trains the vocabulary. Whatever
 stops the run (an error, Ctrl-C) removes the temporaries; an old dataset is replaced only
 once the new one is complete (--overwrite).
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import signal
+import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,9 +25,10 @@ import numpy as np
 
 from trainmaster.data import corpus as corpus_mod
 from trainmaster.data import shards as fmt
-from trainmaster.data.corpus import Document, split_sentences
-from trainmaster.data.examples import ExampleSettings, VocabTables, expand, make_examples
+from trainmaster.data import slices
+from trainmaster.data.examples import ExampleSettings
 from trainmaster.data.output import Output
+from trainmaster.data.pool import Runner, SliceResult, examples_task, pool, write_task
 from trainmaster.data.progress import Reporter, make_reporter
 from trainmaster.data.vocab import (
     DEFAULT_VOCAB_SIZE,
@@ -35,7 +37,6 @@ from trainmaster.data.vocab import (
     load_vocab,
     train_vocab,
 )
-from trainmaster.data.wordpiece import Encoder
 from trainmaster.errors import DataError, UserError
 
 
@@ -48,7 +49,8 @@ class PrepareResult:
     vocab_size: int
     workers: int
     seconds: float
-    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
+    # wall seconds per stage; "examples/…" and "write/…": workers' seconds per step, summed
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def examples(self) -> int:
@@ -110,34 +112,31 @@ def prepare(
     timings: dict[str, float] = {}
     report = reporter or make_reporter(quiet)
     try:
-        with _timed(timings, "read"):
-            text = corpus_mod.read_corpus([Path(p) for p in inputs], builtin)
+        with _timed(timings, "plan"):
+            pieces, sources, size = slices.plan([Path(p) for p in inputs], builtin)
         with _timed(timings, "vocab"):
-            voc = known or train_vocab(text.lines(), vocab_size or DEFAULT_VOCAB_SIZE, lower_case)
-        chunks = corpus_mod.make_chunks(text.documents)
-        n_workers = min(n_workers, len(chunks))
+            voc = known or _train(inputs, builtin, vocab_size, lower_case)
+        n_workers = min(n_workers, len(pieces))
         # The pool stops (its workers killed) before the output is cleaned after a failure.
-        with out.writing(), _pool(n_workers, voc, lower_case, settings) as run:
-            report.stage("making examples", len(chunks))
+        with out.writing(), pool(n_workers, voc, lower_case, settings) as (ordered, unordered):
+            scratch = out.scratch()
+            report.stage("making examples", len(pieces))
             with _timed(timings, "examples"):
-                arrays, tokens = _make_examples(run, chunks, report)
-            total = len(arrays["input_ids"])
-            if total == 0:
-                raise DataError(
-                    "the input gives no examples (no word survived tokenisation); "
-                    "give text files of sentences"
-                )
-            if shards > total:
-                raise DataError(
-                    f"{shards} shards but only {total} examples; lower --shards, or "
-                    "give more text or a higher --dupe-factor",
-                    where="--shards",
-                )
+                results: list[SliceResult] = []
+                for r in ordered(examples_task, ((p, size, str(scratch)) for p in pieces)):
+                    results.append(r)
+                    _add(timings, r.seconds)
+                    report.advance(1, r.tokens)
+            tokens = sum(r.tokens for r in results)
+            total = sum(r.rows for r in results)
+            _check_counts(results, total, shards, sources)
             report.stage("writing shards", shards)
             with _timed(timings, "write"):
-                counts = _write_shards(run, arrays, shards, settings.seed, out, report)
-            del arrays
-            manifest = _manifest(out, counts, tokens, settings, lower_case, voc, text.sources)
+                counts = _write_shards(
+                    unordered, results, total, shards, settings.seed, out, report, timings
+                )
+            shutil.rmtree(scratch)
+            manifest = _manifest(out, counts, tokens, settings, lower_case, voc, sources)
             out.commit(voc, manifest)
     finally:
         report.close()
@@ -154,6 +153,44 @@ def prepare(
     )
 
 
+def _train(
+    inputs: Sequence[str | os.PathLike[str]],
+    builtin: str | None,
+    vocab_size: int | None,
+    lower_case: bool,
+) -> Vocab:
+    """Training needs every line: the one case where this process reads the whole input."""
+    text = corpus_mod.read_corpus([Path(p) for p in inputs], builtin)
+    return train_vocab(text.lines(), vocab_size or DEFAULT_VOCAB_SIZE, lower_case)
+
+
+def _add(timings: dict[str, float], seconds: dict[str, float]) -> None:
+    """Workers' seconds per step, summed over slices or shards (CPU-bound: ~CPU seconds)."""
+    for k, v in seconds.items():
+        timings[k] = timings.get(k, 0.0) + v
+
+
+def _check_counts(
+    results: list[SliceResult], total: int, shards: int, sources: list[corpus_mod.SourceInfo]
+) -> None:
+    if not any(r.lines for r in results):
+        names = ", ".join(s.name for s in sources)
+        raise DataError(
+            f"no text in {names}; give lines of text, documents separated by blank lines"
+        )
+    if total == 0:
+        raise DataError(
+            "the input gives no examples (no word survived tokenisation); "
+            "give text files of sentences"
+        )
+    if shards > total:
+        raise DataError(
+            f"{shards} shards but only {total} examples; lower --shards, or "
+            "give more text or a higher --dupe-factor",
+            where="--shards",
+        )
+
+
 @contextmanager
 def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
     start = time.monotonic()
@@ -161,136 +198,27 @@ def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
     timings[name] = time.monotonic() - start
 
 
-Runner = Callable[[Callable[..., Any], Iterable[Any]], Iterator[Any]]
-
-
-@contextmanager
-def _pool(
-    workers: int, vocab: Vocab, lower_case: bool, settings: ExampleSettings
-) -> Iterator[Runner]:
-    """map-like runner: in this process for one worker, else a process pool.
-
-    Workers ignore SIGINT (Ctrl-C reaches the whole process group): this process alone
-    decides to stop, terminates them and cleans up. tokenizers must not use its own threads
-    in a worker (one worker per core already) nor after a fork.
-    """
-    saved = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        if workers == 1:
-            local = Worker(vocab.tokens, lower_case, settings)
-            yield lambda fn, items: (fn(item, local) for item in items)
-            return
-        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by forked workers
-        try:
-            pool = mp.get_context(method).Pool(
-                workers, init_pool_worker, (vocab.tokens, lower_case, settings)
-            )
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        try:
-            yield lambda fn, items: pool.imap_unordered(fn, items)
-            pool.close()
-        finally:
-            pool.terminate()
-            pool.join()
-    finally:
-        if saved is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = saved
-
-
-class Worker:
-    """What runs in each worker process: tokenise a chunk and make its examples.
-
-    Built once per process (the encoder's word cache pays off across chunks); the task
-    functions below are module-level so that a process pool can pickle them.
-    """
-
-    def __init__(
-        self, tokens: tuple[str, ...], lower_case: bool, settings: ExampleSettings
-    ) -> None:
-        vocab = Vocab(tokens, "worker")
-        self.encoder = Encoder(vocab, lower_case)
-        self.tables = VocabTables.of(vocab)
-        self.settings = settings
-
-    def examples(self, chunk: int, docs: list[Document]) -> tuple[dict[str, np.ndarray], int]:
-        sentences: list[str] = []
-        doc_sizes: list[int] = []
-        for doc in docs:
-            before = len(sentences)
-            for line in doc:
-                sentences.extend(split_sentences(line))
-            doc_sizes.append(len(sentences) - before)
-        flat, lengths = self.encoder.encode(sentences)
-        arrays = make_examples(flat, lengths, doc_sizes, chunk, self.settings, self.tables)
-        return arrays, int(lengths.sum())
-
-
-_WORKER: Worker | None = None
-
-
-def init_pool_worker(tokens: tuple[str, ...], lower_case: bool, settings: ExampleSettings) -> None:
-    global _WORKER
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    _WORKER = Worker(tokens, lower_case, settings)
-
-
-def examples_task(
-    item: tuple[int, list[Document]], worker: Worker | None = None
-) -> tuple[int, dict[str, np.ndarray], int]:
-    w = worker or _WORKER
-    assert w is not None, "init_pool_worker did not run"
-    chunk, docs = item
-    arrays, tokens = w.examples(chunk, docs)
-    return chunk, arrays, tokens
-
-
-def write_task(item: tuple[str, dict[str, np.ndarray]], worker: Worker | None = None) -> str:
-    path, arrays = item
-    fmt.write_shard(Path(path), expand(arrays), durable=False)  # the caller fsyncs it
-    return path
-
-
-def _make_examples(
-    run: Runner, chunks: list[list[Document]], report: Reporter
-) -> tuple[dict[str, np.ndarray], int]:
-    """All chunks' examples, concatenated in chunk order (whatever order workers finish in)."""
-    results: list[dict[str, np.ndarray]] = [{} for _ in chunks]
-    tokens = 0
-    for index, arrays, n_tokens in run(examples_task, enumerate(chunks)):
-        results[index] = arrays
-        tokens += n_tokens
-        report.advance(1, n_tokens)
-    merged = {key: np.concatenate([r[key] for r in results]) for key in results[0]}
-    return merged, tokens
-
-
 def _write_shards(
     run: Runner,
-    arrays: dict[str, np.ndarray],
+    results: list[SliceResult],
+    total: int,
     shards: int,
     seed: int,
     out: Output,
     report: Reporter,
+    timings: dict[str, float],
 ) -> list[int]:
     """Shuffle all examples with the seed; shard sizes differ by at most one."""
-    total = len(arrays["input_ids"])
     gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(2,))))
     parts = np.array_split(gen.permutation(total), shards)
-    tasks = (
-        (str(out.temp_path(k)), {key: a[rows] for key, a in arrays.items()})
-        for k, rows in enumerate(parts)
-    )
+    tasks = ((str(out.temp_path(k)), rows, results) for k, rows in enumerate(parts))
     # Each written shard is fsync'd by a thread here while the next one is made: waiting for
     # the disk does not hold up a worker, and the file system batches concurrent syncs.
     with ThreadPoolExecutor(4, thread_name_prefix="fsync") as syncs:
         pending = []
-        for path in run(write_task, tasks):
+        for path, seconds in run(write_task, tasks):
             pending.append(syncs.submit(fmt.fsync_path, Path(path)))
+            _add(timings, seconds)
             report.advance(1)
         for done in pending:
             done.result()  # every shard is durable before commit() names it

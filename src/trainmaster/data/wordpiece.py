@@ -68,18 +68,23 @@ class Encoder:
         """The reference path: HF for every sentence."""
         return [e.ids for e in self._hf.encode_batch_fast(sentences, add_special_tokens=False)]
 
-    def _fast(self, s: str) -> bool:
-        if _UNSURE.search(s):
-            return False
-        if s.isascii():
-            return True
+    def _unsure_lines(self, text: str) -> list[int]:
+        """Lines of text the shortcut cannot be sure about, found with a few scans of the
+        whole text (not a check per line): control characters, or non-ASCII characters
+        other than plain punctuation."""
+        if text.isascii() and not _UNSURE.search(text):
+            return []
         plain = self._plain
-        for c in set(_NON_ASCII.findall(s)):
-            if c not in plain:
-                plain[c] = _plain_punctuation(c)
-            if not plain[c]:
-                return False
-        return True
+        chars = set(_NON_ASCII.findall(text))
+        for c in chars - plain.keys():
+            plain[c] = _plain_punctuation(c)
+        bad = "".join(re.escape(c) for c in sorted(chars) if not plain[c])
+        find = re.compile(f"{_UNSURE.pattern}|[{bad}]" if bad else _UNSURE.pattern)
+        at = np.fromiter((m.start() for m in find.finditer(text)), dtype=np.int64)
+        if not at.size:
+            return []
+        ends = np.cumsum(np.fromiter(map(len, text.split("\n")), dtype=np.int64) + 1)
+        return np.unique(np.searchsorted(ends, at, side="right")).tolist()
 
     @staticmethod
     def _grow(
@@ -104,29 +109,40 @@ class Encoder:
 
     def encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of all sentences, concatenated (int32), and each sentence's length."""
-        if len(self._index) > _CACHE_LIMIT:
-            self._reset()
         if not sentences:
             return np.zeros(0, np.int32), np.zeros(0, np.int64)
         text = "\n".join(sentences)
-        unsure: list[int] = []
-        if not (
-            text.isascii() and not _UNSURE.search(text) and text.count("\n") == len(sentences) - 1
-        ):
-            # A sentence with a "\n" of its own goes to HF too (it is whitespace there).
-            unsure = [k for k, s in enumerate(sentences) if "\n" in s or not self._fast(s)]
-            if unsure:
-                batch = list(sentences)
-                for k in unsure:
-                    batch[k] = ""
-                text = "\n".join(batch)
+        if text.count("\n") == len(sentences) - 1:
+            return self.encode_text(text)
+        # A sentence with a "\n" of its own goes to HF (it is whitespace there).
+        own = {k: s for k, s in enumerate(sentences) if "\n" in s}
+        return self._encode("\n".join("" if k in own else s for k, s in enumerate(sentences)), own)
+
+    def encode_text(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids of every line of text (a sentence per line), concatenated, and each
+        line's length (0 for a blank one)."""
+        return self._encode(text, {})
+
+    def _encode(self, text: str, exact: dict[int, str]) -> tuple[np.ndarray, np.ndarray]:
+        """Lines of text by the word cache, but those in exact (emptied in text) and those
+        the shortcut is unsure of, which HF encodes whole."""
+        if len(self._index) > _CACHE_LIMIT:
+            self._reset()
+        unsure = self._unsure_lines(text)
+        if unsure:
+            lines = text.split("\n")
+            exact = {**exact, **{k: lines[k] for k in unsure}}
+            for k in unsure:
+                lines[k] = ""
+            text = "\n".join(lines)
         all_words = self._words.findall(text.lower() if self.lower_case else text)
         index = self._index
-        wid = np.fromiter(
-            map(index.get, all_words, repeat(-1)), dtype=np.int64, count=len(all_words)
-        )
+        try:  # usually every word is known: plain lookups, ~20% faster than get(w, -1)
+            wid = np.fromiter(map(index.__getitem__, all_words), np.int64, len(all_words))
+        except KeyError:
+            wid = np.fromiter(map(index.get, all_words, repeat(-1)), np.int64, len(all_words))
         boundary = np.flatnonzero(wid == _BOUNDARY)
-        counts = np.diff(np.concatenate([[-1], boundary, [len(wid)]])) - 1  # words per sentence
+        counts = np.diff(np.concatenate([[-1], boundary, [len(wid)]])) - 1  # words per line
         missing = np.flatnonzero(wid < 0)
         if missing.size:
             # A word here is normalised already (lower-cased ASCII or plain punctuation) and
@@ -137,14 +153,15 @@ class Encoder:
             wid[missing] = [index[all_words[i]] for i in missing.tolist()]
         wid = wid[wid != _BOUNDARY]
         starts, lens, pieces = self._starts, self._lens, self._pieces
-        if unsure:
-            # Each sentence HF had to do is one pseudo-word of this call only (not cached).
-            exact = self.encode_exact([sentences[k] for k in unsure])
-            local = np.arange(len(starts), len(starts) + len(unsure))
-            starts, lens, pieces = self._grow(starts, lens, pieces, exact)
-            at = (np.cumsum(counts) - counts)[unsure]
+        if exact:
+            # Each line HF had to do is one pseudo-word of this call only (not cached).
+            order = sorted(exact)
+            done = self.encode_exact([exact[k] for k in order])
+            local = np.arange(len(starts), len(starts) + len(order))
+            starts, lens, pieces = self._grow(starts, lens, pieces, done)
+            at = (np.cumsum(counts) - counts)[order]
             wid = np.insert(wid, at, local)
-            counts[unsure] = 1
+            counts[order] = 1
         wl = lens[wid]
         ends = np.cumsum(wl)
         src = np.repeat(starts[wid] - (ends - wl), wl)

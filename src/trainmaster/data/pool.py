@@ -1,0 +1,217 @@
+"""The worker processes of `data prepare` and what they do: two stages, nothing serial.
+
+Stage 1, per slice of the input (data/slices.py): read and decode it, split sentences,
+tokenise, make the examples of each chunk, and write them (compact) to a scratch file of
+the slice's own. Stage 2, per shard: gather the shard's rows (the seed's permutation of all
+examples) from every scratch file and write the shard. The parent hands out slice and shard
+numbers and gets back row counts: no text and no example crosses a process boundary.
+"""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainmaster.data import shards as fmt
+from trainmaster.data.corpus import document_ids, sentence_lines
+from trainmaster.data.examples import ExampleSettings, VocabTables, expand, make_examples
+from trainmaster.data.slices import Slice, read_slice
+from trainmaster.data.vocab import Vocab
+from trainmaster.data.wordpiece import Encoder
+
+Layout = list[tuple[str, str, tuple[int, ...], int]]  # key, dtype, shape, byte offset
+
+
+@dataclass(frozen=True)
+class SliceResult:
+    """What stage 1 returns for a slice: small, whatever the slice's size."""
+
+    index: int
+    path: str  # its scratch file
+    rows: int
+    layout: Layout
+    tokens: int  # WordPiece tokens of its text
+    lines: int  # lines that are not blank: none in any slice means no text at all
+    seconds: dict[str, float]  # per step, for the benchmark's breakdown
+
+
+def save(path: Path, arrays: dict[str, np.ndarray]) -> Layout:
+    """The arrays back to back in one raw file; what `load` needs to map them."""
+    layout: Layout = []
+    at = 0
+    with open(path, "wb") as f:
+        for key, a in arrays.items():
+            a = np.ascontiguousarray(a)
+            f.write(a.data)
+            layout.append((key, a.dtype.str, a.shape, at))
+            at += a.nbytes
+    return layout
+
+
+def load(path: str, layout: Layout) -> dict[str, np.ndarray]:
+    """Views of one memory map: a shard's writer touches only the pages of its rows."""
+    if not any(np.prod(shape) for _, _, shape, _ in layout):
+        return {key: np.zeros(shape, dtype) for key, dtype, shape, _ in layout}
+    with open(path, "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return {
+        key: np.frombuffer(data, dtype, int(np.prod(shape)), at).reshape(shape)
+        for key, dtype, shape, at in layout
+    }
+
+
+class Worker:
+    """What runs in each worker process; built once per process (the encoder's word cache
+    pays off across slices). The task functions below are module-level so that a process
+    pool can pickle them."""
+
+    def __init__(
+        self, tokens: tuple[str, ...], lower_case: bool, settings: ExampleSettings
+    ) -> None:
+        vocab = Vocab(tokens, "worker")
+        self.encoder = Encoder(vocab, lower_case)
+        self.tables = VocabTables.of(vocab)
+        self.settings = settings
+
+    def examples(self, piece: Slice, size: int, scratch: Path) -> SliceResult:
+        clock = _Clock("examples/")
+        parts: list[dict[str, np.ndarray]] = []
+        tokens = lines = 0
+        for k, raw in read_slice(piece, size):
+            clock.lap("read")
+            text = sentence_lines(raw)
+            clock.lap("sentences")
+            flat, lengths = self.encoder.encode_text(text)
+            doc, nonblank = document_ids(text, lengths)
+            clock.lap("tokenise")
+            chunk = (piece.index, k)
+            parts.append(make_examples(flat, lengths, doc, chunk, self.settings, self.tables))
+            clock.lap("pairs_mask")
+            tokens += len(flat)
+            lines += nonblank
+        if not parts:
+            parts.append(make_examples(*_nothing(), (piece.index, 0), self.settings, self.tables))
+        arrays = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        path = scratch / f"slice-{piece.index}.bin"
+        layout = save(path, arrays)
+        rows = len(arrays["input_ids"])
+        clock.lap("save")
+        return SliceResult(piece.index, str(path), rows, layout, tokens, lines, clock.seconds)
+
+
+class _Clock:
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.seconds: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        key = self.prefix + name
+        self.seconds[key] = self.seconds.get(key, 0.0) + now - self.last
+        self.last = now
+
+
+def _nothing() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+
+_WORKER: Worker | None = None
+
+
+def init_pool_worker(tokens: tuple[str, ...], lower_case: bool, settings: ExampleSettings) -> None:
+    global _WORKER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    _WORKER = Worker(tokens, lower_case, settings)
+
+
+def examples_task(item: tuple[Slice, int, str], worker: Worker | None = None) -> SliceResult:
+    w = worker or _WORKER
+    assert w is not None, "init_pool_worker did not run"
+    piece, size, scratch = item
+    return w.examples(piece, size, Path(scratch))
+
+
+def write_task(
+    item: tuple[str, np.ndarray, list[SliceResult]], worker: Worker | None = None
+) -> tuple[str, dict[str, float]]:
+    """Shard rows (global example numbers, in shard order) gathered from the scratch files."""
+    clock = _Clock("write/")
+    path, rows, slices = item
+    first = np.cumsum([0] + [s.rows for s in slices])
+    which = np.searchsorted(first, rows, side="right") - 1
+    local = rows - first[which]
+    out: dict[str, np.ndarray] = {}
+    for j, s in enumerate(slices):
+        picked = np.flatnonzero(which == j)
+        if not picked.size:
+            continue
+        for key, a in load(s.path, s.layout).items():
+            if key not in out:
+                out[key] = np.empty((len(rows), *a.shape[1:]), a.dtype)
+            out[key][picked] = a[local[picked]]
+    clock.lap("gather")
+    arrays = expand(out)
+    clock.lap("expand")
+    fmt.write_shard(Path(path), arrays, durable=False)  # the caller fsyncs it
+    clock.lap("hdf5")
+    return path, clock.seconds
+
+
+Runner = Callable[[Callable[..., Any], Iterable[Any]], Iterator[Any]]
+
+
+@contextmanager
+def pool(
+    workers: int, vocab: Vocab, lower_case: bool, settings: ExampleSettings
+) -> Iterator[tuple[Runner, Runner]]:
+    """(ordered, unordered) map-like runners: in this process for one worker, else a process
+    pool.
+
+    Workers ignore SIGINT (Ctrl-C reaches the whole process group): this process alone
+    decides to stop, terminates them and cleans up. tokenizers must not use its own threads
+    in a worker (one worker per core already) nor after a fork.
+    """
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        if workers == 1:
+            local = Worker(vocab.tokens, lower_case, settings)
+
+            def here(fn: Callable[..., Any], items: Iterable[Any]) -> Iterator[Any]:
+                return (fn(item, local) for item in items)
+
+            yield here, here
+            return
+        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by forked workers
+        try:
+            p = mp.get_context(method).Pool(
+                workers, init_pool_worker, (vocab.tokens, lower_case, settings)
+            )
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        try:
+            yield (
+                (lambda fn, items: p.imap(fn, items)),
+                (lambda fn, items: p.imap_unordered(fn, items)),
+            )
+            p.close()
+        finally:
+            p.terminate()
+            p.join()
+    finally:
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
