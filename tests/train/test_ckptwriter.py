@@ -1,7 +1,11 @@
-"""Background checkpoint writes (ckptwriter): training goes on, the atomic-save guarantees hold."""
+"""Checkpoint writes in a writer process (ckptwriter): training goes on, the atomic-save
+guarantees hold, and a kill of the trainer or of its writer, at any point, leaves the previous
+checkpoint as the newest complete one."""
 
 from __future__ import annotations
 
+import functools
+import os
 import signal
 import subprocess
 import sys
@@ -12,9 +16,11 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, wait_for
+from tests.train import ckpt_hooks
 from tests.train.test_checkpoint import META, one_step, setup
 from trainmaster.train import checkpoint, ckptdir, ckptwriter
 from trainmaster.train.dataset import Position
+from trainmaster.train.loop import param_checksum
 
 
 def stage(step: int, rt, bert, opt, sched) -> checkpoint.Staged:  # type: ignore[no-untyped-def]
@@ -26,91 +32,183 @@ def stage(step: int, rt, bert, opt, sched) -> checkpoint.Staged:  # type: ignore
         scheduler=sched,
         position=Position(1, 2, 12),
         meta=META,
+        host=False,
     )
     assert staged is not None
     return staged
 
 
-class _Crash(Exception):
-    pass
+def hold(monkeypatch: pytest.MonkeyPatch, folder: Path, step: int) -> None:
+    """The writer stops half-way through `step` until release(folder)."""
+    os.mkfifo(folder.parent / ckpt_hooks.RELEASE)
+    hook = functools.partial(ckpt_hooks.hold_at, step)
+    monkeypatch.setattr(checkpoint, "mid_save_hooks", [hook])
 
 
-def test_a_staged_copy_is_private_and_the_write_loads_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def held_at(folder: Path) -> int | None:
+    marker = folder.parent / ckpt_hooks.HELD
+    return int(marker.read_text()) if marker.exists() else None
+
+
+def release(folder: Path) -> None:
+    with open(folder.parent / ckpt_hooks.RELEASE, "w", encoding="utf-8"):
+        pass
+
+
+def gone(pid: int) -> bool:
+    """Exited (a zombie counts: in a container nobody may reap an orphan)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "checkpoints").mkdir()
+    return tmp_path / "checkpoints"
+
+
+@pytest.fixture
+def writer(folder: Path):  # type: ignore[no-untyped-def]
+    done: list[ckptwriter.Written] = []
+    w = ckptwriter.BackgroundWriter(folder, keep=3, on_written=done.append)
+    w.done = done  # type: ignore[attr-defined]
+    yield w
+    w.close()
+
+
+def test_what_is_written_is_the_state_at_the_save(
+    folder: Path, writer: ckptwriter.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Training updates the weights and optimizer state in place while the write runs: what is
-    written is the state at the save, not whatever training reached meanwhile."""
+    """Training updates the weights and optimizer state in place while the writer process
+    writes: the checkpoint holds the state at the save, not whatever training reached since."""
     _, rt, bert, opt, sched = setup()
     one_step(bert, opt, sched)
-    at_save = {k: v.clone() for k, v in bert.state_dict().items()}
-    staged = stage(1, rt, bert, opt, sched)
-    assert all(staged.model[k].data_ptr() != v.data_ptr() for k, v in bert.state_dict().items())
-    trained = threading.Event()
-    monkeypatch.setattr(checkpoint, "mid_save_hooks", [lambda folder, step: trained.wait(60)])
-    done: list[ckptwriter.Written] = []
-    writer = ckptwriter.BackgroundWriter(tmp_path, keep=3, on_written=done.append)
-    writer.submit(staged)
-    one_step(bert, opt, sched)  # while the writer is held half-way
-    trained.set()
+    at_save = param_checksum(bert)
+    hold(monkeypatch, folder, 1)
+    writer.submit(stage(1, rt, bert, opt, sched))
+    wait_for(lambda: held_at(folder) == 1, 120, "the writer to be half-way through step 1")
+    one_step(bert, opt, sched)  # while the write is held half-way
+    assert writer.busy
+    release(folder)
     writer.wait()
+    done = writer.done  # type: ignore[attr-defined]
     assert not writer.busy and [w.step for w in done] == [1]
     assert done[0].bytes == sum(f.stat().st_size for f in done[0].path.glob("*.pt"))
+    assert param_checksum(bert) != at_save
     _, _, bert2, opt2, sched2 = setup()
     checkpoint.load_model(done[0].path, bert2)
-    assert all(torch.equal(at_save[k], v) for k, v in bert2.state_dict().items())
+    assert param_checksum(bert2) == at_save
     assert checkpoint.load_trainer(done[0].path, opt2, sched2) == 1
     exp_avg = [s for s in opt2.state_dict()["state"].values()]
     assert exp_avg and all(int(s["step"]) == 1 for s in exp_avg)  # not 2: the state at the save
+    # The same file format as a synchronous save: tied weights once, every key there.
+    monkeypatch.setattr(checkpoint, "mid_save_hooks", [])
+    sync = checkpoint.save(
+        folder.parent / "sync",
+        step=1,
+        rt=rt,
+        model=bert2,
+        optimizer=opt2,
+        scheduler=sched2,
+        position=Position(1, 2, 12),
+        meta=META,
+        keep=1,
+    )
+    assert sync is not None
+    ours = torch.load(done[0].path / checkpoint.MODEL, weights_only=True)
+    theirs = torch.load(sync / checkpoint.MODEL, weights_only=True)
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], v) for k, v in theirs.items())
+    storages = [{v.untyped_storage().data_ptr() for v in d.values()} for d in (ours, theirs)]
+    assert len(storages[0]) == len(storages[1]) < len(ours)  # tied weights written once
 
 
-def test_a_second_save_waits_for_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_second_save_waits_for_the_first(
+    folder: Path, writer: ckptwriter.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, rt, bert, opt, sched = setup()
-    entered, release = threading.Event(), threading.Event()
-
-    def hold_first(folder: Path, step: int) -> None:
-        if step == 10:
-            entered.set()
-            assert release.wait(60)
-
-    monkeypatch.setattr(checkpoint, "mid_save_hooks", [hold_first])
-    writer = ckptwriter.BackgroundWriter(tmp_path, keep=3)
+    hold(monkeypatch, folder, 10)
     writer.submit(stage(10, rt, bert, opt, sched))
-    assert entered.wait(60)
+    wait_for(lambda: held_at(folder) == 10, 120, "the writer to be half-way through step 10")
     second = stage(20, rt, bert, opt, sched)
     submitter = threading.Thread(target=writer.submit, args=(second,))
     submitter.start()
     wait_for(lambda: writer.waiting_for == 10, 30, "the second save to wait for the first")
-    assert not list(tmp_path.glob("*step_20*"))  # not started while step 10 is in flight
-    release.set()
+    assert not list(folder.glob("*step_20*"))  # not started while step 10 is in flight
+    release(folder)
     submitter.join(60)
     writer.wait()
-    assert [c.step for c in ckptdir.complete(tmp_path)] == [10, 20]
-    assert not list(tmp_path.glob(f"{ckptdir.TMP_PREFIX}*"))
+    assert [c.step for c in ckptdir.complete(folder)] == [10, 20]
+    assert not list(folder.glob(f"{ckptdir.TMP_PREFIX}*"))
 
 
-def test_a_failed_background_write_fails_the_next_wait(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_failed_write_fails_the_next_wait_with_its_exception(
+    folder: Path, writer: ckptwriter.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, rt, bert, opt, sched = setup()
-    writer = ckptwriter.BackgroundWriter(tmp_path, keep=3)
     writer.submit(stage(10, rt, bert, opt, sched))
     writer.wait()
-
-    def crash(folder: Path, step: int) -> None:
-        raise _Crash
-
-    monkeypatch.setattr(checkpoint, "mid_save_hooks", [crash])
+    monkeypatch.setattr(checkpoint, "mid_save_hooks", [functools.partial(ckpt_hooks.crash_at, 20)])
     writer.submit(stage(20, rt, bert, opt, sched))
-    with pytest.raises(_Crash):
+    with pytest.raises(ckpt_hooks.Crash, match="disk full at step 20") as raised:
         writer.wait()
+    assert any("writing step 20" in note for note in raised.value.__notes__)
     writer.wait()  # reported once
-    latest = ckptdir.latest(tmp_path)
+    latest = ckptdir.latest(folder)
+    assert latest is not None and latest.step == 10
+    writer.submit(stage(30, rt, bert, opt, sched))  # the same writer goes on
+    writer.wait()
+    assert [c.step for c in ckptdir.complete(folder)] == [10, 30]
+
+
+def test_a_writer_killed_mid_write_fails_the_next_wait_and_a_new_one_takes_over(
+    folder: Path, writer: ckptwriter.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, rt, bert, opt, sched = setup()
+    writer.submit(stage(10, rt, bert, opt, sched))
+    writer.wait()
+    hold(monkeypatch, folder, 20)
+    writer.submit(stage(20, rt, bert, opt, sched))
+    wait_for(lambda: held_at(folder) == 20, 120, "the writer to be half-way through step 20")
+    first = writer.pid
+    assert first is not None and first != os.getpid()
+    os.kill(first, signal.SIGKILL)
+    with pytest.raises(ckptwriter.WriterDied, match=rf"pid {first}\) was killed by SIGKILL"):
+        writer.wait()
+    assert list(folder.glob(f"{ckptdir.TMP_PREFIX}step_20-*"))  # the torn write is there...
+    latest = ckptdir.latest(folder)
+    assert latest is not None and latest.step == 10  # ...and not taken for a checkpoint
+    monkeypatch.setattr(checkpoint, "mid_save_hooks", [])
+    writer.submit(stage(30, rt, bert, opt, sched))
+    writer.wait()
+    assert writer.pid not in (None, first)
+    assert [c.step for c in ckptdir.complete(folder)] == [10, 30]
+    assert not list(folder.glob(f"{ckptdir.TMP_PREFIX}*"))  # the next save cleared it
+
+
+def test_a_writer_ignores_sigterm_the_trainer_decides(
+    folder: Path, writer: ckptwriter.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A preemption's SIGTERM reaches the whole process group: the writer finishes its write
+    (the trainer's preemption checkpoint may be the one in flight)."""
+    _, rt, bert, opt, sched = setup()
+    hold(monkeypatch, folder, 10)
+    writer.submit(stage(10, rt, bert, opt, sched))
+    wait_for(lambda: held_at(folder) == 10, 120, "the writer to be half-way through step 10")
+    assert writer.pid is not None
+    os.kill(writer.pid, signal.SIGTERM)
+    release(folder)
+    writer.wait()
+    latest = ckptdir.latest(folder)
     assert latest is not None and latest.step == 10
 
 
 CHILD = """
-import sys, threading
+import functools, sys, threading
 from pathlib import Path
+from tests.train import ckpt_hooks
 from tests.train.test_checkpoint import setup, one_step
 from tests.train.test_ckptwriter import stage
 from trainmaster.train import checkpoint, ckptwriter
@@ -123,25 +221,22 @@ one_step(bert, opt, sched)
 writer.submit(stage(10, rt, bert, opt, sched))
 writer.wait()
 (folder.parent / "sum10").write_text(param_checksum(bert))
-never = threading.Event()
-def hang(f, step):
-    (folder.parent / "in-write").write_text(str(step))
-    never.wait()
-checkpoint.mid_save_hooks.append(hang)
+checkpoint.mid_save_hooks.append(functools.partial(ckpt_hooks.hold_at, 20))
 one_step(bert, opt, sched)
 writer.submit(stage(20, rt, bert, opt, sched))
 for _ in range(3):  # training goes on while step 20 is being written
     one_step(bert, opt, sched)
-(folder.parent / "trained").write_text(f"{writer.busy}")
-never.wait()
+(folder.parent / "trained").write_text(f"{writer.busy} {writer.pid}")
+threading.Event().wait()
 """
 
 
-def test_a_kill_during_a_background_write_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
-    """A real process, SIGKILLed while its writer thread is half-way through step 20 and its
-    training thread has gone on three steps: step 10 is the newest checkpoint, and loads."""
-    folder = tmp_path / "checkpoints"
-    folder.mkdir()
+def test_a_trainer_killed_during_a_write_leaves_the_previous_checkpoint(folder: Path) -> None:
+    """A real trainer process, SIGKILLed while its writer process is half-way through step 20
+    and it has trained three steps on: the writer ends without publishing step 20 (released
+    or not), and step 10 is the newest checkpoint, and loads."""
+    tmp_path = folder.parent
+    os.mkfifo(tmp_path / ckpt_hooks.RELEASE)
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(folder)], cwd=ROOT, stderr=subprocess.PIPE, text=True
     )
@@ -152,20 +247,43 @@ def test_a_kill_during_a_background_write_leaves_the_previous_checkpoint(tmp_pat
             "the child to train on during the write",
         )
         assert child.poll() is None, child.stderr.read() if child.stderr else ""
-        assert (tmp_path / "in-write").read_text() == "20"
-        assert (tmp_path / "trained").read_text() == "True"  # the write was still in flight
+        assert held_at(folder) == 20
+        busy, pid = (tmp_path / "trained").read_text().split()
+        assert busy == "True"  # the write was still in flight
         child.send_signal(signal.SIGKILL)
         assert child.wait(60) == -signal.SIGKILL
+        wait_for(lambda: gone(int(pid)), 60, "the writer process to end with its trainer")
     finally:
         if child.poll() is None:
             child.kill()
             child.wait(60)
+    with pytest.raises(OSError):  # nobody left to release: the held write is gone for good
+        os.open(tmp_path / ckpt_hooks.RELEASE, os.O_WRONLY | os.O_NONBLOCK)
     assert list(folder.glob(f"{ckptdir.TMP_PREFIX}step_20-*"))  # the torn write is there...
     latest = ckptdir.latest(folder)
     assert latest is not None and latest.step == 10  # ...and not taken for a checkpoint
-    from trainmaster.train.loop import param_checksum
-
     _, _, bert, opt, sched = setup()
     checkpoint.load_model(latest.path, bert)
     assert checkpoint.load_trainer(latest.path, opt, sched) == 10
     assert param_checksum(bert) == (tmp_path / "sum10").read_text()
+
+
+def test_the_shared_buffer_is_reused_and_tied_weights_share_a_slot() -> None:
+    from trainmaster.train import ckptarena
+
+    _, _, bert, _, _ = setup()
+    state = bert.state_dict()
+    skeleton, tensors = ckptarena.flatten(state)
+    views = {(v.data_ptr(), tuple(v.shape), v.stride()) for v in state.values()}
+    assert len(tensors) == len(views) < len(state)  # the MLM decoder is the word embeddings
+    layout, size = ckptarena.layout_of(tensors)
+    arena = ckptarena.Arena.create(layout, size)
+    try:
+        arena.fill(tensors)
+        back = ckptarena.unflatten(skeleton, arena.views)
+        assert back.keys() == state.keys()
+        assert all(torch.equal(back[k], v) for k, v in state.items())
+        assert len({id(t) for t in back.values()}) == len(views)  # still tied, saved once
+        assert all(s.offset % ckptarena.ALIGN == 0 for s in layout)
+    finally:
+        arena.close()

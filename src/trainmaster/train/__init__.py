@@ -15,7 +15,8 @@ Modules, in the order a run uses them:
   optim       AdamW / LAMB, parameter groups and the learning-rate schedules
   step        one optimizer step (micro-batches, gradient reduction, clipping, update)
   checkpoint  saving and loading model, optimizer, scheduler, RNG and data position
-  ckptwriter  checkpoint writes in a background thread
+  ckptwriter  checkpoint writes in a writer process (ckptproc), off the training thread's GIL
+  ckptarena   the shared-memory staging buffer the trainer and its writer process share
   watchdog    the hang watchdog: stack dumps and a restart instead of a 30-minute wait
   health      node preflight: device, matmul, all-reduce, disk, shm, Neuron and EFA devices
   preempt     SIGTERM: a checkpoint of the current step, then stop (not a failure)

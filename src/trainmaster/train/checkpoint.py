@@ -6,9 +6,9 @@ races. Layout and atomicity are ckptdir's. Tensors are moved to the CPU before s
 this is the workaround for xm.save hanging when ranks reach it at different times) and
 everything loads with weights_only=True.
 
-A save is two halves: stage() (collective, on the training thread: gather the ranks' state and
-copy the rest into CPU memory) and write() (rank 0 alone: files, fsync, rename). save() does
-both in a row; training uses ckptwriter to run write() in the background.
+A save is two halves: stage() (collective, on the training thread: gather the ranks' state) and
+write() (rank 0 alone: files, fsync, rename). save() does both in a row; training hands the
+staged state to ckptwriter, whose process runs write() while training goes on.
 """
 
 from __future__ import annotations
@@ -37,11 +37,20 @@ from trainmaster.train.preflight import Plan
 MODEL, TRAINER, RANKS = "model.pt", "trainer.pt", "ranks.pt"
 
 # Called on rank 0 half-way through writing a checkpoint (the model file written, the rest not
-# yet) with (checkpoints folder, step), in the thread that writes it (ckptwriter's, in
-# training). Empty in normal runs; the fault tests add one (train/faults.py) to kill rank 0
-# exactly there and prove the previous checkpoint survives.
+# yet) with (checkpoints folder, step), in the process that writes it (in training, ckptwriter's
+# writer process, which gets the hooks pickled with each write). Empty in normal runs; the fault
+# tests add one (train/faults.py) to kill rank 0 exactly there and prove the previous
+# checkpoint survives.
 MidSaveHook = Callable[[Path, int], None]
 mid_save_hooks: list[MidSaveHook] = []
+
+# In a checkpoint writer process, the pid of the trainer it writes for (ckptproc sets it): what
+# "kill rank 0" means to a fault hook that runs there.
+writing_for: int | None = None
+
+
+def trainer_pid() -> int:
+    return writing_for if writing_for is not None else os.getpid()
 
 
 def to_cpu(obj: Any) -> Any:
@@ -73,21 +82,19 @@ def restore_rank_state(rt: Runtime, state: dict[str, Any]) -> None:
     rt.set_rng_state(state["device"])
 
 
-def snapshot(obj: Any) -> Any:
-    """A private CPU copy: unlike to_cpu, also of tensors already on the CPU, which training
-    goes on updating in place while a background thread writes the copy."""
+def detached(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        return obj.detach()
     if isinstance(obj, dict):
-        return {k: snapshot(v) for k, v in obj.items()}
+        return {k: detached(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(snapshot(v) for v in obj)
-    return copy.deepcopy(obj)
+        return type(obj)(detached(v) for v in obj)
+    return obj
 
 
 @dataclass(frozen=True)
 class Staged:
-    """Everything one checkpoint holds, in CPU memory, ready to be written by write()."""
+    """Everything one checkpoint holds: for write() (CPU tensors) or ckptwriter (any device)."""
 
     step: int
     model: dict[str, Any]
@@ -105,19 +112,21 @@ def stage(
     scheduler: LRScheduler,
     position: Position,
     meta: dict[str, Any],
-    private: bool = True,
+    host: bool = True,
 ) -> Staged | None:
-    """Collective: every rank calls it at the same step; rank 0 gets the checkpoint's content
-    (private: copied, so that training may go on while it is written), the others None."""
+    """Collective: every rank calls it at the same step; rank 0 gets the checkpoint's content,
+    the others None. Its tensors are the live ones, on the CPU (host) or where they are (not
+    host: ckptwriter copies them straight into its shared buffer): training must not step
+    before they are written or copied."""
     states = rt.all_gather_object(rank_state(rt, position), tag=f"ckpt-{step}")
     if rt.rank != 0:
         return None
-    copy_of = snapshot if private else to_cpu
+    tensors = to_cpu if host else detached
     return Staged(
         step,
-        copy_of(model.state_dict()),
+        tensors(model.state_dict()),
         {
-            "optimizer": copy_of(optimizer.state_dict()),
+            "optimizer": tensors(optimizer.state_dict()),
             "scheduler": copy.deepcopy(scheduler.state_dict()),
             "step": step,
         },
@@ -140,9 +149,12 @@ def _save(obj: Any, path: Path) -> int:
         return f.tell()
 
 
-def write(folder: Path, staged: Staged, keep: int) -> tuple[Path, int]:
-    """Write a staged checkpoint atomically (ckptdir); returns its folder and its bytes. Needs
-    no other rank and no training state: the background writer runs it in its own thread."""
+def write(
+    folder: Path, staged: Staged, keep: int, before_publish: Callable[[], None] | None = None
+) -> tuple[Path, int]:
+    """Write a staged checkpoint (CPU tensors) atomically (ckptdir); returns its folder and its
+    bytes. Needs no other rank and no training state: ckptwriter's process runs it, and checks
+    before_publish that its trainer is still alive."""
     tmp = ckptdir.temp_dir(folder, staged.step)
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -153,6 +165,8 @@ def write(folder: Path, staged: Staged, keep: int) -> tuple[Path, int]:
     size += _save(staged.trainer, tmp / TRAINER)
     size += _save(staged.ranks, tmp / RANKS)
     ckptdir.write_json(tmp / ckptdir.META, {**staged.meta, "written_at": time.time()})
+    if before_publish is not None:
+        before_publish()
     final = ckptdir.publish(tmp, folder, staged.step)
     ckptdir.prune(folder, keep)
     return final, size
@@ -179,7 +193,6 @@ def save(
         scheduler=scheduler,
         position=position,
         meta=meta,
-        private=False,
     )
     return None if staged is None else write(folder, staged, keep)[0]
 

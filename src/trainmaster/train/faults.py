@@ -4,7 +4,8 @@
 sets one of:
 
 - TRAINMASTER_FAULT_KILL_IN_CHECKPOINT=N: SIGKILL rank 0 half-way through writing checkpoint N
-  (checkpoint.mid_save_hooks, in the writer's thread), to prove the previous one survives;
+  (checkpoint.mid_save_hooks, in the writer process: the trainer, then the writer), to prove
+  the previous one survives;
 - TRAINMASTER_FAULT_KILL_AT_STEP=R:N: SIGKILL rank R right after its step N
   (loop.after_step_hooks), a worker lost between checkpoints (the goodput test);
 - TRAINMASTER_FAULT_HANG_AT_STEP=R:N: rank R stops right after its step N and never goes on
@@ -46,7 +47,8 @@ def _once(marker: Path) -> bool:
 
 def kill_in_checkpoint(target: int, folder: Path, step: int) -> None:
     if step == target and _once(folder / f".fault-injected-{step}"):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(checkpoint.trainer_pid(), signal.SIGKILL)  # rank 0, as a lost node would
+        os.kill(os.getpid(), signal.SIGKILL)  # and the writer, before it writes on
 
 
 def kill_at_step(rank: int, target: int, run_dir: Path, my_rank: int, step: int) -> None:

@@ -182,8 +182,9 @@ class Trainer:
             log(f"note: {note}")
 
     def _save(self, step: int) -> None:
-        """Stage on the training thread, write in the background (ckptwriter); the stand-still
-        (waiting for the previous write, gathering, copying) is goodput's checkpoint time."""
+        """Stage on the training thread, write in the writer process (ckptwriter); the
+        stand-still (waiting for the previous write, gathering, copying) is goodput's
+        checkpoint time."""
         p, cfg = self.plan, self.plan.cfg
         t0 = time.time()
         self.watchdog.where = f"checkpoint of step {step}"
@@ -203,6 +204,7 @@ class Trainer:
             scheduler=self.scheduler,
             position=self.loader.position,
             meta=meta,
+            host=False,  # the writer copies the tensors straight into its shared buffer
         )
         if staged is not None and self.writer is not None:
             self.writer.submit(staged)
@@ -211,7 +213,7 @@ class Trainer:
             goodput.record(p.run.timeline, "checkpoint", t=t0, end=time.time(), step=step)
 
     def _written(self, w: Written) -> None:
-        """In the writer's thread, when a checkpoint is complete."""
+        """In ckptwriter's listening thread, when a checkpoint is complete."""
         log(
             f"checkpoint {w.path}: {w.bytes / 1e6:.1f} MB in {w.seconds:.2f} s "
             f"({w.mb_per_s:.0f} MB/s), written in the background"
@@ -409,3 +411,5 @@ def train(plan: Plan, started: float) -> dict[str, Any] | None:
         return trainer.train()
     finally:
         trainer.preempt.uninstall()
+        if trainer.writer is not None:  # drained by then, unless training failed
+            trainer.writer.close()

@@ -1,0 +1,138 @@
+"""The staging buffer the trainer and its checkpoint writer process share (ckptwriter).
+
+A checkpoint's tensors are copied into one block of shared memory, allocated at the first save
+and reused by every later one, so a save costs the training thread one memory copy (torch's
+copy_, which releases the GIL) and no allocation, and the writer process reads the same pages
+without a second copy. What is not a tensor (the structure of the state dicts, the scheduler,
+the RNG states) is small and travels pickled with each write request, each tensor replaced by
+its Slot in the block.
+
+The block is a memfd (anonymous shared memory, not limited by the size of /dev/shm, which is
+64 MB in a default Kubernetes pod); where there is none (macOS), an unlinked temporary file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+ALIGN = 64  # each tensor starts on a cache line
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Stands for tensor number `index` of the block in a flattened state."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Spec:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+Layout = tuple[Spec, ...]
+
+
+def flatten(obj: Any) -> tuple[Any, list[torch.Tensor]]:
+    """`obj` with every tensor replaced by a Slot, and the tensors in slot order. Tensors that
+    are the same view of one storage (tied weights) share a slot: written once, as before."""
+    tensors: list[torch.Tensor] = []
+    seen: dict[tuple[Any, ...], Slot] = {}
+
+    def walk(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
+            key = (o.device, o.dtype, o.data_ptr(), tuple(o.shape), o.stride())
+            if key not in seen:
+                seen[key] = Slot(len(tensors))
+                tensors.append(o.detach())
+            return seen[key]
+        if isinstance(o, dict):
+            return {k: walk(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return type(o)(walk(v) for v in o)
+        return o
+
+    return walk(obj), tensors
+
+
+def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(skeleton, Slot):
+        return tensors[skeleton.index]
+    if isinstance(skeleton, dict):
+        return {k: unflatten(v, tensors) for k, v in skeleton.items()}
+    if isinstance(skeleton, (list, tuple)):
+        return type(skeleton)(unflatten(v, tensors) for v in skeleton)
+    return skeleton
+
+
+def layout_of(tensors: list[torch.Tensor]) -> tuple[Layout, int]:
+    """Where each tensor goes in the block, and the block's size."""
+    specs, offset = [], 0
+    for t in tensors:
+        spec = Spec(t.dtype, tuple(t.shape), offset)
+        specs.append(spec)
+        offset += -(-max(spec.nbytes, 1) // ALIGN) * ALIGN
+    return tuple(specs), max(offset, ALIGN)
+
+
+class Arena:
+    """One shared block and the tensors that view it, in one process."""
+
+    def __init__(self, fd: int, size: int, layout: Layout, keep: Any = None) -> None:
+        self.fd, self.size, self.layout = fd, size, layout
+        self._keep = keep  # the temporary file object, where the fd is one
+        self._map = mmap.mmap(fd, size)
+        # Each view has a storage of its own (frombuffer), so torch.save writes every tensor
+        # alone, exactly as it would write the trainer's own tensors.
+        self.views = [_view(self._map, s) for s in layout]
+
+    @classmethod
+    def create(cls, layout: Layout, size: int) -> Arena:
+        keep = None
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create("trainmaster-checkpoint")
+        else:  # pragma: no cover - macOS
+            keep = tempfile.TemporaryFile()  # noqa: SIM115 - open as long as the arena
+            fd = keep.fileno()
+        os.ftruncate(fd, size)
+        return cls(fd, size, layout, keep)
+
+    def fill(self, tensors: list[torch.Tensor]) -> None:
+        """Copy the live tensors in (the training thread's share of a save)."""
+        for dst, src in zip(self.views, tensors, strict=True):
+            if src.device.type not in ("cpu", "cuda"):
+                src = src.cpu()  # XLA: through its own transfer, as checkpoint.to_cpu does
+            dst.copy_(src)
+
+    def close(self) -> None:
+        self.views = []
+        with contextlib.suppress(BufferError):  # a tensor still views it: unmapped with it
+            self._map.close()
+        if self._keep is not None:
+            self._keep.close()
+        else:
+            os.close(self.fd)
+
+
+def _view(buf: mmap.mmap, spec: Spec) -> torch.Tensor:
+    numel = spec.nbytes // spec.dtype.itemsize
+    if numel == 0:
+        return torch.empty(spec.shape, dtype=spec.dtype)
+    flat = torch.frombuffer(buf, dtype=spec.dtype, count=numel, offset=spec.offset)
+    return flat.view(spec.shape)

@@ -1,0 +1,97 @@
+"""The checkpoint writer process: `python -m trainmaster.train.ckptproc CMD RESULT ARENA SIZE
+TRAINER` (file descriptors: commands in, results out, the shared staging block; its size; the
+trainer's pid). ckptwriter starts it; nothing else should.
+
+It runs checkpoint.write() on what the trainer staged in the shared block, one request at a
+time, and answers each with what it wrote or the exception it raised. Its own GIL, its own
+core time (niced, one thread): the trainer's Python never waits on a write.
+
+It lives exactly as long as its trainer: the trainer closing the command pipe, or dying (the
+kernel closes it then), ends it at once, even half-way through a write. So a write that its
+trainer did not live to see is never published (the .tmp-* folder stays, which readers ignore),
+and an orphan cannot race a restarted trainer's own writer. SIGTERM and SIGINT are the
+trainer's to handle (preemption: it saves, then closes the pipe); the writer ignores them.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+NICE = 10  # below the trainer, which the two share the cores with
+
+
+def main(argv: list[str]) -> None:
+    cmd_fd, result_fd, arena_fd, size, trainer = map(int, argv)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.nice(NICE)
+    import torch  # after the signals: a SIGTERM while torch loads must not end the writer
+
+    from trainmaster.train import checkpoint
+
+    torch.set_num_threads(1)
+    checkpoint.writing_for = trainer
+    commands = Connection(cmd_fd, writable=False)
+    results = Connection(result_fd, readable=False)
+    requests: queue.Queue[Any] = queue.Queue()
+    threading.Thread(
+        target=_serve, args=(requests, results, arena_fd, size, trainer), daemon=True
+    ).start()
+    while True:
+        try:
+            requests.put(commands.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(0)  # the trainer is done or gone: drop whatever is being written
+
+
+def _serve(
+    requests: queue.Queue[Any], results: Connection, arena_fd: int, size: int, trainer: int
+) -> None:
+    from trainmaster.train import checkpoint, ckptarena
+
+    arena: ckptarena.Arena | None = None
+
+    def trainer_alive() -> None:
+        if os.getppid() != trainer:
+            os._exit(0)
+
+    while True:
+        request = requests.get()
+        started, t0 = time.time(), time.perf_counter()
+        try:
+            step, folder, keep, layout, skeleton, hooks = pickle.loads(request)
+            if arena is None:
+                arena = ckptarena.Arena(arena_fd, size, layout)
+            model, trainer_state, ranks, meta = ckptarena.unflatten(skeleton, arena.views)
+            checkpoint.mid_save_hooks[:] = hooks
+            staged = checkpoint.Staged(step, model, trainer_state, ranks, meta)
+            path, nbytes = checkpoint.write(Path(folder), staged, keep, trainer_alive)
+            seconds = time.perf_counter() - t0
+            answer: tuple[Any, ...] = ("ok", step, str(path), started, seconds, nbytes)
+        except BaseException as exc:  # noqa: BLE001 - the trainer raises it at its next wait
+            answer = ("error", _picklable(exc), traceback.format_exc())
+        results.send_bytes(pickle.dumps(answer))
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    """The exception itself where it survives pickling (so the trainer raises the same type,
+    as a save on its own thread would have), else a RuntimeError with its text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
