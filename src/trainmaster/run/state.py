@@ -32,6 +32,10 @@ class NodeState(BaseModel):
     start_time: int | None = None  # of pid (pids.start_time): a reused pid is not this agent
     exit_code: int | None = None
     log: str = ""
+    # An elastic job's node lost and taken back (backends/local/rejoin.py): how often, and its
+    # story for `status` ("lost at step 45 (SIGKILL), back at step 60").
+    rejoins: int = 0
+    note: str = ""
 
 
 class RunState(BaseModel):

@@ -256,7 +256,9 @@ def test_elastic_job_survives_losing_a_node(pydoc_storage: Path, tmp_path: Path)
     final = wait_final(pydoc_storage, "elastic")
     assert final.phase == "succeeded", final.message
     assert [n.exit_code for n in final.nodes][0] == 0
-    assert summary(pydoc_storage, "elastic")["world_size"] == 1  # it went on with one node
+    # it went on and took node 1 back (backends/local/rejoin.py): it ended on both nodes
+    assert summary(pydoc_storage, "elastic")["world_size"] == 2 and final.nodes[1].rejoins == 1
+    assert "node 1 lost at step" in final.message and "back at step" in final.message
 
 
 # --- bad input: exit 2, one line, nothing left running ------------------------------------------

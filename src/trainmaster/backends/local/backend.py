@@ -23,6 +23,7 @@ from trainmaster.backends.base import (
 from trainmaster.backends.local import launcher as local
 from trainmaster.backends.local import logs as logs_mod
 from trainmaster.backends.local import precompile as runner
+from trainmaster.backends.local.rejoin import Rejoins
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
 from trainmaster.monitor import cost, runinfo
@@ -217,11 +218,16 @@ def _job_status(handle: str, s: runinfo.Status, store: Storage, *, detail: bool)
         notes += runinfo.hang_lines(s)
         summary = runinfo.summary_text(s)
         notes += [summary] if summary else []
-    live = [n for n in st.nodes if state.pid_alive(n.pid, n.start_time)]
-    if st.phase == "running" and st.nodes and 0 < len(live) < len(st.nodes):
-        # An elastic job goes on without a lost node (torchrun re-forms the group).
-        gone = ", ".join(str(n.index) for n in st.nodes if n not in live)
-        notes.append(f"runs on {len(live)} of {len(st.nodes)} nodes (node {gone} gone)")
+    # An elastic job goes on without a lost node (torchrun re-forms the group) and takes it back
+    # (backends/local/rejoin.py); a restarted agent runs no worker until a round admits it.
+    back = [n for n in st.nodes if not n.note.endswith(Rejoins.REJOINING)]
+    live = [n for n in back if state.pid_alive(n.pid, n.start_time)]
+    lost_any = any(n.note for n in st.nodes)
+    if st.phase == "running" and st.nodes and (0 < len(live) < len(st.nodes) or lost_any):
+        out = [f"{n.index} {'gone' if n in back else Rejoins.REJOINING}"
+               for n in st.nodes if n not in live]  # fmt: skip
+        why = f" (node {', '.join(out)})" if out else ""
+        notes.append(f"runs on {len(live)} of {len(st.nodes)} nodes{why}")
     phase = Phase(st.phase)
     if phase == Phase.RUNNING and state.summary_of_attempt(run.state, st):
         phase = Phase.FINISHING  # the workers are done; the supervisor has yet to record it

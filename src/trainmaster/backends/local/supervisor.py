@@ -12,21 +12,25 @@ dies by a signal (the instance died) or exits on a rendezvous or store error (th
 lived in a lost agent: its peers cannot go on), the supervisor stops the other nodes and starts
 the whole gang again under a new rendezvous id (and, for c10d on a free port, a new port), up
 to job.max_retries times; the workers resume from the last checkpoint. An elastic job goes on
-with the nodes it has instead (torchrun re-forms the group) unless its store went too.
+with the nodes it has instead (torchrun re-forms the group) and the supervisor starts the lost
+node's agent again, which rejoins at the next rendezvous round (rejoin.py), unless the c10d
+store went with the lost node: then it is a job retry as above.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from trainmaster import jobfile
-from trainmaster.backends.local import netns, rendezvous
+from trainmaster.backends.local import netns, rejoin, rendezvous
 from trainmaster.backends.local.launcher import agent_commands, rdzv_id
 from trainmaster.compile import cache, lock
 from trainmaster.config import JobConfig
@@ -192,17 +196,33 @@ def _stop_nodes(agents: list[subprocess.Popen[bytes]], st: state.RunState, grace
 
 
 def _wait(
-    agents: list[subprocess.Popen[bytes]], run: RunPaths, offsets: list[int], elastic: bool,
-    cancelled: list[bool],
+    agents: list[subprocess.Popen[bytes]], run: RunPaths, offsets: list[int],
+    cancelled: list[bool], rejoins: rejoin.Rejoins | None, store_lost: Callable[[int], bool],
 ) -> tuple[list[int], tuple[int, str] | None]:  # fmt: skip
     """Wait for every agent, or for the first lost node that ends this attempt: (exit codes so
-    far, (node, why) or None). An elastic job loses a node by a signal and goes on."""
+    far, (node, why) or None). An elastic job (rejoins) loses a node by a signal and goes on,
+    taking the node back (rejoin.py), unless the c10d store went with it."""
+    left_out: set[int] = set()  # lost nodes not taken back (no rejoin left): seen once
     while True:
         codes = [a.poll() for a in agents]
         for i, code in enumerate(codes):
+            if i in left_out:
+                continue
+            if rejoins is not None and i in rejoins.waiting and code is not None:
+                rejoins.ended(i, code)
+                left_out.add(i)
+                continue
             why = None if cancelled[0] else lost_reason(run.logs / f"node{i}.log", offsets[i], code)
-            if why is not None and not (elastic and code is not None and code < 0):
+            if why is None:
+                continue
+            if rejoins is None or code is None or code > 0 or store_lost(i):
                 return [c if c is not None else -1 for c in codes], (i, why)
+            rejoins.lost(i, why, agents)
+            if agents[i].poll() is not None:
+                left_out.add(i)
+        if rejoins is not None:
+            rejoins.poll()
+        codes = [a.poll() for a in agents]
         if all(c is not None for c in codes):
             return [int(c) for c in codes if c is not None], None
         time.sleep(POLL_S)  # polling child processes of their own sessions
@@ -267,27 +287,34 @@ def supervise(run_dir: Path) -> int:
         launched = time.time()
         env[goodput.LAUNCHED_AT_ENV] = repr(launched)
         elastic = bool(cfg.job.min_nnodes and cfg.job.min_nnodes < cfg.job.nnodes)
-        retries = 0
+        retries = rejoins_used = 0
         while True:
             env[JOB_RETRIES_ENV] = str(retries)
             offsets = [_size(run.logs / f"node{i}.log") for i in range(cfg.job.nnodes)]
             agents[:] = []
-            for i, cmd in enumerate(agent_commands(cfg, rdzv, run, storage, workdir)):
-                watch.check()
+            commands = agent_commands(cfg, rdzv, run, storage, workdir)
+
+            def start(
+                i: int, commands: list[list[str]] = commands, offsets: list[int] = offsets
+            ) -> subprocess.Popen[bytes]:
+                offsets[i] = _size(run.logs / f"node{i}.log")
                 with (run.logs / f"node{i}.log").open("ab") as log:
-                    agents.append(
-                        subprocess.Popen(
-                            cmd,
-                            stdout=log,
-                            stderr=subprocess.STDOUT,
-                            cwd=workdir,
-                            stdin=subprocess.DEVNULL,
-                            start_new_session=True,
-                            env={**env, "TRAINMASTER_NODE_INDEX": str(i)},
-                        )
+                    agent = subprocess.Popen(
+                        commands[i],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=workdir,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                        env={**env, "TRAINMASTER_NODE_INDEX": str(i)},
                     )
-            if held is not None:  # a killed supervisor must not free the cache its workers use
-                held.also_held_by([a.pid for a in agents])
+                if held is not None:  # a killed supervisor must not free the cache its workers use
+                    held.also_held_by([a.pid for a in agents] + [agent.pid])
+                return agent
+
+            for i in range(cfg.job.nnodes):
+                watch.check()
+                agents.append(start(i))
             nodes = [
                 n.model_copy(update={"pid": a.pid, "start_time": state.start_time(a.pid),
                                      "exit_code": None})
@@ -301,7 +328,13 @@ def supervise(run_dir: Path) -> int:
             if now.cancel_requested:
                 cancelled[0] = True
                 _signal_groups([a.pid for a in agents], signal.SIGTERM)
-            codes, lost = _wait(agents, run, offsets, elastic, cancelled)
+            rejoins = None
+            if elastic:
+                last = functools.partial(_last_step, run)
+                rejoins = rejoin.Rejoins(run.state, cfg.job.max_retries, start, last, rejoins_used)
+            store_lost = functools.partial(rejoin.store_lost, cfg, rdzv)
+            codes, lost = _wait(agents, run, offsets, cancelled, rejoins, store_lost)
+            rejoins_used = rejoins.used if rejoins is not None else 0
             if lost is None:
                 break
             node, why = lost
@@ -348,6 +381,10 @@ def supervise(run_dir: Path) -> int:
         extra = {"message": first_error(run) or final.message}
     elif phase == "succeeded" and final.job_retries:  # keep the lost node's story in status
         extra = {"message": f"{final.message}; completed after {final.job_retries} job retry(s)"}
+    elif phase == "succeeded" and any(n.note for n in nodes):  # an elastic job's lost nodes
+        story = "; ".join(f"node {n.index} {n.note}" for n in nodes if n.note)
+        on = sum(1 for c in codes if c == 0)
+        extra = {"message": f"{story}; completed on {on} of {len(nodes)} nodes"}
     state.update(run.state, phase=phase, nodes=nodes, finished_at=time.time(), **extra)
     return 0 if phase == "succeeded" else 1
 
