@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import yaml
 
 from tests.controlplane import kubejobs as kj
 from tests.controlplane.conftest import RealKube
+from trainmaster.backends.kubernetes import nodemark
 from trainmaster.cluster import nodeguard
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(3600)]
@@ -145,4 +147,62 @@ def test_restart_avoids_the_marked_node(
     assert not any(
         t.key == nodeguard.TAINT_KEY for t in real_kube.core.read_node(bad).spec.taints or []
     )
+    assert not kj.status(real_kube, ns, handle)["notes"]
+
+
+KWOK = "kwok.x-k8s.io/node"  # kwok keeps a node Ready only while it carries this (controlplane/)
+
+
+def node_goes(kube: RealKube, node: str, ready: bool) -> None:
+    """A node stops answering (kwok lets go of it, its Ready condition turns False, as the
+    kubelet's last word or the node controller's would be), or comes back (kwok takes it
+    again and reports it Ready)."""
+    if ready:
+        kube.core.patch_node(node, {"metadata": {"annotations": {KWOK: "fake"}}})
+        kube.wait_for(lambda: nodemark.not_ready(kube.core.read_node(node)) is None, 60, "Ready")
+        return
+    kube.core.patch_node(node, {"metadata": {"annotations": {KWOK: None}}})
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    down = {"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+            "message": "container runtime is down", "lastHeartbeatTime": now,
+            "lastTransitionTime": now}  # fmt: skip
+    kube.core.patch_node_status(node, {"status": {"conditions": [down]}})
+
+
+def test_status_marks_a_node_gone_not_ready(real_kube: RealKube, job_ns: str) -> None:
+    """A pod's node goes NotReady: the pod cannot mark it; `status` does (the caller's
+    credentials), naming the node and why. The node comes back Ready (Kubernetes' own
+    not-ready taint goes with the condition) but keeps trainmaster's mark, so the gang's
+    restart lands on the healthy node and the spare."""
+    ns = job_ns
+    handle = kj.launch(real_kube, ns, kj.TRN1)
+    job = handle.rsplit("/", 1)[1]
+    first = kj.bound(real_kube, ns, job, 2, "0")
+    bad, pod = first[1].spec.node_name, first[1].metadata.name
+    try:
+        node_goes(real_kube, bad, ready=False)
+        st = kj.status(real_kube, ns, handle)
+        line = f"node {bad} marked unhealthy ({nodemark.NOT_READY})"
+        assert any(line in n and "Ready=False (KubeletNotReady" in n and pod in n
+                   for n in st["notes"]), st["notes"]  # fmt: skip
+        taint = [t for t in real_kube.core.read_node(bad).spec.taints or []
+                 if t.key == nodeguard.TAINT_KEY]  # fmt: skip
+        assert [(t.value, t.effect) for t in taint] == [(nodemark.NOT_READY, "NoSchedule")]
+        ann = real_kube.core.read_node(bad).metadata.annotations
+        assert ann[nodeguard.ANN_JOB] == f"{ns}/{job}" and pod in ann[nodeguard.ANN_DETAIL]
+
+        node_goes(real_kube, bad, ready=True)
+        real_kube.wait_for(
+            lambda: not any(t.key.startswith("node.kubernetes.io/")
+                            for t in real_kube.core.read_node(bad).spec.taints or []),
+            120, "Kubernetes' own not-ready taints gone",
+        )  # fmt: skip
+        # the survivors' pod fails on its lost peer; Volcano restarts the gang
+        kj.fail_pod(real_kube, ns, first[0].metadata.name, exit_code=1)
+        second = kj.bound(real_kube, ns, job, 2, "1")
+        assert {p.spec.node_name for p in second} == set(real_kube.node_names) - {bad}
+        assert line in " ".join(kj.ok(kj.tm(real_kube, ns, "status", handle)).split())
+    finally:
+        node_goes(real_kube, bad, ready=True)
+        kj.ok(kj.tm(real_kube, ns, "node", "clear", bad))
     assert not kj.status(real_kube, ns, handle)["notes"]

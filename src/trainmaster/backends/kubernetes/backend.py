@@ -136,8 +136,16 @@ class KubernetesBackend:
 
         cluster = self._cluster()
         st = jobs.status(cluster, job)
-        # nodes a pod of this job marked unhealthy (cluster/nodeguard.py): the restart avoids them
-        marked = [m for m in nodemark.marks(cluster) if m.job == f"{st.namespace}/{st.name}"]
+        # nodes a pod of this job marked unhealthy (cluster/nodeguard.py): the restart avoids them;
+        # a running pod's node gone NotReady is marked here (nodemark.mark_not_ready)
+        ours = f"{st.namespace}/{st.name}"
+        problems: list[str] = []
+        all_nodes = nodemark.list_nodes(cluster)  # one list for both: 1,024 nodes are megabytes
+        if st.phase in ("pending", "running"):
+            on = {p.node: p.name for p in st.pods if p.node and p.phase in ("Running", "Unknown")}
+            problems, changed = nodemark.mark_not_ready(cluster, all_nodes, on, ours)
+            all_nodes = nodemark.list_nodes(cluster) if changed else all_nodes
+        marked = [m for m in nodemark.marks(cluster, all_nodes) if m.job == ours]
         nodes = tuple(
             base.NodeStatus(
                 index=p.index,
@@ -168,7 +176,7 @@ class KubernetesBackend:
                 "restarts": str(st.retries),
                 "attempt": str(st.attempt),
             },
-            notes=tuple(m.line() for m in marked),
+            notes=tuple(m.line() for m in marked) + tuple(problems),
         )
 
     def logs(self, job: str, *, rank: int | None, node: int | None, follow: bool) -> base.LogStream:

@@ -11,6 +11,11 @@ termination message (`trainmaster: node fault: REASON on NODE: DETAIL`) to
 $TRAINMASTER_TERMINATION_LOG (default /dev/termination-log), which the kubelet puts in the
 pod's status. It runs before the pod exits, so the mark is there before Volcano restarts the
 gang. The operator side lists marks (`status`) and clears them (`trainmaster node clear`).
+
+A node that goes NotReady cannot be marked from its own pod (it is the node that stopped
+answering); `status` of the job marks it instead, with the caller's credentials
+(mark_not_ready), before the gang's restart is placed if status runs in time (launch --follow
+polls it).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from trainmaster.cluster.nodeguard import NODE_NAME_EXTRA as NODE_NAME
 from trainmaster.errors import UserError
 
 TERMINATION_LOG = "/dev/termination-log"
+NOT_READY = "node-not-ready"  # the reason of a mark that `status` made (mark_not_ready)
 REASON_CHARS = 63  # a taint value: a label value, at most 63 characters
 
 
@@ -88,15 +94,57 @@ def mark(cluster: Cluster, node: str, reason: str, detail: str, job: str) -> Non
         cluster.core.patch_node(node, mark_patch(reason, detail, job, taints, now))
 
 
-def marks(cluster: Cluster) -> list[NodeMark]:
-    """Every node trainmaster marked (needs `list nodes`; nothing when not allowed)."""
+def list_nodes(cluster: Cluster) -> list[Any]:
+    """The cluster's nodes (needs `list nodes`; none when not allowed or not answered)."""
     from trainmaster.backends.kubernetes.client import ApiError, TransportError
 
     try:
-        nodes = cluster.core.list_node().items
+        return list(cluster.core.list_node().items)
     except (ApiError, TransportError):
         return []
+
+
+def not_ready(node: Any) -> str | None:
+    """Why a node is not Ready (its Ready condition False, or Unknown once the node controller
+    stopped hearing from its kubelet), None when it is."""
+    conditions = (node.status.conditions if node.status else None) or []
+    for c in conditions:
+        if c.type == "Ready" and c.status != "True":
+            said = ": ".join(filter(None, [c.reason, c.message]))
+            return f"Ready={c.status}" + (f" ({said})" if said else "")
+    return None
+
+
+def mark_not_ready(
+    cluster: Cluster, nodes: list[Any], pods: dict[str, str], job: str
+) -> tuple[list[str], bool]:
+    """Mark the nodes of a running job's pods (node -> pod) that went NotReady, as `status`
+    (and launch --follow) sees them: the pod on such a node cannot mark it itself, and
+    Kubernetes' own not-ready taint goes when the node reports Ready again, so a node that
+    flaps would take the restarted gang back. With the caller's credentials (patch nodes).
+    Returns what could not be marked (lines for `status`) and whether a node was marked."""
+    problems, marked = [], False
+    for node in nodes:
+        name = node.metadata.name
+        if name not in pods or any(t.key == TAINT_KEY for t in node.spec.taints or []):
+            continue
+        why = not_ready(node)
+        if why is None:
+            continue
+        try:
+            mark(cluster, name, NOT_READY, f"{why}; pod {pods[name]}", job)
+            marked = True
+        except UserError as exc:
+            problems.append(
+                f"node {name} of pod {pods[name]} is not ready: {why}; not marked: {exc}"
+            )
+    return problems, marked
+
+
+def marks(cluster: Cluster, nodes: list[Any] | None = None) -> list[NodeMark]:
+    """Every node trainmaster marked, of NODES or of the cluster (list_nodes)."""
     out = []
+    nodes = list_nodes(cluster) if nodes is None else nodes
     for n in nodes:
         if any(t.key == TAINT_KEY for t in n.spec.taints or []):
             ann = n.metadata.annotations or {}
