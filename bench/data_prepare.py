@@ -1,14 +1,21 @@
-"""Throughput of `data prepare` beside a minimal reference pipeline, measured in one run.
+"""Throughput of `data prepare` beside NVIDIA's logic, per core and on 2 workers, in one run.
 
-    python bench/data_prepare.py [--repeat 5] [--scale 1] [--train-vocab]
+    python bench/data_prepare.py [--repeat 5] [--scale 16] [--train-vocab]
 
-Same corpus (the built-in one; --scale N feeds it N times as a text file), same vocabulary
-(given, not trained, unless --train-vocab), seq 128, max_pred 20, dupe factor 5, 8 shards.
-Each round runs, back to back: the reference (bench/reference_prepare.py: the plain
-tokenise-mask-write loop in one process), `data prepare` with 1 worker, and with 2 workers;
-the figures are medians over rounds, so a busy shared machine slows all three alike. The
-load average is printed beside them, and CPU seconds (this process and its pool workers) beside
-wall seconds: tokens per CPU-second is the per-core figure a busy machine disturbs least. input_tokens counts the corpus's WordPiece tokens once.
+Same corpus (the built-in one, fed --scale times as a text file; 16 by default, --scale 1
+uses the built-in corpus itself), same vocabulary (given, not trained, unless
+--train-vocab), seq 128, max_pred 20, dupe factor 5, 8 shards. Each round runs, back to back:
+the reference (bench/reference_prepare.py: the algorithm of NVIDIA's
+create_pretraining_data.py, tokenise-mask-write in one process), `data prepare` with 1
+worker, and with 2 workers; the figures are medians over rounds, so a busy shared machine
+slows all three alike. The load average is printed beside them, and CPU seconds (this
+process and its pool workers) beside wall seconds: tokens per CPU-second is the per-core
+figure a busy machine disturbs least. input_tokens counts the corpus's WordPiece tokens once.
+
+Per-stage times: the reference's read/tokenise/pairs_mask/shuffle_write (wall), and ours'
+wall stages (plan, vocab, examples, write) with, under "examples/..." and "write/...", the
+workers' CPU seconds per step summed over slices and shards (read, sentences, tokenise,
+pairs_mask, save; gather, expand, hdf5).
 
 Also times tokenisation alone, ours (trainmaster.data.wordpiece.Encoder) vs HF tokenizers'
 encode_batch_fast on the same sentences, one thread: why the product does not call HF per
@@ -70,10 +77,24 @@ def _ours(tmp: Path, source: dict[str, Any], workers: int, vocab: Path | None) -
 def _reference(tmp: Path, source: dict[str, Any], vocab: Path) -> dict[str, Any]:
     t0, c0 = time.monotonic(), _cpu()
     docs = read_corpus([Path(p) for p in source.get("inputs", [])], source.get("builtin")).documents
+    stages = {"read": time.monotonic() - t0}
     tokens = reference_prepare(
-        docs, load_vocab(vocab), tmp / "ref", seq_len=128, max_pred=20, dupe_factor=5, shards=8
+        docs,
+        load_vocab(vocab),
+        tmp / "ref",
+        seq_len=128,
+        max_pred=20,
+        dupe_factor=5,
+        shards=8,
+        stages=stages,
     )
-    return {"seconds": time.monotonic() - t0, "cpu_seconds": _cpu() - c0, "tokens": tokens}
+    seconds = time.monotonic() - t0
+    return {
+        "seconds": seconds,
+        "cpu_seconds": _cpu() - c0,
+        "tokens": tokens,
+        "stages": {**stages, "total": seconds},
+    }
 
 
 def _tokenise_only(source: dict[str, Any], vocab: Path, repeat: int) -> dict[str, Any]:
@@ -105,7 +126,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--repeat", type=int, default=5, help="rounds (each runs all three; medians)")
-    ap.add_argument("--scale", type=int, default=1, help="feed the corpus this many times")
+    ap.add_argument("--scale", type=int, default=16, help="feed the corpus this many times")
     ap.add_argument(
         "--train-vocab",
         action="store_true",
@@ -141,9 +162,11 @@ def main() -> None:
     cpu = {k: statistics.median(r["cpu_seconds"] for r in rs) for k, rs in rounds.items()}
     rate = {k: round(tokens / s) for k, s in sec.items()}
     stages = {
-        k: round(statistics.median(r["stages"][k] for r in rounds["ours_1"]), 4)
-        for k in rounds["ours_1"][0]["stages"]
+        name: {k: round(statistics.median(r["stages"][k] for r in rs), 4) for k in rs[0]["stages"]}
+        for name, rs in rounds.items()
     }
+    steps = {k: v for k, v in stages["ours_1"].items() if "/" in k}
+    share = {k: round(v / sum(steps.values()), 3) for k, v in steps.items()}
     emit(
         {
             "bench": "data_prepare",
@@ -162,7 +185,10 @@ def main() -> None:
             "ratio_vs_reference_per_cpu_s": round(cpu["reference"] / cpu["ours_1"], 2),
             "ratio_vs_reference_2_workers": round(sec["reference"] / sec["ours_2"], 2),
             "speedup_2_workers": round(sec["ours_1"] / sec["ours_2"], 2),
-            "ours_1_stages_s": stages,
+            # CPU seconds of 2 workers over 1: the work the split adds (1.0: none)
+            "cpu_2_workers_over_1": round(cpu["ours_2"] / cpu["ours_1"], 2),
+            "stages_s": stages,
+            "ours_1_step_share": share,
             "tokenise_only": tokenise,
             "cores": len(os.sched_getaffinity(0)),
             "load_avg_before": load_before,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 
 import h5py
@@ -104,8 +105,20 @@ def reference_prepare(
     short_p: float = 0.1,
     prob: float = 0.15,
     seed: int = 12345,
+    stages: dict[str, float] | None = None,
 ) -> int:
-    """Write `shards` NVIDIA-format files into out; return the input's token count."""
+    """Write `shards` NVIDIA-format files into out; return the input's token count.
+
+    stages, when given, gets the seconds of each step (timing only: the logic is as above).
+    """
+    clock = [time.monotonic()]
+
+    def lap(name: str) -> None:
+        now = time.monotonic()
+        if stages is not None:
+            stages[name] = now - clock[0]
+        clock[0] = now
+
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core, as our one worker
     tok = hf_tokenizer(vocab, lower_case=True)
     tokenised: list[list[list[int]]] = []
@@ -116,6 +129,7 @@ def reference_prepare(
         n_tokens += sum(map(len, ids))
         if ids:
             tokenised.append(ids)
+    lap("tokenise")
     rng = random.Random(seed)
     sp = vocab.special
     special = {sp.cls, sp.sep}
@@ -129,6 +143,7 @@ def reference_prepare(
                     tokens, special, len(vocab), sp.mask, max_pred, prob, rng
                 )
                 examples.append((masked, segments, positions, labels, is_random))
+    lap("pairs_mask")
     rng.shuffle(examples)
     per = -(-len(examples) // shards)
     out.mkdir(parents=True, exist_ok=True)
@@ -153,4 +168,5 @@ def reference_prepare(
         with h5py.File(out / f"ref_training_{k}.hdf5", "w") as f:
             for key, a in arr.items():
                 f.create_dataset(key, data=a, compression="gzip")
+    lap("shuffle_write")
     return n_tokens

@@ -9,9 +9,16 @@ from pathlib import Path
 import numpy as np
 
 from trainmaster.data import inspect, prepare, verify
-from trainmaster.data.examples import ExampleSettings, plan_pairs, truncate
+from trainmaster.data.examples import (
+    ExampleSettings,
+    VocabTables,
+    build,
+    choose,
+    plan_pairs,
+    truncate,
+)
 from trainmaster.data.shards import read_arrays
-from trainmaster.data.vocab import load_vocab
+from trainmaster.data.vocab import Vocab, load_vocab
 
 
 def test_next_sentence_is_random_half_the_time() -> None:
@@ -107,3 +114,24 @@ def test_whole_word_masking_masks_words(tmp_path: Path, pydoc_vocab: Path) -> No
     assert not (masked[:, :-1] & cont[:, 1:] & ~masked[:, 1:]).any()
     assert (masked & cont).sum() > 50  # the rule was exercised
     assert abs(inspect(out).mask_ratio - 0.15) < 0.03  # whole words overshoot less than this
+
+
+def test_masked_positions_are_uniform_over_a_and_b() -> None:
+    """Floyd's sampling picks k of the maskable tokens uniformly: every position of A and B
+    (never [CLS] or a [SEP]) is taken about equally often."""
+    vocab = Vocab(("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"), "test")
+    s = ExampleSettings(seq_len=32, max_pred=5)
+    n = 20_000
+    plan = np.tile(np.array([[0, 10, 10, 30, 0]]), (n, 1))  # A 10 tokens, B 19 after truncation
+    truncate(plan, s.seq_len - 3, np.random.default_rng(0))
+    flat = np.full(40, 5, dtype=np.int32)
+    ids, maskable = build(flat, plan, s.seq_len, vocab.special)
+    positions = choose(
+        maskable, ids, plan[:, 1] - plan[:, 0], s, VocabTables.of(vocab), np.random.default_rng(1)
+    )
+    counts = np.bincount(positions[positions != 0], minlength=s.seq_len)
+    allowed = np.flatnonzero(maskable[0])
+    assert set(np.flatnonzero(counts)) == set(allowed.tolist())
+    expected = n * (positions[0] != 0).sum() / len(allowed)
+    assert np.abs(counts[allowed] - expected).max() < 5 * math.sqrt(expected)
+    assert (np.diff(positions, axis=1)[:, :4] > 0).all()  # ascending, k = 5 in every row

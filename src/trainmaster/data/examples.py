@@ -94,9 +94,10 @@ def plan_pairs(
     The reference walks each document sentence by sentence, and where one pair ends decides
     where the next begins. Here every sentence of every duplicate gets the draws of a pair
     that would start there, all at once (searchsorted on the token offsets finds where its
-    target length is reached); then only the walk from pair start to pair start is a Python
-    loop, one step per example. Each start a walk visits uses draws of its own, so the pairs
-    have the reference's distribution; draws at unvisited starts are simply not used.
+    target length is reached); then the walk from pair start to pair start, which the
+    reference's loop does, is found for all documents at once. Each start a walk visits uses
+    draws of its own, so the pairs have the reference's distribution; draws at unvisited
+    starts are simply not used.
     """
     lens = np.asarray(lengths, dtype=np.int64)
     sizes = np.asarray(doc_sizes, dtype=np.int64)
@@ -130,20 +131,20 @@ def plan_pairs(
     b0 = np.where(rand, cum[j], a1)
     b1 = np.where(rand, cum[j_last + 1], cum[i + 1])
     nxt = np.where(rand, a_end, i + 1)  # a random B puts the unused sentences back
-    # The walk, on flat (duplicate, sentence) indices: each duplicate's sentences are offset by
-    # n, so a document's end is a bound on the same row.
-    nxt += np.repeat(np.arange(dupes) * n, n)
-    offsets = np.repeat(np.arange(dupes) * n, ndocs)
-    starts = (np.tile(doc_start, dupes) + offsets).tolist()
-    stops = (np.tile(doc_end, dupes) + offsets).tolist()
-    step = nxt.tolist()
-    visited: list[int] = []
-    add = visited.append
-    for k, stop in zip(starts, stops, strict=True):
-        while k < stop:
-            add(k)
-            k = step[k]
-    at = np.array(visited, dtype=np.int64)
+    # The walk, on flat (duplicate, sentence) indices, by pointer doubling: after round r,
+    # `seen` holds every start within 2**r steps of a document's first sentence and `jump`
+    # goes 2**r steps (a document's end leads to `last`, which leads to itself).
+    shift = np.repeat(np.arange(dupes) * n, n)
+    last = n * dupes
+    jump = np.append(np.where(nxt < end, nxt + shift, last), last)
+    seen = np.zeros(last + 1, dtype=bool)
+    seen[(np.tile(doc_start, dupes) + np.repeat(np.arange(dupes) * n, ndocs))] = True
+    span = 1
+    while span < (sizes.max() if ndocs else 0):
+        seen[jump[seen]] = True
+        jump = jump[jump]
+        span *= 2
+    at = np.flatnonzero(seen[:last])  # in order: duplicate, document, position
     plan = np.stack([a0[at], a1[at], b0[at], b1[at], rand[at].astype(np.int64)], axis=1)
     truncate(plan, max_tokens, gen)
     return plan
@@ -167,8 +168,9 @@ def truncate(plan: np.ndarray, max_tokens: int, gen: np.random.Generator) -> Non
 
 def build(
     flat: np.ndarray, plan: np.ndarray, seq_len: int, sp: SpecialIds
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """[CLS] A [SEP] B [SEP] + padding: input_ids, input_mask, segment_ids, maskable.
+) -> tuple[np.ndarray, np.ndarray]:
+    """[CLS] A [SEP] B [SEP] + padding: input_ids and maskable ([N, S]); the masks are two
+    lengths per row (see `expand`), so they are not made here.
 
     int32 index arithmetic and a full gather then a multiply: ~2x faster than int64 and
     boolean-mask indexing on [N, S] arrays (chunks are far below 2**31 tokens).
@@ -180,8 +182,7 @@ def build(
     b_start = a1 - a0 + 2
     length = b_start + (b1 - b0) + 1
     in_a = (pos >= 1) & (pos < b_start - 1)
-    in_b = (pos >= b_start) & (pos < length - 1)
-    maskable = in_a | in_b
+    maskable = in_a | ((pos >= b_start) & (pos < length - 1))
     src = np.where(in_a, a0 - 1 + pos, b0 - b_start + pos)
     np.clip(src, 0, max(len(flat) - 1, 0), out=src)
     ids = np.take(flat, src) if len(flat) else np.zeros((n, seq_len), dtype=np.int32)
@@ -190,14 +191,13 @@ def build(
     ids[:, 0] = sp.cls
     ids[rows, b_start[:, 0] - 1] = sp.sep
     ids[rows, length[:, 0] - 1] = sp.sep
-    input_mask = pos < length
-    segment_ids = (pos >= b_start) & input_mask
-    return ids, input_mask.astype(np.int8), segment_ids.astype(np.int8), maskable
+    return ids, maskable
 
 
 def choose(
     maskable: np.ndarray,
     ids: np.ndarray,
+    a_len: np.ndarray,
     s: ExampleSettings,
     tables: VocabTables,
     gen: np.random.Generator,
@@ -205,28 +205,41 @@ def choose(
     """[N, max_pred] int32: the positions to predict, ascending, then 0s.
 
     How many: num_to_predict of the reference. Which: uniformly among the maskable
-    positions (each row's smallest random keys), or whole words with --whole-word-mask.
+    positions, or whole words with --whole-word-mask.
     """
     n, seq = maskable.shape
-    maskable_count = maskable.sum(axis=1)
+    maskable_count = np.count_nonzero(maskable, axis=1)
     # len(tokens) of the reference counts [CLS] and both [SEP]s; rint rounds half to even
     # exactly as Python's round() there.
     count = np.rint((maskable_count + 3) * s.masked_lm_prob).astype(np.int64)
     k = np.minimum(np.minimum(s.max_pred, np.maximum(1, count)), maskable_count)
-    keys = gen.random((n, seq), dtype=np.float32)
     if s.whole_word_mask:
+        keys = gen.random((n, seq), dtype=np.float32)
         chosen = _whole_words(maskable, ids, k, keys, tables)
         positions = np.argsort(~chosen, axis=1, kind="stable")[:, : s.max_pred]
         return np.where(np.arange(s.max_pred) < chosen.sum(1)[:, None], positions, 0).astype(
             np.int32
         )
-    keys[~maskable] = 2.0
-    top = np.argpartition(keys, s.max_pred - 1, axis=1)[:, : s.max_pred]
-    top = np.take_along_axis(top, np.argsort(np.take_along_axis(keys, top, 1), 1), 1)
-    picked = np.where(np.arange(s.max_pred) < k[:, None], top, seq)
+    # Floyd's sampling, a column per draw for all rows: k of the m maskable tokens, uniformly,
+    # in max_pred draws of N numbers (not a random key for each of the N x S positions).
+    m = maskable_count.astype(np.int64)
+    u = gen.random((s.max_pred, n))
+    rows = np.arange(n)
+    taken = np.zeros((n, seq + s.max_pred), dtype=bool)  # rows past k draw beyond m: unused
+    picked = np.empty((s.max_pred, n), dtype=np.int64)
+    for q in range(s.max_pred):
+        j = m - k + q
+        t = (u[q] * (j + 1)).astype(np.int64)
+        t = np.where(taken[rows, t], j, t)
+        taken[rows, t] = True
+        picked[q] = t
+    picked = picked.T
+    picked[np.arange(s.max_pred) >= k[:, None]] = seq
     picked.sort(axis=1)
-    picked[picked == seq] = 0
-    return picked.astype(np.int32)
+    # The t-th maskable token: past [CLS], and past the middle [SEP] once beyond A.
+    positions = picked + 1 + (picked >= a_len[:, None])
+    positions[picked == seq] = 0
+    return positions.astype(np.int32)
 
 
 def _whole_words(
@@ -290,14 +303,15 @@ def make_examples(
     sizes = np.bincount(doc[keep]) if keep.any() else np.zeros(0, np.int64)
     gen = _generator(s.seed, chunk)
     plan = plan_pairs(lengths[keep], sizes[sizes > 0], s, gen)
-    ids, input_mask, _, maskable = build(flat, plan, s.seq_len, tables.special)
-    positions = choose(maskable, ids, s, tables, gen)
+    ids, maskable = build(flat, plan, s.seq_len, tables.special)
+    a_len, b_len = plan[:, 1] - plan[:, 0], plan[:, 3] - plan[:, 2]
+    positions = choose(maskable, ids, a_len, s, tables, gen)
     originals = mask(ids, positions, s, tables, gen)
     small = np.uint16 if len(tables.continuation) <= 1 << 16 else np.int32
     return {
         "input_ids": ids.astype(small),
-        "length": input_mask.sum(axis=1, dtype=np.int32),
-        "b_start": (plan[:, 1] - plan[:, 0] + 2).astype(np.int32),
+        "length": (a_len + b_len + 3).astype(np.int32),
+        "b_start": (a_len + 2).astype(np.int32),
         "masked_lm_positions": positions.astype(np.uint16),
         "masked_lm_ids": originals.astype(small),
         "next_sentence_labels": plan[:, 4].astype(np.int8),

@@ -22,7 +22,7 @@ from trainmaster.data.vocab import Vocab, hf_tokenizer
 # Control characters BERT's clean_text deletes (so they join words); \t \n \r are whitespace.
 # \x1c-\x1f are also whitespace to Python's regex but control characters to BERT.
 _UNSURE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+_UNUSUAL = re.compile(r"[^\t\n\r\x20-\x7e]")  # _UNSURE or non-ASCII
 # Every printable ASCII character that is not a letter or digit is BERT punctuation; so is
 # any non-ASCII character the shortcut lets through (see _plain_punctuation).
 # A batch is one string, sentences joined by "\n": "\n" is a word of its own (the sentence
@@ -69,20 +69,19 @@ class Encoder:
         return [e.ids for e in self._hf.encode_batch_fast(sentences, add_special_tokens=False)]
 
     def _unsure_lines(self, text: str) -> list[int]:
-        """Lines of text the shortcut cannot be sure about, found with a few scans of the
-        whole text (not a check per line): control characters, or non-ASCII characters
+        """Lines of text the shortcut cannot be sure about, found with one or two scans of
+        the whole text (not a check per line): control characters, or non-ASCII characters
         other than plain punctuation."""
         if text.isascii() and not _UNSURE.search(text):
             return []
         plain = self._plain
-        chars = set(_NON_ASCII.findall(text))
+        chars = set(_UNUSUAL.findall(text))
         for c in chars - plain.keys():
-            plain[c] = _plain_punctuation(c)
+            plain[c] = not _UNSURE.match(c) and _plain_punctuation(c)
         bad = "".join(re.escape(c) for c in sorted(chars) if not plain[c])
-        find = re.compile(f"{_UNSURE.pattern}|[{bad}]" if bad else _UNSURE.pattern)
-        at = np.fromiter((m.start() for m in find.finditer(text)), dtype=np.int64)
-        if not at.size:
+        if not bad:
             return []
+        at = np.fromiter((m.start() for m in re.finditer(f"[{bad}]", text)), dtype=np.int64)
         ends = np.cumsum(np.fromiter(map(len, text.split("\n")), dtype=np.int64) + 1)
         return np.unique(np.searchsorted(ends, at, side="right")).tolist()
 
