@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from trainmaster.data.corpus import pydoc_documents, split_sentences
 from trainmaster.data.vocab import load_vocab, parse_vocab, train_vocab
 from trainmaster.data.wordpiece import Encoder
+from trainmaster.data.wordscan import Scanner
 from trainmaster.errors import DataError
 
 TRICKY = [
@@ -85,3 +87,19 @@ def test_whole_batch_path_keeps_sentence_boundaries(pydoc_vocab: Path, batch: li
     exact = enc.encode_exact(batch) if batch else []
     assert lengths.tolist() == [len(e) for e in exact]
     assert flat.tolist() == [i for e in exact for i in e]
+
+
+def test_scanner_finds_the_words_a_regex_finds() -> None:
+    """wordscan splits as [A-Za-z0-9]+ | any other non-space character | "\\n", and gives
+    one word one key and different words different keys."""
+    text = "\n".join(
+        [s for d in pydoc_documents()[:30] for line in d for s in split_sentences(line)]
+        + ["Tabs\tand\rreturns", "a “quoted” — word…", "x" * 150, "", "  end.", "ÉÉ is 2 words?"]
+    )
+    keys, starts, ends, _ = Scanner().scan(text)
+    words = [text[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+    assert words == re.findall(r"[A-Za-z0-9]+|[^A-Za-z0-9\s]|\n", text)
+    key_of: dict[str, int] = {}
+    for w, k in zip(words, keys.tolist(), strict=True):
+        assert key_of.setdefault(w, k) == k
+    assert len(set(key_of.values())) == len(key_of) > 1000

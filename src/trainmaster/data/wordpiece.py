@@ -3,9 +3,10 @@
 HF `tokenizers` is exact but spends ~2 us per token building Encoding objects (offsets,
 token strings) we do not need. Most English text is plain ASCII, where BERT's normalizer and
 pre-tokenizer reduce to "lower-case, split into runs of letters/digits and single
-punctuation characters". For such sentences we split with one regex and look each distinct
-word up in a cache filled by the HF tokenizer itself, so the pieces are the HF pieces. Any
-sentence the shortcut cannot be sure about (non-ASCII, control characters) goes to HF whole.
+punctuation characters". For such sentences we find the words with numpy (data/wordscan.py)
+and look each distinct word up in a cache filled by the HF tokenizer itself, so the pieces
+are the HF pieces. Any sentence the shortcut cannot be sure about (non-ASCII, control
+characters) goes to HF whole.
 tests/data/test_wordpiece.py checks both paths agree on the built-in corpus and edge cases.
 """
 
@@ -13,23 +14,22 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from itertools import chain, repeat
+from itertools import chain
 
 import numpy as np
 
 from trainmaster.data.vocab import Vocab, hf_tokenizer
+from trainmaster.data.wordscan import NEWLINE, Scanner
 
 # Control characters BERT's clean_text deletes (so they join words); \t \n \r are whitespace.
 # \x1c-\x1f are also whitespace to Python's regex but control characters to BERT.
 _UNSURE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _UNUSUAL = re.compile(r"[^\t\n\r\x20-\x7e]")  # _UNSURE or non-ASCII
 # Every printable ASCII character that is not a letter or digit is BERT punctuation; so is
-# any non-ASCII character the shortcut lets through (see _plain_punctuation).
-# A batch is one string, sentences joined by "\n": "\n" is a word of its own (the sentence
-# boundary, no pieces), so one findall and one lower() serve the whole batch.
-_WORDS_LOWER = re.compile(r"[a-z0-9]+|[^a-z0-9\s]|\n")
-_WORDS_CASED = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9\s]|\n")
-_BOUNDARY = 0  # the word cache's entry for "\n"
+# any non-ASCII character the shortcut lets through (see _plain_punctuation): wordscan makes
+# each a word. A batch is one string, sentences joined by "\n": "\n" is a word of its own
+# (the sentence boundary, no pieces), so one scan and one lower() serve the whole batch.
+_BOUNDARY = 0  # the CSR table's entry for "\n" (no pieces)
 _CACHE_LIMIT = 2_000_000  # distinct words; bounds memory on huge corpora
 
 
@@ -45,20 +45,21 @@ def _plain_punctuation(c: str) -> bool:
 class Encoder:
     """Encodes batches of sentences; one per process (it keeps a word cache).
 
-    The cache is a table of distinct words -> their pieces (CSR: start, length, pieces), so
-    turning a chunk's words into token ids is one numpy gather.
+    The cache is a table of distinct words' keys (sorted) -> their pieces (CSR: start,
+    length, pieces), so turning a chunk's words into token ids is a searchsorted and a gather.
     """
 
     def __init__(self, vocab: Vocab, lower_case: bool) -> None:
         self.lower_case = lower_case
         self._hf = hf_tokenizer(vocab, lower_case)
         self._model = self._hf.model  # WordPiece alone: 3x faster per word than the pipeline
-        self._words = _WORDS_LOWER if lower_case else _WORDS_CASED
+        self._scanner = Scanner()
         self._plain: dict[str, bool] = {}
         self._reset()
 
     def _reset(self) -> None:
-        self._index: dict[str, int] = {"\n": _BOUNDARY}
+        self._keys = np.zeros(0, np.uint64)  # sorted
+        self._entry = np.zeros(0, np.int64)  # each key's row of the CSR table
         # numpy, grown by concatenation: no list -> array conversion of the cache per batch
         self._starts = np.zeros(1, np.int64)
         self._lens = np.zeros(1, np.int64)
@@ -99,12 +100,22 @@ class Encoder:
             np.concatenate([pieces, flat]),
         )
 
-    def _add(self, words: list[str], pieces: list[list[int]]) -> None:
+    def _add(self, keys: np.ndarray, pieces: list[list[int]]) -> None:
         first = len(self._starts)
-        self._index.update(zip(words, range(first, first + len(words)), strict=True))
+        keys = np.concatenate([self._keys, keys])
+        entry = np.concatenate([self._entry, np.arange(first, first + len(pieces))])
+        order = np.argsort(keys, kind="stable")
+        self._keys, self._entry = keys[order], entry[order]
         self._starts, self._lens, self._pieces = self._grow(
             self._starts, self._lens, self._pieces, pieces
         )
+
+    def _lookup(self, keys: np.ndarray) -> np.ndarray:
+        """Each key's CSR row, -1 where the cache lacks it."""
+        if not len(self._keys):
+            return np.full(len(keys), -1, np.int64)
+        at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+        return np.where(self._keys[at] == keys, self._entry[at], -1)
 
     def encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of all sentences, concatenated (int32), and each sentence's length."""
@@ -125,7 +136,7 @@ class Encoder:
     def _encode(self, text: str, exact: dict[int, str]) -> tuple[np.ndarray, np.ndarray]:
         """Lines of text by the word cache, but those in exact (emptied in text) and those
         the shortcut is unsure of, which HF encodes whole."""
-        if len(self._index) > _CACHE_LIMIT:
+        if len(self._keys) > _CACHE_LIMIT:
             self._reset()
         unsure = self._unsure_lines(text)
         if unsure:
@@ -134,22 +145,23 @@ class Encoder:
             for k in unsure:
                 lines[k] = ""
             text = "\n".join(lines)
-        all_words = self._words.findall(text.lower() if self.lower_case else text)
-        index = self._index
-        try:  # usually every word is known: plain lookups, ~20% faster than get(w, -1)
-            wid = np.fromiter(map(index.__getitem__, all_words), np.int64, len(all_words))
-        except KeyError:
-            wid = np.fromiter(map(index.get, all_words, repeat(-1)), np.int64, len(all_words))
+        low = text.lower() if self.lower_case else text
+        keys, word_starts, word_ends, kinds = self._scanner.scan(low)
+        wid = self._lookup(keys)
+        wid[kinds == NEWLINE] = _BOUNDARY
         boundary = np.flatnonzero(wid == _BOUNDARY)
         counts = np.diff(np.concatenate([[-1], boundary, [len(wid)]])) - 1  # words per line
         missing = np.flatnonzero(wid < 0)
         if missing.size:
             # A word here is normalised already (lower-cased ASCII or plain punctuation) and
             # one pre-token: the normaliser and pre-tokenizer would pass it through unchanged.
-            new = sorted({all_words[i] for i in missing.tolist()})
+            new, first = np.unique(keys[missing], return_index=True)
+            one = missing[first]  # an occurrence of each new word
+            spans = zip(word_starts[one].tolist(), word_ends[one].tolist(), strict=True)
+            words = [low[a:b] for a, b in spans]
             tokenize = self._model.tokenize
-            self._add(new, [[t.id for t in tokenize(w)] for w in new])
-            wid[missing] = [index[all_words[i]] for i in missing.tolist()]
+            self._add(new, [[t.id for t in tokenize(w)] for w in words])
+            wid[missing] = self._lookup(keys[missing])
         wid = wid[wid != _BOUNDARY]
         starts, lens, pieces = self._starts, self._lens, self._pieces
         if exact:
