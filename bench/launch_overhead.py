@@ -1,143 +1,250 @@
-"""Time from `trainmaster launch` to the first training step, vs plain torchrun, side by side.
+"""Time from starting a job to its first training step: trainmaster launch vs torchrun vs TorchX.
 
-    python bench/launch_overhead.py [--repeats 3] [--steps 2] [--out FILE]
+    python bench/launch_overhead.py [--repeats 3] [--steps 2] [--cases builtin,script]
+                                    [--baseline SRC] [--torchx PATH] [--out FILE]
 
-The job is the demo's shape (bert-tiny, 2 nodes x 1 worker, c10d on loopback) on the built-in
-corpus, prepared once in a temp folder. Two ways to start the very same program:
+Two cases, each on 2 nodes x 1 worker with c10d on loopback:
 
-  launch    `python -m trainmaster launch JOB.toml` (checks, run folder, state.json, detached
-            supervisor, one torchrun agent per node): what a user runs
-  torchrun  the two torchrun commands that launch would run (backends/local/launcher.py's plan), started
-            directly by this script with the same environment: the floor
+  builtin   the demo's job (bert-tiny on the built-in corpus, prepared once in a temp folder),
+            started by `trainmaster launch JOB.toml` and by the two torchrun commands that
+            launch would run (backends/local/launcher.py's plan), started directly: the floor
+  script    a user's script (bench/ddp_script.py: a small DDP model, one helper), started by
+            `trainmaster launch bench/ddp_script.py --nnodes 2` (the entry shim and its safety
+            net around the script), by plain torchrun running the script with the same torchrun
+            options, and by TorchX 0.7.0 `torchx run -s local_cwd dist.ddp -j 2x1 --script ...`
+            (its own venv, --torchx; it finds torchrun and python on PATH, so ours go first)
 
-Each run is timed from just before its first process starts to the moment rank 0 appended
-step 1 to metrics.jsonl (that file's modification time, read while it holds one row). The
-order alternates per repeat (launch first, then torchrun first), and the medians are
-compared: the machine is shared and noisy. Prints one JSON object; no assertions
-(docs/architecture.md 4). The aim: overhead within 15% of raw torchrun.
+--baseline SRC adds `launch@baseline`: the same launch from another trainmaster source tree
+(e.g. `git worktree add /tmp/before HEAD~3`), on PYTHONPATH for the CLI and everything it starts,
+so that before and after are measured side by side in one run.
+
+Each run is timed from just before its first process starts to the moment rank 0 appended step 1
+to metrics.jsonl (that file's modification time, read while it holds one row); the script logs
+with trainmaster.worker.log_metrics, which writes to $TRAINMASTER_RUN_DIR, set by the shim under
+launch and by this bench for the others. Every way gets the environment the local supervisor
+gives its agents (benchlib.agent_env). The order of the ways rotates per repeat, and medians are
+compared: the machine is shared and noisy. A launch run also reports where its time went, from
+the run folder: the CLI's return, the supervisor starting the agents (state.json started_at),
+rank 0's shim or trainer starting (timeline.jsonl start) and the preflight. Prints one JSON
+object; no assertions (docs/architecture.md 4). Aims: builtin launch within 1.15 x torchrun;
+script launch no slower than TorchX.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from benchlib import agent_env, emit, first_step_at, machine, prepare_corpus, wait_final
 from trainmaster import jobfile
 from trainmaster.backends.local import launcher as local
-from trainmaster.storage import Storage
+from trainmaster.backends.local import rendezvous
+from trainmaster.launch.torchrun import Rendezvous, torchrun_args
+from trainmaster.storage import RunPaths, Storage
 
-POLL_S = 0.01
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = "bench/ddp_script.py"  # relative to REPO, where every way runs
 TIMEOUT_S = 600.0
+Way = Callable[[Path, str, int], dict[str, Any]]
 
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def job_file(root: Path, name: str, steps: int) -> Path:
+def builtin_job(root: Path, name: str, steps: int) -> Path:
     cfg = jobfile.preset(
         "local-cpu",
-        [
-            f'job.name="{name}"',
-            f"train.max_steps={steps}",
-            "train.warmup_steps=1",
-            "job.max_restarts=0",
-        ],
-    )
+        [f'job.name="{name}"', f"train.max_steps={steps}", "train.warmup_steps=1",
+         "job.max_restarts=0"],
+    )  # fmt: skip
     path = root / "jobs" / f"{name}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(jobfile.render(cfg, f"bench job {name}"), encoding="utf-8")
     return path
 
 
-def via_launch(root: Path, name: str, steps: int) -> dict[str, Any]:
-    path = job_file(root, name, steps)
-    run = Storage(root).run_dir(name)
-    env = agent_env(2)
-    t0 = time.time()
-    result = subprocess.run(
-        [sys.executable, "-m", "trainmaster", "launch", str(path), "--storage", str(root)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    returned = time.time() - t0
-    if result.returncode != 0:
-        raise SystemExit(f"launch {name} failed: {result.stderr.strip()}")
-    first = first_step_at(run / "metrics.jsonl", t0, TIMEOUT_S)
-    phase = wait_final(run / "state.json", TIMEOUT_S)
-    if phase != "succeeded":
-        raise SystemExit(f"launch {name} {phase}: see {run}/logs")
-    return {"first_step_s": round(first, 3), "cli_returned_s": round(returned, 3)}
+def phases(run: RunPaths, t0: float) -> dict[str, float]:
+    """Seconds from t0 to each start-up milestone the run folder records."""
+    out: dict[str, float] = {}
+    started = json.loads(run.state.read_text()).get("started_at")
+    if started:
+        out["agents_started_s"] = round(started - t0, 3)
+    events = [json.loads(line) for line in run.timeline.read_text().splitlines() if line]
+    for e in events:
+        if e["event"] == "start" and "worker_started_s" not in out:
+            out["worker_started_s"] = round(e["t"] - t0, 3)
+        if e["event"] == "preflight" and "preflight_s" not in out:
+            out["preflight_s"] = round(e["end"] - e["t"], 3)
+    return out
 
 
-def via_torchrun(root: Path, name: str, steps: int) -> dict[str, Any]:
-    cfg = jobfile.load(job_file(root, name, steps))
-    plan = local.plan(cfg, Storage(root))
-    plan.run.dir.mkdir(parents=True)
-    plan.run.logs.mkdir()
-    plan.run.job_toml.write_text(jobfile.render(cfg, f"bench job {name}"), encoding="utf-8")
-    env = agent_env(cfg.derived.world_size)
-    logs = [(plan.run.logs / f"node{i}.log").open("wb") for i in range(len(plan.commands))]
+def via_launch(src: Path | None, case: str) -> Way:
+    """`trainmaster launch`, from this checkout or (src) another source tree."""
+
+    def run(root: Path, name: str, steps: int) -> dict[str, Any]:
+        env = agent_env(2)
+        if src is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(src / "src"), env.get("PYTHONPATH", "")])
+        if case == "builtin":
+            target = [str(builtin_job(root, name, steps))]
+        else:
+            target = [SCRIPT, "--nnodes", "2", "--name", name, "--", "--steps", str(steps)]
+        cmd = [sys.executable, "-m", "trainmaster", "--storage", str(root), "launch", *target]
+        paths = RunPaths(Storage(root).run_dir(name))
+        t0 = time.time()
+        result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+        returned = time.time() - t0
+        if result.returncode != 0:
+            raise SystemExit(f"launch {name} failed: {result.stderr.strip()}")
+        first = first_step_at(paths.metrics, t0, TIMEOUT_S)
+        phase = wait_final(paths.state, TIMEOUT_S)
+        if phase != "succeeded":
+            raise SystemExit(f"launch {name} {phase}: see {paths.logs}")
+        return {"first_step_s": round(first, 3), "cli_returned_s": round(returned, 3),
+                **phases(paths, t0)}  # fmt: skip
+
+    return run
+
+
+def _started(cmds: list[list[str]], env: dict[str, str], logs: Path, metrics: Path) -> float:
+    """Start the commands together (one process group each), return seconds to step 1."""
+    logs.mkdir(parents=True, exist_ok=True)
+    files = [(logs / f"node{i}.log").open("wb") for i in range(len(cmds))]
     t0 = time.time()
     procs = [
-        subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
-        )
-        for cmd, log in zip(plan.commands, logs, strict=True)
-    ]
+        subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                         env=env, cwd=REPO, start_new_session=True)
+        for cmd, f in zip(cmds, files, strict=True)
+    ]  # fmt: skip
     try:
-        first = first_step_at(plan.run.dir / "metrics.jsonl", t0, TIMEOUT_S)
+        first = first_step_at(metrics, t0, TIMEOUT_S)
         codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
     finally:
         for p in procs:
             p.kill() if p.poll() is None else None
-        for log in logs:
-            log.close()
+        for f in files:
+            f.close()
     if any(codes):
-        raise SystemExit(f"torchrun {name} exit codes {codes}: see {plan.run.logs}")
-    return {"first_step_s": round(first, 3)}
+        raise SystemExit(f"{cmds[0][:3]} exit codes {codes}: see {logs}")
+    return first
+
+
+def via_torchrun(case: str) -> Way:
+    """The torchrun commands of the job, started directly; for the script without the shim."""
+
+    def run(root: Path, name: str, steps: int) -> dict[str, Any]:
+        if case == "builtin":
+            cfg = jobfile.load(builtin_job(root, name, steps))
+            plan = local.plan(cfg, Storage(root))
+            plan.run.dir.mkdir(parents=True)
+            plan.run.job_toml.write_text(jobfile.render(cfg, f"bench job {name}"))
+            cmds, out = plan.commands, plan.run.dir
+        else:
+            cfg = jobfile.validate(
+                {"job": {"name": name, "nnodes": 2, "entrypoint": SCRIPT}}, "bench"
+            )
+            rdzv = Rendezvous("c10d", f"{rendezvous.LOOPBACK}:{rendezvous.free_port()}", name)
+            node = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(cfg, rdzv),
+                    SCRIPT, "--steps", str(steps)]  # fmt: skip
+            cmds, out = [node, node], root / "plain" / name
+        env = agent_env(2) | {"TRAINMASTER_RUN_DIR": str(out)}
+        return {"first_step_s": round(_started(cmds, env, out / "logs", out / "metrics.jsonl"), 3)}
+
+    return run
+
+
+def via_torchx(torchx: Path) -> Way:
+    """TorchX's local_cwd scheduler running its dist.ddp component on the same script."""
+
+    def run(root: Path, name: str, steps: int) -> dict[str, Any]:
+        out = root / "torchx" / name
+        port = str(rendezvous.free_port())
+        cmd = [str(torchx), "run", "-s", "local_cwd", "-cfg", f"log_dir={out / 'torchx'}",
+               "dist.ddp", "-j", "2x1", "--rdzv_port", port, "--script", SCRIPT,
+               "--", "--steps", str(steps)]  # fmt: skip
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        env = agent_env(2) | {"TRAINMASTER_RUN_DIR": str(out), "PATH": path}
+        return {"first_step_s": round(_started([cmd], env, out / "logs", out / "metrics.jsonl"), 3)}
+
+    return run
+
+
+def summary(case: str, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    med = {w: statistics.median(r["first_step_s"] for r in rs) for w, rs in runs.items()}
+    out: dict[str, Any] = {
+        "first_step_s": {w: [r["first_step_s"] for r in rs] for w, rs in runs.items()},
+        "median_s": {w: round(v, 3) for w, v in med.items()},
+        "over_torchrun": {w: round(v / med["torchrun"], 3) for w, v in med.items()},
+    }
+    if "torchx" in med:
+        out["launch_over_torchx"] = round(med["launch"] / med["torchx"], 3)
+        if "launch@baseline" in med:
+            out["baseline_over_torchx"] = round(med["launch@baseline"] / med["torchx"], 3)
+    for way in (w for w in runs if w.startswith("launch")):
+        keys = sorted({k for r in runs[way] for k in r} - {"first_step_s"})
+        out[f"{way} phases median_s"] = {
+            k: round(statistics.median(r[k] for r in runs[way] if k in r), 3) for k in keys
+        }
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--repeats", type=int, default=3, help="runs of each way (alternating order)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each way (rotating order)")
     p.add_argument("--steps", type=int, default=2, help="steps per run (the first is timed)")
+    p.add_argument("--cases", default="builtin,script", help="builtin, script or both")
+    p.add_argument("--baseline", type=Path, help="another trainmaster source tree to launch too")
+    p.add_argument("--torchx", type=Path, default=REPO / ".venv-torchx" / "bin" / "torchx")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = p.parse_args()
-    runs: dict[str, list[dict[str, Any]]] = {"launch": [], "torchrun": []}
-    ways = {"launch": via_launch, "torchrun": via_torchrun}
+    cases = [c for c in ("builtin", "script") if c in args.cases.split(",")]
+    report: dict[str, Any] = {
+        "bench": "launch_overhead",
+        "what": "seconds from starting the job to rank 0's step 1 in metrics.jsonl, 2 nodes x 1 "
+        "worker, c10d on loopback; builtin: bert-tiny on the built-in corpus; script: "
+        f"{SCRIPT} (a small DDP model)",
+        "machine": machine(),
+        "aim": "builtin launch within 1.15 x torchrun; script launch no slower than TorchX",
+        "repeats": max(1, args.repeats),
+        "cases": {},
+    }
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
         root = Path(tmp)
-        say("preparing the built-in corpus ...")
-        prepare_corpus(root, shards=2)
-        for i in range(max(1, args.repeats)):
-            order = ["launch", "torchrun"] if i % 2 == 0 else ["torchrun", "launch"]
-            for way in order:
-                runs[way].append(ways[way](root, f"{way}-{i}", args.steps))
-                say(f"{i + 1}: {way:8s} first step after {runs[way][-1]['first_step_s']:.2f} s")
-    med = {way: statistics.median(r["first_step_s"] for r in rs) for way, rs in runs.items()}
-    report = {
-        "bench": "launch_overhead",
-        "what": "seconds from starting the job to rank 0's step 1 in metrics.jsonl; bert-tiny, "
-        "2 nodes x 1 worker, c10d on loopback, built-in corpus",
-        "machine": machine(),
-        "aim": "launch within 1.15 x torchrun",
-        "repeats": len(runs["launch"]),
-        "launch_first_step_s": [r["first_step_s"] for r in runs["launch"]],
-        "launch_cli_returned_s": [r["cli_returned_s"] for r in runs["launch"]],
-        "torchrun_first_step_s": [r["first_step_s"] for r in runs["torchrun"]],
-        "median_s": {k: round(v, 3) for k, v in med.items()},
-        "launch_over_torchrun": round(med["launch"] / med["torchrun"], 3),
-        "overhead_s": round(med["launch"] - med["torchrun"], 3),
-    }
+        if "builtin" in cases:
+            say("preparing the built-in corpus ...")
+            prepare_corpus(root, shards=2)
+        for case in cases:
+            ways: dict[str, Way] = {
+                "launch": via_launch(None, case),
+                "torchrun": via_torchrun(case),
+            }
+            if case == "script":
+                if args.torchx.exists():
+                    ways["torchx"] = via_torchx(args.torchx)
+                else:
+                    report["cases"]["note"] = f"no TorchX at {args.torchx}: make torchx-venv"
+            if args.baseline:
+                ways["launch@baseline"] = via_launch(args.baseline.resolve(), case)
+            runs: dict[str, list[dict[str, Any]]] = {w: [] for w in ways}
+            names = list(ways)
+            for i in range(report["repeats"]):
+                for way in names[i % len(names) :] + names[: i % len(names)]:
+                    name = f"{case}-{way.replace('@', '-')}-{i}"
+                    runs[way].append(ways[way](root, name, args.steps))
+                    say(
+                        f"{case} {i + 1}: {way:16s} step 1 after {runs[way][-1]['first_step_s']:.2f} s"
+                    )
+            report["cases"][case] = summary(case, runs)
     emit(report, args.out)
 
 
