@@ -13,7 +13,7 @@ process and its pool workers) beside wall seconds: tokens per CPU-second is the 
 figure a busy machine disturbs least. input_tokens counts the corpus's WordPiece tokens once.
 
 Per-stage times: the reference's read/tokenise/pairs_mask/shuffle_write (wall), and ours'
-wall stages (plan, vocab, examples, write) with, under "examples/..." and "write/...", the
+wall stages (read: stat and cut the input, vocab, examples, write) with, under "examples/..." and "write/...", the
 workers' CPU seconds per step summed over slices and shards (read, sentences, tokenise,
 pairs_mask, save; gather, expand, hdf5).
 

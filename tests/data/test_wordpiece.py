@@ -11,7 +11,7 @@ import pytest
 from trainmaster.data.corpus import pydoc_documents, split_sentences
 from trainmaster.data.vocab import load_vocab, parse_vocab, train_vocab
 from trainmaster.data.wordpiece import Encoder
-from trainmaster.data.wordscan import Scanner
+from trainmaster.data.wordscan import _SPREAD, KeyTable, Scanner
 from trainmaster.errors import DataError
 
 TRICKY = [
@@ -103,3 +103,27 @@ def test_scanner_finds_the_words_a_regex_finds() -> None:
     for w, k in zip(words, keys.tolist(), strict=True):
         assert key_of.setdefault(w, k) == k
     assert len(set(key_of.values())) == len(key_of) > 1000
+
+
+def test_key_table_finds_every_key_it_holds() -> None:
+    """Batches of keys, many sharing a home slot (equal top bits), across regrowths."""
+    rng = np.random.default_rng(0)
+    keys = np.unique(
+        np.concatenate(
+            [
+                rng.integers(0, 2**63, 30_000, dtype=np.uint64) * np.uint64(2),
+                # key * _SPREAD = 0..499: all of them in home slot 0
+                np.arange(500, dtype=np.uint64) * np.uint64(pow(int(_SPREAD), -1, 2**64)),
+            ]
+        )
+    )
+    keys = rng.permutation(keys)
+    rows = np.arange(len(keys))
+    table = KeyTable()
+    for part in np.array_split(np.arange(len(keys)), 7):
+        table.add(keys[part], rows[part])
+        assert np.array_equal(table.get(keys[: part[-1] + 1]), rows[: part[-1] + 1])
+    absent = keys + np.uint64(1)  # odd: none of the random keys; some of the small ones
+    got = table.get(absent)
+    held = np.isin(absent, keys)
+    assert (got[~held] == -1).all() and table.size == len(keys)

@@ -112,7 +112,7 @@ def prepare(
     timings: dict[str, float] = {}
     report = reporter or make_reporter(quiet)
     try:
-        with _timed(timings, "plan"):
+        with _timed(timings, "read"):  # stat and cut: the workers read
             pieces, sources, size = slices.plan([Path(p) for p in inputs], builtin)
         with _timed(timings, "vocab"):
             voc = known or _train(inputs, builtin, vocab_size, lower_case)

