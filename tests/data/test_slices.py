@@ -4,13 +4,15 @@ documents that reading the whole file gives."""
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.data.helpers import write_docs
-from trainmaster.data import prepare
+from trainmaster.data import prepare, verify
 from trainmaster.data.corpus import (
     document_ids,
     documents_from_text,
@@ -91,3 +93,41 @@ def test_a_bad_byte_deep_in_a_slice_names_its_file_offset(
     with pytest.raises(DataError, match=f"big.txt: binary file \\(NUL byte at offset {at}\\)"):
         prepare([path], output=tmp_path / "out", vocab=pydoc_vocab, workers=2, shards=2)
     assert not (tmp_path / "out").exists()
+
+
+SETTINGS: dict[str, Any] = {"seq_len": 64, "max_pred": 10, "dupe_factor": 1, "shards": 2}
+
+
+def test_plain_gz_and_folder_inputs_read_the_same_text(tmp_path: Path, pydoc_vocab: Path) -> None:
+    """A .gz file is one slice, cut into chunks by its worker; a folder is its files in order."""
+    plain = write_docs(tmp_path / "a.txt", pydoc_documents())
+    packed = tmp_path / "a.txt.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    docs = pydoc_documents()
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    write_docs(folder / "1.txt", docs[:40])
+    write_docs(folder / "2.txt", docs[40:])
+    results = [
+        prepare([src], output=tmp_path / f"out{k}", vocab=pydoc_vocab, workers=w, **SETTINGS)
+        for k, (src, w) in enumerate([(plain, 1), (packed, 2), (folder, 2)])
+    ]
+    assert len({r.input_tokens for r in results}) == 1
+    for r in results:
+        assert verify(r.output) == []
+
+
+def test_files_give_the_same_bytes_for_any_workers(tmp_path: Path, pydoc_vocab: Path) -> None:
+    folder = tmp_path / "text"
+    folder.mkdir()
+    write_docs(folder / "1.txt", pydoc_documents(), repeat=2)
+    write_docs(folder / "2.txt", pydoc_documents()[::-1])
+    one, two = (
+        prepare(
+            [folder], output=tmp_path / f"w{w}" / "set", vocab=pydoc_vocab, workers=w, **SETTINGS
+        )
+        for w in (1, 2)
+    )
+    assert two.workers == 2
+    files = [{p.name: p.read_bytes() for p in r.output.iterdir()} for r in (one, two)]
+    assert files[0] == files[1] and len(files[0]) == 4
