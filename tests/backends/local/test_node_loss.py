@@ -207,3 +207,17 @@ def test_an_elastic_job_without_rejoins_left_goes_on_alone(
     assert (s["world_size"], s["grad_accum"], final.job_retries) == (1, 2, 0)
     steps = [int(r["step"]) for r in runinfo.read_metrics(run.metrics)]
     assert steps == list(range(1, JOB_STEPS + 1))  # every step logged once
+
+
+def test_a_cancelled_elastic_job_takes_no_node_back(pydoc_storage: Path, tmp_path: Path) -> None:
+    """Agents that `cancel` ends (SIGTERM, SIGKILL after the grace) are not lost nodes."""
+    job = "elastic-cancel"
+    run = RunPaths(Storage(pydoc_storage).run_dir(job))
+    path = job_file(tmp_path, job, "job.min_nnodes=1")
+    assert run_cli("launch", str(path), "--storage", str(pydoc_storage)).returncode == 0
+    wait_step(pydoc_storage, job, 3, 300)
+    assert run_cli("cancel", job, "--storage", str(pydoc_storage)).returncode == 0
+    final = wait_final(pydoc_storage, job, timeout=120)
+    assert final.phase == "cancelled" and final.job_retries == 0
+    assert [n.rejoins for n in final.nodes] == [0, 0] and "lost" not in final.message
+    wait_for(lambda: not state.live_processes(state.read(run.state)), 60, "every process to exit")

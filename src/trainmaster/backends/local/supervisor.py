@@ -217,6 +217,9 @@ def _wait(
                 continue
             if rejoins is None or code is None or code > 0 or store_lost(i):
                 return [c if c is not None else -1 for c in codes], (i, why)
+            if state.read(run.state).cancel_requested:  # `cancel` SIGKILLs what outlasts SIGTERM
+                left_out.add(i)
+                continue
             rejoins.lost(i, why, agents)
             if agents[i].poll() is not None:
                 left_out.add(i)
