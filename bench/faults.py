@@ -18,6 +18,9 @@ step drawn from --seed:
   node_loss           a random node dies after a random step: its torchrun agent and its
                       workers SIGKILLed at once, as when an instance dies; the supervisor must
                       restart the gang (a job retry, job.max_retries) from the last checkpoint
+  elastic_node_loss   node_loss in an elastic job (job.min_nnodes = 1): the survivor goes on
+                      and the supervisor takes the lost node back into the same rendezvous
+                      (backends/local/rejoin.py), or retries the job when the c10d store went
   partition           (root) the job runs with job.network = netns; a random node's link is cut
                       after a random step for --cut seconds (both nodes live on): the hang
                       watchdog must notice and the job complete once the link is back
@@ -53,10 +56,11 @@ from trainmaster.storage import RunPaths, Storage
 from trainmaster.train import faults
 from trainmaster.train.model import DROPOUT_ENV
 
-KINDS = ("kill", "kill_in_checkpoint", "hang", "node_loss", "partition")
+KINDS = ("kill", "kill_in_checkpoint", "hang", "node_loss", "elastic_node_loss", "partition")
 CHECKPOINT_EVERY = 10
 NODE_LOSS = "_BENCH_NODE_LOSS"  # node:step, read by run_job (not by the trainer)
 PARTITION = "_BENCH_PARTITION"  # node:step
+ELASTIC = "_BENCH_ELASTIC"  # set: the job is elastic (job.min_nnodes = 1)
 TIMEOUT_S = 900.0
 CUT_S = 30.0  # how long a partition lasts
 
@@ -65,11 +69,19 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def job_file(root: Path, name: str, steps: int, hang_timeout: float, netns: bool = False) -> Path:
+def job_file(
+    root: Path,
+    name: str,
+    steps: int,
+    hang_timeout: float,
+    netns: bool = False,
+    elastic: bool = False,
+) -> Path:
     cfg = jobfile.preset(
         "local-cpu",
         [
             *(['job.network="netns"'] if netns else []),
+            *(["job.min_nnodes=1"] if elastic else []),
             f'job.name="{name}"',
             f"train.max_steps={steps}",
             "train.warmup_steps=2",
@@ -89,11 +101,12 @@ def job_file(root: Path, name: str, steps: int, hang_timeout: float, netns: bool
 def fault_env(kind: str, rng: random.Random, steps: int) -> tuple[dict[str, str], str]:
     """The hook's environment variable for one trial, and the fault in words (node_loss: no
     hook; run_job kills the node itself, from outside, as the platform would)."""
-    if kind in ("node_loss", "partition"):
+    if kind in ("node_loss", "elastic_node_loss", "partition"):
         node = rng.choice((0, 1))
         step = rng.choice([s for s in range(2, steps) if s % CHECKPOINT_EVERY])
-        key = NODE_LOSS if kind == "node_loss" else PARTITION
-        return {key: f"{node}:{step}"}, f"node {node} after step {step}"
+        key = PARTITION if kind == "partition" else NODE_LOSS
+        extra = {ELASTIC: "1"} if kind == "elastic_node_loss" else {}
+        return {key: f"{node}:{step}", **extra}, f"node {node} after step {step}"
     if kind == "kill_in_checkpoint":
         at = rng.choice(range(CHECKPOINT_EVERY, steps, CHECKPOINT_EVERY))  # not the final one
         return {faults.KILL_IN_CHECKPOINT_ENV: str(at)}, f"rank 0 in checkpoint {at}"
@@ -108,7 +121,8 @@ def run_job(
 ) -> dict[str, Any]:
     loss = extra_env.pop(NODE_LOSS, None)
     cut = extra_env.pop(PARTITION, None)
-    path = job_file(root, name, steps, hang_timeout, netns=cut is not None)
+    elastic = extra_env.pop(ELASTIC, None) is not None
+    path = job_file(root, name, steps, hang_timeout, netns=cut is not None, elastic=elastic)
     env = agent_env(2) | {DROPOUT_ENV: "0", "TRAINMASTER_DIST_TIMEOUT_S": "180", **extra_env}
     t0 = time.time()
     launched = subprocess.run(
@@ -142,6 +156,7 @@ def run_job(
         "steps_lost": g.get("steps_lost"),
         "hangs": len(run.hangs.read_text().splitlines()) if run.hangs.exists() else 0,
         "job_retries": state.read(run.state).job_retries,
+        "rejoins": sum(n.rejoins for n in state.read(run.state).nodes),
         "recover_s": recover_s(run, back),
     }
 
@@ -203,6 +218,7 @@ def tally(trials: list[dict[str, Any]], steps: int, reference: str | None) -> di
         "median_goodput": _median([t["goodput"] for t in done if t["goodput"] is not None]),
         "restarts": [t["restarts"] for t in trials],
         "job_retries": [t.get("job_retries", 0) for t in trials],
+        "rejoins": [t.get("rejoins", 0) for t in trials],
         "median_recover_s": _median(
             [t["recover_s"] for t in done if t.get("recover_s") is not None]
         ),
