@@ -1,8 +1,8 @@
 """The worker processes of `data prepare` and what they do: two stages, nothing serial.
 
 Stage 1, per slice of the input (data/slices.py): read and decode it, split sentences,
-tokenise, make the examples of each chunk, and write them (compact) to a scratch file of
-the slice's own. Stage 2, per shard: gather the shard's rows (the seed's permutation of all
+tokenise, make the examples of each chunk, and append them (compact) to the process's
+scratch file. Stage 2, per shard: gather the shard's rows (the seed's permutation of all
 examples) from every scratch file and write the shard. The parent hands out slice and shard
 numbers and gets back row counts: no text and no example crosses a process boundary.
 """
@@ -37,7 +37,7 @@ class SliceResult:
     """What stage 1 returns for a slice: small, whatever the slice's size."""
 
     index: int
-    path: str  # its scratch file
+    path: str  # the scratch file holding its examples (with other slices')
     rows: int
     layout: Layout
     tokens: int  # WordPiece tokens of its text
@@ -45,27 +45,31 @@ class SliceResult:
     seconds: dict[str, float]  # per step, for the benchmark's breakdown
 
 
-def save(path: Path, arrays: dict[str, np.ndarray]) -> Layout:
-    """The arrays back to back in one raw file; what `load` needs to map them."""
+def save(path: Path, parts: list[dict[str, np.ndarray]]) -> Layout:
+    """Append the parts' arrays, key by key (each key's parts back to back, 8-byte aligned),
+    to this process's scratch file; what `view` needs to find them again."""
     layout: Layout = []
-    at = 0
-    with open(path, "wb") as f:
-        for key, a in arrays.items():
-            a = np.ascontiguousarray(a)
-            f.write(a.data)
-            layout.append((key, a.dtype.str, a.shape, at))
-            at += a.nbytes
+    with open(path, "ab") as f:
+        at = f.tell()
+        for key in parts[0]:
+            pieces = [np.ascontiguousarray(p[key]) for p in parts]
+            shape = (sum(len(a) for a in pieces), *pieces[0].shape[1:])
+            layout.append((key, pieces[0].dtype.str, shape, at))
+            for a in pieces:
+                f.write(a.data)
+                at += a.nbytes
+            pad = -at % 8
+            f.write(bytes(pad))
+            at += pad
     return layout
 
 
-def load(path: str, layout: Layout) -> dict[str, np.ndarray]:
-    """Views of one memory map: a shard's writer touches only the pages of its rows."""
-    if not any(np.prod(shape) for _, _, shape, _ in layout):
-        return {key: np.zeros(shape, dtype) for key, dtype, shape, _ in layout}
-    with open(path, "rb") as f:
-        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+def view(data: mmap.mmap | None, layout: Layout) -> dict[str, np.ndarray]:
+    """The arrays of a layout in a mapped scratch file (None: an empty file)."""
     return {
         key: np.frombuffer(data, dtype, int(np.prod(shape)), at).reshape(shape)
+        if data is not None and np.prod(shape)
+        else np.zeros(shape, dtype)
         for key, dtype, shape, at in layout
     }
 
@@ -82,14 +86,19 @@ class Worker:
         self.encoder = Encoder(vocab, lower_case)
         self.tables = VocabTables.of(vocab)
         self.settings = settings
-        self._maps: dict[str, dict[str, np.ndarray]] = {}
+        self._maps: dict[str, mmap.mmap | None] = {}
 
     def scratch(self, s: SliceResult) -> dict[str, np.ndarray]:
-        """A slice's examples, mapped once per process: the shards this process writes all
-        take rows from every slice, and a new map would fault in every page again."""
+        """A slice's examples. Each scratch file (one per stage-1 process, so few maps
+        whatever the number of slices) is mapped once per process: the shards this process
+        writes all take rows from every slice, and a new map would fault in every page again."""
         if s.path not in self._maps:
-            self._maps[s.path] = load(s.path, s.layout)
-        return self._maps[s.path]
+            with open(s.path, "rb") as f:
+                empty = f.seek(0, 2) == 0
+                self._maps[s.path] = (
+                    None if empty else mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                )
+        return view(self._maps[s.path], s.layout)
 
     def examples(self, piece: Slice, size: int, scratch: Path) -> SliceResult:
         clock = _Clock("examples/")
@@ -109,10 +118,9 @@ class Worker:
             lines += nonblank
         if not parts:
             parts.append(make_examples(*_nothing(), (piece.index, 0), self.settings, self.tables))
-        arrays = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
-        path = scratch / f"slice-{piece.index}.bin"
-        layout = save(path, arrays)
-        rows = len(arrays["input_ids"])
+        path = scratch / f"examples-{os.getpid()}.bin"
+        layout = save(path, parts)
+        rows = sum(len(p["input_ids"]) for p in parts)
         clock.lap("save")
         return SliceResult(piece.index, str(path), rows, layout, tokens, lines, clock.seconds)
 
