@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path, PurePath
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from trainmaster.config import JobConfig
+if TYPE_CHECKING:  # the preflight reads PRECOMPILE_MARK: no pydantic on a worker for that
+    from trainmaster.config import JobConfig
 
 Mechanism = Literal["inductor", "neuron", "xla"]
 SUBDIRS: dict[Mechanism, tuple[str, ...]] = {

@@ -21,9 +21,11 @@ and then runs the script in the same process (runpy, as `python script.py` would
   goodput timeline and preemption, fed by trainmaster.worker's helpers; exit codes as the
   trainer's: 2 a failed preflight, 3 hung, 143 preempted (after preempted() said so).
 
-Only the standard library and trainmaster's torch-free modules (pydantic for the config) are
-imported at module level, since the operator side imports this module for program_args; main()
-imports the net, which imports torch for the preflight (the script imports it next anyway).
+Every worker pays for what the shim imports before the script's first step, so it imports only
+what a torchrun script needs anyway: the standard library, trainmaster's stdlib-only run-folder
+modules, and torch for the preflight (the script imports it next). The config's pydantic model
+stays on the operator side (is_builtin, program_args, check_local import it there); the net reads
+the resolved job.toml with tomllib (train/scriptnet.py settings()).
 """
 
 from __future__ import annotations
@@ -38,13 +40,16 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig
 from trainmaster.errors import EXIT_BAD_INPUT, ConfigError, UserError
 from trainmaster.run import goodput, ranklog
 from trainmaster.run import metrics as runlog
 from trainmaster.storage import ENV_VAR as STORAGE_ENV
 from trainmaster.storage import RunPaths
+
+if TYPE_CHECKING:
+    from trainmaster.config import JobConfig
 
 MODULE = "trainmaster.launch.entry"
 WORKSPACE_DIR = "/workspace"  # where the images' Dockerfiles COPY code (cluster/image.py)
@@ -55,6 +60,8 @@ ENV_JOB = "TRAINMASTER_JOB"
 
 
 def is_builtin(cfg: JobConfig) -> bool:
+    from trainmaster.config import BUILTIN_ENTRYPOINT  # loaded already: cfg is a JobConfig
+
     return cfg.job.entrypoint == BUILTIN_ENTRYPOINT
 
 

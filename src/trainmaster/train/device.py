@@ -33,7 +33,7 @@ from trainmaster.train.devices import (
     dist_backend,
     options_for,
 )
-from trainmaster.train.preflight import Env
+from trainmaster.train.env import Env
 
 Batch = dict[str, torch.Tensor]
 TIMEOUT_ENV = "TRAINMASTER_DIST_TIMEOUT_S"

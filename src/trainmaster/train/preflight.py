@@ -25,42 +25,10 @@ from trainmaster.errors import ConfigError, UserError
 from trainmaster.storage import RunPaths, Storage, dataset_path
 from trainmaster.train import ckptdir, dataset
 from trainmaster.train.dataset import Position, ShardInfo
+from trainmaster.train.env import Env
 
 CacheState = Literal["off", "cold", "warm"]
 CACHE_ENV = cache.CACHE_ENV
-
-
-@dataclass(frozen=True)
-class Env:
-    """What torchrun tells a worker (or a single process started by hand)."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    local_world_size: int = 1
-    node_rank: int = 0
-    restarts: int = 0
-    launched: bool = False  # started by torchrun (WORLD_SIZE set)
-
-    @classmethod
-    def read(cls, environ: Mapping[str, str] = os.environ) -> Env:
-        def num(key: str, default: int) -> int:
-            raw = environ.get(key, "")
-            try:
-                return int(raw) if raw != "" else default
-            except ValueError as exc:
-                raise UserError(f"not an integer: {raw!r}", where=key) from exc
-
-        world = num("WORLD_SIZE", 1)
-        return cls(
-            rank=num("RANK", 0),
-            local_rank=num("LOCAL_RANK", 0),
-            world_size=world,
-            local_world_size=num("LOCAL_WORLD_SIZE", world),
-            node_rank=num("GROUP_RANK", 0),
-            restarts=num("TORCHELASTIC_RESTART_COUNT", 0),
-            launched="WORLD_SIZE" in environ,
-        )
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,13 @@ import datetime
 import gc
 import os
 import time
+import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainmaster import jobfile, worker
-from trainmaster.config import JobConfig
+from trainmaster import catalog, worker
 from trainmaster.run import goodput
 from trainmaster.storage import RunPaths
 from trainmaster.train import preempt
@@ -41,6 +42,61 @@ from trainmaster.train.watchdog import Watchdog
 STORE_PREFIX = "trainmaster-preflight"  # the preflight group's keys: never the script's default_pg
 FAULT_PREFIX = "TRAINMASTER_FAULT_"  # tests only (faults.py), e.g. a node computing wrong numbers
 _kept: list[Any] = []  # rank 0's preflight store: its server stays up for the script (docstring)
+DEVICES = ("auto", "cpu", "cuda", "xla", "neuron")  # train.device's values (a test compares)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The job's keys the net uses."""
+
+    preflight: bool
+    hang_timeout: float | None
+    device: str
+    keep_checkpoints: int
+    instance: catalog.InstanceType
+
+
+def settings(job_file: Path) -> Settings:
+    """The net's keys of the job file. launch writes the resolved job (jobfile.render: every
+    key that has a value, checked by the config), so tomllib reads them: pydantic and the
+    config model would cost every worker a fifth of a second the script does not need. A file
+    that is not such a job (written by hand, a missing key, a bad value) goes through the full
+    loader, which fills in defaults or says what is wrong."""
+    try:
+        found = _resolved(tomllib.loads(job_file.read_text(encoding="utf-8")))
+    except tomllib.TOMLDecodeError:
+        found = None
+    if found is not None:
+        return found
+    from trainmaster import jobfile
+
+    cfg = jobfile.load(job_file)
+    t = cfg.train
+    return Settings(t.preflight, t.hang_timeout, t.device, t.keep_checkpoints, cfg.derived.instance)
+
+
+def _resolved(data: dict[str, Any]) -> Settings | None:
+    """Settings when every key is there with a value the config allows, else None."""
+    job, train, k8s = ({**v} if isinstance(v := data.get(k), dict) else {}
+                       for k in ("job", "train", "kubernetes"))  # fmt: skip
+    hang, keep, node_type = (
+        train.get("hang_timeout"),
+        train.get("keep_checkpoints"),
+        k8s.get("instance_type"),
+    )
+    if not (
+        isinstance(train.get("preflight"), bool)
+        and (hang is None or (type(hang) in (int, float) and hang >= 0))  # None: render omits it
+        and type(keep) is int and keep >= 1
+        and train.get("device") in DEVICES
+        and job.get("backend") in ("local", "kubernetes")
+        and node_type in catalog.CATALOG
+    ):  # fmt: skip
+        return None
+    # as config.instance_of: the cluster's node type for kubernetes jobs, else a CPU host
+    inst = catalog.CATALOG[node_type if job["backend"] == "kubernetes" else "cpu"]
+    hang_s = None if hang is None else float(hang)
+    return Settings(train["preflight"], hang_s, train["device"], keep, inst)
 
 
 class Net:
@@ -137,15 +193,15 @@ def start(
 ) -> Net:
     """Everything before the script's first line (module docstring). Raises UserError when a
     node fails its preflight; the job file may be missing (the shim run by hand or in tests)."""
-    cfg = jobfile.load(job_file) if job_file.exists() else None
+    cfg = settings(job_file) if job_file.exists() else None
     net = Net(
         run,
         rank=int(environ.get("RANK", "0") or 0),
         node=int(environ.get("GROUP_RANK", "0") or 0),
-        hang_timeout=cfg.train.hang_timeout if cfg else None,
+        hang_timeout=cfg.hang_timeout if cfg else None,
     )
     net.record("start", t=started, compiles=False)
-    if cfg is not None and cfg.train.preflight:
+    if cfg is not None and cfg.preflight:
         t0 = time.time()
         nodes = preflight(cfg, run, environ)
         if nodes:
@@ -165,7 +221,7 @@ def _newest_mb(folder: Path) -> float:
     return sum(p.stat().st_size for p in files) / 1e6
 
 
-def preflight(cfg: JobConfig, run: RunPaths, environ: Mapping[str, str]) -> list[dict[str, Any]]:
+def preflight(cfg: Settings, run: RunPaths, environ: Mapping[str, str]) -> list[dict[str, Any]]:
     """health.run on a process group of the shim's own, destroyed before the script runs.
     Skipped without torchrun (no peers) and on XLA (torch_xla's process group is made once per
     process: the script's own)."""
@@ -173,16 +229,19 @@ def preflight(cfg: JobConfig, run: RunPaths, environ: Mapping[str, str]) -> list
 
     from trainmaster.train import health
     from trainmaster.train.device import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, Runtime, resolve_kind
-    from trainmaster.train.preflight import Env
+    from trainmaster.train.env import Env
 
     env = Env.read(environ)
-    kind = resolve_kind(cfg.train.device)
+    kind = resolve_kind(cfg.device)
     if not env.launched or kind == "xla":
         return []
     if any(k.startswith(FAULT_PREFIX) for k in environ):
         from trainmaster.train import faults  # imports the trainer: only when a test asks
 
         faults.install(environ)
+    # The collection after the checks needs only the objects made since: torch's import left
+    # hundreds of thousands, and a full collection of them cost each worker about 0.1 s of CPU.
+    gc.freeze()
     store = None
     if env.world_size > 1:
         timeout = datetime.timedelta(seconds=float(environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)))
@@ -201,13 +260,13 @@ def preflight(cfg: JobConfig, run: RunPaths, environ: Mapping[str, str]) -> list
     try:
         every = health.run(
             rt,
-            inst=cfg.derived.instance,
+            inst=cfg.instance,
             node=env.node_rank,
             local_rank=env.local_rank,
             local_workers=env.local_world_size,
             checkpoints=run.dir,
             params=0,
-            keep=cfg.train.keep_checkpoints,
+            keep=cfg.keep_checkpoints,
             on_aws=health.on_aws_node(),
             checkpoint_mb=_newest_mb(run.checkpoints),
         )
@@ -216,6 +275,7 @@ def preflight(cfg: JobConfig, run: RunPaths, environ: Mapping[str, str]) -> list
         if dist.is_initialized():
             dist.destroy_process_group()
         gc.collect()  # the group's last tensors, before the script's group starts
+        gc.unfreeze()  # the script's collections see everything again
     nodes = health.per_node(every)
     if env.rank == 0:
         for node in nodes:
