@@ -5,13 +5,14 @@ segments A and B at a random sentence, make B a random document's text half of t
 (always when the chunk has one sentence) and put the unused sentences back, truncate the
 pair from random ends, then mask ~15% of the tokens (80% [MASK], 10% random, 10% kept).
 
-What differs is how it runs. Sentences are spans of one flat token array, so an example is
-four integers (where A and B start and end); only that plan is made in a Python loop, over
-sentences. Truncating, building the [N, S] arrays and masking are whole-array numpy
-operations. Two
-choices are ours: a short target length is drawn per example, not once per document (the
-reference's comment intends "10% of examples"), and the random replacement token is never a
-special token. Randomness comes from (seed, chunk index) only, never from worker order.
+What differs is how it runs: no Python loop over sentences or tokens. Sentences are spans of
+one flat token array, so an example is four integers (where A and B start and end); the
+pairs of all documents are planned at once (plan_pairs), and truncating, building the
+[N, S] arrays, choosing and masking are whole-array numpy operations. Three choices are
+ours: a short target length is drawn per example, not once per document (the reference's
+comment intends "10% of examples"), the random B document is never A's own (the reference
+gives up after 10 tries), and the random replacement token is never a special token.
+Randomness comes from (seed, the chunk's place in the input) only, never from worker order.
 """
 
 from __future__ import annotations

@@ -126,6 +126,8 @@ class Worker:
 
 
 class _Clock:
+    """CPU seconds per step (of this process): on a shared machine, steadier than wall time."""
+
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.seconds: dict[str, float] = {}

@@ -49,7 +49,7 @@ class PrepareResult:
     vocab_size: int
     workers: int
     seconds: float
-    # wall seconds per stage; "examples/…" and "write/…": workers' seconds per step, summed
+    # wall seconds per stage; "examples/…", "write/…": workers' CPU seconds per step, summed
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
