@@ -1,19 +1,25 @@
 """What checkpoints cost training: step time with and without a checkpoint every N steps, and
 background writes against synchronous ones (docs/architecture.md 5: 14.5).
 
-    python bench/checkpoint_cost.py [--model bert-base] [--steps 24] [--every 4] [--out FILE]
+    python bench/checkpoint_cost.py [--model bert-base] [--steps 24] [--every 4] [--rounds 1]
+                                    [--out FILE]
 
 One local worker (1 node x 1), fp32, micro-batch 2 on the built-in corpus, three runs of the
 same job that differ only in checkpointing:
 
   none        train.checkpoint_every > steps (only the final save, after the last step)
-  background  a checkpoint every --every steps, written by rank 0's writer thread (the default)
+  background  a checkpoint every --every steps, written by rank 0's writer process (the default:
+              train/ckptwriter.py; before issue 28, a writer thread)
   sync        the same, but training waits for each write (TRAINMASTER_CHECKPOINT_SYNC=1)
 
 For each: the median and mean step time (from metrics.jsonl's seq/s, the first step left out), the
 seconds training stood still for saves and the write's size, time and MB/s (summary.json's
 checkpoint_saves), and the effective seconds per step = (sum of step times + stand-still) /
 steps, compared with `none`. Prints one JSON object; no assertions (docs/architecture.md 4).
+
+On a shared machine the load drifts between runs more than checkpoints cost: --rounds R runs
+the three R times, in alternating order, and compares each run with the `none` run of its own
+round; effective_step_vs_none is then the median of the rounds' ratios.
 """
 
 from __future__ import annotations
@@ -42,8 +48,7 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def run(root: Path, variant: str, model: str, steps: int, every: int) -> dict[str, Any]:
-    name = f"ckpt-{variant}"
+def run(root: Path, name: str, variant: str, model: str, steps: int, every: int) -> dict[str, Any]:
     cfg = jobfile.preset(
         "local-cpu",
         [
@@ -102,37 +107,48 @@ def main() -> None:
     ap.add_argument("--model", default="bert-base", help="bert-tiny | bert-base | bert-large")
     ap.add_argument("--steps", type=int, default=24, help="steps per run")
     ap.add_argument("--every", type=int, default=4, help="checkpoint every N steps")
+    ap.add_argument("--rounds", type=int, default=1, help="run the three this many times")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args()
-    if args.every < 1 or args.steps <= args.every + 1:
-        ap.error("--every >= 1 and --steps > --every + 1")
+    if args.every < 1 or args.steps <= args.every + 1 or args.rounds < 1:
+        ap.error("--every >= 1, --steps > --every + 1 and --rounds >= 1")
     started, load_before = time.time(), load()
-    results: dict[str, Any] = {}
+    rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as d:
         root = Path(d)
         say("preparing the built-in corpus")
         prepare_corpus(root, shards=2)
-        for variant in VARIANTS:
-            say(f"{variant} ...")
-            results[variant] = run(root, variant, args.model, args.steps, args.every)
-            say(f"  {json.dumps(results[variant])}")
-    base = results["none"]["effective_s_per_step"]
+        for r in range(args.rounds):
+            results: dict[str, Any] = {}
+            for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                say(f"round {r + 1}/{args.rounds}: {variant} ...")
+                name = f"ckpt-{variant}-{r}"
+                results[variant] = run(root, name, variant, args.model, args.steps, args.every)
+                say(f"  {json.dumps(results[variant])}")
+            rounds.append({v: results[v] for v in VARIANTS})
+    ratios = {
+        v: [
+            round(rr[v]["effective_s_per_step"] / rr["none"]["effective_s_per_step"], 3)
+            for rr in rounds
+        ]
+        for v in VARIANTS
+    }
     emit(
         {
             "bench": "checkpoint_cost",
             "what": (
                 f"measured here: {args.model}, 1 local worker, fp32, micro-batch 2, "
-                f"{args.steps} steps, a checkpoint every {args.every} (none: only the final)"
+                f"{args.steps} steps, a checkpoint every {args.every} (none: only the final), "
+                f"{args.rounds} round(s)"
             ),
             "command": "python bench/checkpoint_cost.py " + " ".join(sys.argv[1:]),
             "machine": machine(),
             "load_before": load_before,
             "load_after": load(),
             "seconds": round(time.time() - started, 1),
-            "results": results,
-            "effective_step_vs_none": {
-                v: round(r["effective_s_per_step"] / base, 3) for v, r in results.items()
-            },
+            "results": rounds[0] if args.rounds == 1 else rounds,
+            "effective_step_vs_none": {v: statistics.median(x) for v, x in ratios.items()},
+            "effective_step_vs_none_per_round": ratios,
         },
         args.out,
     )

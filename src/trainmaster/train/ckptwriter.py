@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -161,7 +162,10 @@ class BackgroundWriter:
                 return
             if answer[0] == "ok" and self.on_written is not None:
                 _, step, path, started, seconds, nbytes = answer
-                self.on_written(Written(step, Path(path), started, seconds, nbytes))
+                try:
+                    self.on_written(Written(step, Path(path), started, seconds, nbytes))
+                except Exception as exc:  # noqa: BLE001 - wait() raises it, as the thread did
+                    answer = ("error", exc, traceback.format_exc())
             into.put(answer)
 
     def _stop(self) -> None:
