@@ -2,8 +2,8 @@
 
 `launch` checks everything it can before starting anything (storage writable, job name free,
 rendezvous usable, shards present), writes runs/JOB/job.toml and state.json, and starts a
-detached supervisor (`python -m trainmaster.backends.local.supervisor RUN_DIR`) that owns the agents,
-records how they end, and outlives the launching shell.
+detached supervisor (backends/local/supervisor.py, in a fork of the CLI: detach.py) that owns
+the agents, records how they end, and outlives the launching shell.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import dataclasses
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmaster import jobfile
-from trainmaster.backends.local import netns, rendezvous
+from trainmaster.backends.local import detach, netns, rendezvous
 from trainmaster.compile import cache, lock
 from trainmaster.compile import precompile as compile_precompile
 from trainmaster.config import JobConfig
@@ -238,19 +237,10 @@ def _start(cfg: JobConfig, store: Storage, p: Plan, held: lock.CacheLock | None)
     if held is not None:
         env[cache.LOCK_ENV] = held.holder.token
     with (run.logs / "supervisor.log").open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trainmaster.backends.local.supervisor", str(run.dir)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-        )
+        pid = detach.supervisor(run.dir, log, env)  # a fork of this CLI when it can
     if held is not None:
-        held.hand_over(proc.pid)
-    return state.update(
-        run.state, supervisor_pid=proc.pid, supervisor_start=state.start_time(proc.pid)
-    )
+        held.hand_over(pid)
+    return state.update(run.state, supervisor_pid=pid, supervisor_start=state.start_time(pid))
 
 
 def cancel(run: RunPaths, grace_s: float = 10.0) -> state.RunState:
