@@ -16,7 +16,8 @@ Two cases, each on 2 nodes x 1 worker with c10d on loopback:
 
 --baseline SRC adds `launch@baseline`: the same launch from another trainmaster source tree
 (e.g. `git worktree add /tmp/before HEAD~3`), on PYTHONPATH for the CLI and everything it starts,
-so that before and after are measured side by side in one run.
+so that before and after are measured side by side in one run. Both trees are byte-compiled
+first, as an installed package is.
 
 Each run is timed from just before its first process starts to the moment rank 0 appended step 1
 to metrics.jsonl (that file's modification time, read while it holds one row); the script logs
@@ -33,6 +34,7 @@ script launch no slower than TorchX.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import statistics
@@ -44,6 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import trainmaster
 from benchlib import agent_env, emit, first_step_at, machine, prepare_corpus, wait_final
 from trainmaster import jobfile
 from trainmaster.backends.local import launcher as local
@@ -208,6 +211,13 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = p.parse_args()
     cases = [c for c in ("builtin", "script") if c in args.cases.split(",")]
+    # Bytecode for each tree, as an installed package has it: with PYTHONDONTWRITEBYTECODE set
+    # (as here), every interpreter would compile the edited modules again, and the tree with more
+    # of them would pay for it in every process.
+    for tree in [Path(trainmaster.__file__).parent] + (
+        [args.baseline / "src" / "trainmaster"] if args.baseline else []
+    ):
+        compileall.compile_dir(tree, quiet=1)
     report: dict[str, Any] = {
         "bench": "launch_overhead",
         "what": "seconds from starting the job to rank 0's step 1 in metrics.jsonl, 2 nodes x 1 "
