@@ -158,8 +158,9 @@ def prepare(
     table.add_row(
         "speed",
         f"{result.tokens_per_s:,.0f} tokens/s with {result.workers} worker(s) "
-        f"({result.seconds:.1f} s: read {t.get('read', 0):.1f}, vocab "
-        f"{t.get('vocab', 0):.1f}, examples {t.get('examples', 0):.1f}, write "
+        # The workers read their own slices, so reading is part of 'examples'.
+        f"({result.seconds:.1f} s: vocab {t.get('vocab', 0):.1f}, "
+        f"read+examples {t.get('examples', 0):.1f}, write "
         f"{t.get('write', 0):.1f})",
     )
     table.add_row("next", f"trainmaster data verify {escape(str(result.output))}")
