@@ -1,7 +1,7 @@
 """Issue 25.4 on the real control plane: a restart does not land on the node that caused it.
 
 3 fake trn1 nodes, a 2-node job. Pod 1 fails preflight: what its trainer runs before the pod
-ends (train/health.py mark_node -> `python -m trainmaster.backends.kubernetes.nodemark`) runs
+ends (train/nodefault.py mark_node -> `python -m trainmaster.backends.kubernetes.nodemark`) runs
 here with a service-account token bound to that real pod (so the API server sees the pod's
 node in it, as in the pod), under the plan's RBAC and admission policy (cluster/nodeguard.py);
 then the pod is set Failed with the termination message nodemark wrote. Volcano restarts the

@@ -26,7 +26,6 @@ Checks (each only where it applies; what a CPU run here cannot have is not check
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import shutil
@@ -43,10 +42,9 @@ from trainmaster.catalog import InstanceType
 from trainmaster.compile import cache
 from trainmaster.errors import UserError
 from trainmaster.train.device import Runtime
+from trainmaster.train.nodefault import MATMUL_N, MATMUL_RTOL, mark_node
 
 SHM_NEED_MB = {"cpu": 32, "cuda": 256, "xla": 256}
-MATMUL_N = 512
-MATMUL_RTOL = 1e-3  # fp32 accumulation over 512 terms is far inside this; a bad device is not
 ALLREDUCE_BYTES = 4 << 20
 BYTES_PER_PARAM = 12  # fp32 weights + two fp32 AdamW/LAMB moments (+4 with a bf16 master copy)
 
@@ -259,24 +257,6 @@ def run(
                     where=f"node {r['node']}",
                 )
     return every
-
-
-def mark_node(reason: str, detail: str, environ: Mapping[str, str] = os.environ) -> None:
-    """On Kubernetes, before the pod fails: taint this node so that the restarted gang avoids
-    it, and leave the termination message (backends/kubernetes/nodemark.py; who may: cluster/
-    nodeguard.py). A separate process: the trainer never imports the operator side. Bounded,
-    and its failure only costs the mark."""
-    if not environ.get("KUBERNETES_SERVICE_HOST"):
-        return
-    import subprocess
-    import sys
-
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(
-            [sys.executable, "-m", "trainmaster.backends.kubernetes.nodemark", reason, detail],
-            timeout=30,
-            check=False,
-        )
 
 
 def per_node(every: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -11,7 +11,9 @@ step counter has not moved for the timeout it:
    the rank's log;
 2. appends one record to runs/JOB/hangs.jsonl (`status` shows the newest: "rank 5 on node 1:
    no step for 312 s, last in all_reduce");
-3. ends the process with EXIT_HUNG, so that torchrun restarts the group from the last
+3. asks whether this node is the cause (on_hang: train/nodefault.py probes the device and
+   marks the node on Kubernetes when it failed), then
+4. ends the process with EXIT_HUNG, so that torchrun restarts the group from the last
    checkpoint (its peers fail on the closed connection, or their own watchdog fires).
 
 The timeout: train.hang_timeout when set (0 turns the watchdog off); otherwise
@@ -91,8 +93,10 @@ class Watchdog:
         configured: float | None,
         exit_fn: Callable[[int], None] = os._exit,
         poll_s: float = 1.0,
+        on_hang: Callable[[str], None] | None = None,
     ) -> None:
         self.logs, self.hangs, self.rank, self.node = logs, hangs, rank, node
+        self.on_hang = on_hang  # before exiting: is it this node? (train/nodefault.py)
         self.configured, self.exit_fn, self.poll_s = configured, exit_fn, poll_s
         self.where = "start-up"
         self.step = 0
@@ -156,4 +160,9 @@ class Watchdog:
             "that torchrun restarts from the last checkpoint",
             flush=True,
         )
+        if self.on_hang is not None:
+            try:
+                self.on_hang(hang.describe())
+            except Exception as e:  # noqa: BLE001 - nothing may keep a hung worker alive
+                print(f"trainmaster: hang: node check failed: {e}", flush=True)
         self.exit_fn(EXIT_HUNG)
