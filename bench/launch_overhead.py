@@ -47,11 +47,12 @@ from pathlib import Path
 from typing import Any
 
 import trainmaster
-from benchlib import agent_env, emit, first_step_at, machine, prepare_corpus, wait_final
+from benchlib import agent_env, emit, first_step_at, machine, prepare_corpus
 from trainmaster import jobfile
 from trainmaster.backends.local import launcher as local
 from trainmaster.backends.local import rendezvous
 from trainmaster.launch.torchrun import Rendezvous, torchrun_args
+from trainmaster.run import state
 from trainmaster.storage import RunPaths, Storage
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,17 +111,37 @@ def via_launch(src: Path | None, case: str) -> Way:
         if result.returncode != 0:
             raise SystemExit(f"launch {name} failed: {result.stderr.strip()}")
         first = first_step_at(paths.metrics, t0, TIMEOUT_S)
-        phase = wait_final(paths.state, TIMEOUT_S)
-        if phase != "succeeded":
-            raise SystemExit(f"launch {name} {phase}: see {paths.logs}")
+        ended = _ended(paths)
         return {"first_step_s": round(first, 3), "cli_returned_s": round(returned, 3),
-                **phases(paths, t0)}  # fmt: skip
+                **phases(paths, t0), **({"ended": ended} if ended != "succeeded" else {})}  # fmt: skip
 
     return run
 
 
-def _started(cmds: list[list[str]], env: dict[str, str], logs: Path, metrics: Path) -> float:
-    """Start the commands together (one process group each), return seconds to step 1."""
+def _ended(paths: RunPaths, grace_s: float = 30.0) -> str:
+    """How the job ended. A run whose script completed (rank 0 wrote summary.json) can still
+    hang at exit: torch 2.13 sometimes aborts a gloo worker after the script has returned
+    ("terminate called without an active exception"), and when its peer has already finished,
+    the aborted node's agent waits for that peer in a restart rendezvous. What is timed here is
+    the first step, so such a run is cancelled after grace_s and reported, not waited for."""
+    deadline = time.monotonic() + TIMEOUT_S
+    done_at: float | None = None
+    while (phase := state.observed(paths.state).phase) not in state.FINAL:
+        if done_at is None and paths.summary.exists():
+            done_at = time.monotonic()
+        if (done_at and time.monotonic() - done_at > grace_s) or time.monotonic() > deadline:
+            local.cancel(paths, grace_s=5)
+            return "script completed; cancelled while hanging at exit (see its logs)"
+        time.sleep(0.2)  # another process tree's job
+    if phase != "succeeded":
+        raise SystemExit(f"launch {paths.dir.name} {phase}: see {paths.logs}")
+    return phase
+
+
+def _started(cmds: list[list[str]], env: dict[str, str], out: Path) -> dict[str, Any]:
+    """Start the commands together (one process group each): seconds to step 1 in
+    out/metrics.jsonl, and how they ended when not all with 0 (after step 1: see _ended)."""
+    logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     files = [(logs / f"node{i}.log").open("wb") for i in range(len(cmds))]
     t0 = time.time()
@@ -130,16 +151,23 @@ def _started(cmds: list[list[str]], env: dict[str, str], logs: Path, metrics: Pa
         for cmd, f in zip(cmds, files, strict=True)
     ]  # fmt: skip
     try:
-        first = first_step_at(metrics, t0, TIMEOUT_S)
+        first = first_step_at(out / "metrics.jsonl", t0, TIMEOUT_S)
         codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
     finally:
         for p in procs:
             p.kill() if p.poll() is None else None
         for f in files:
             f.close()
+    result: dict[str, Any] = {"first_step_s": round(first, 3)}
     if any(codes):
-        raise SystemExit(f"{cmds[0][:3]} exit codes {codes}: see {logs}")
-    return first
+        text = "".join(f.read_text(errors="replace") for f in sorted(logs.rglob("*.log")))
+        aborted = "terminate called without an active exception" in text
+        result["ended"] = f"exit codes {codes} after step 1" + (
+            " (a worker aborted at exit: terminate called without an active exception)"
+            if aborted
+            else ""
+        )
+    return result
 
 
 def via_torchrun(case: str) -> Way:
@@ -161,7 +189,7 @@ def via_torchrun(case: str) -> Way:
                     SCRIPT, "--steps", str(steps)]  # fmt: skip
             cmds, out = [node, node], root / "plain" / name
         env = agent_env(2) | {"TRAINMASTER_RUN_DIR": str(out)}
-        return {"first_step_s": round(_started(cmds, env, out / "logs", out / "metrics.jsonl"), 3)}
+        return _started(cmds, env, out)
 
     return run
 
@@ -177,7 +205,7 @@ def via_torchx(torchx: Path) -> Way:
                "--", "--steps", str(steps)]  # fmt: skip
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         env = agent_env(2) | {"TRAINMASTER_RUN_DIR": str(out), "PATH": path}
-        return {"first_step_s": round(_started([cmd], env, out / "logs", out / "metrics.jsonl"), 3)}
+        return _started([cmd], env, out)
 
     return run
 
@@ -193,8 +221,10 @@ def summary(case: str, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         out["launch_over_torchx"] = round(med["launch"] / med["torchx"], 3)
         if "launch@baseline" in med:
             out["baseline_over_torchx"] = round(med["launch@baseline"] / med["torchx"], 3)
+    for way in (w for w in runs if any("ended" in r for r in runs[w])):
+        out[f"{way} endings"] = [r.get("ended", "succeeded") for r in runs[way]]
     for way in (w for w in runs if w.startswith("launch")):
-        keys = sorted({k for r in runs[way] for k in r} - {"first_step_s"})
+        keys = sorted({k for r in runs[way] for k in r} - {"first_step_s", "ended"})
         out[f"{way} phases median_s"] = {
             k: round(statistics.median(r[k] for r in runs[way] if k in r), 3) for k in keys
         }
