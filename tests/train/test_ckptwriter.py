@@ -277,7 +277,9 @@ def test_the_shared_buffer_is_reused_and_tied_weights_share_a_slot() -> None:
     views = {(v.data_ptr(), tuple(v.shape), v.stride()) for v in state.values()}
     assert len(tensors) == len(views) < len(state)  # the MLM decoder is the word embeddings
     layout, size = ckptarena.layout_of(tensors)
-    arena = ckptarena.Arena.create(layout, size)
+    fd = ckptarena.shared_fd()
+    os.ftruncate(fd, size)
+    arena = ckptarena.Arena(fd, size, layout)
     try:
         arena.fill(tensors)
         back = ckptarena.unflatten(skeleton, arena.views)
@@ -287,3 +289,4 @@ def test_the_shared_buffer_is_reused_and_tied_weights_share_a_slot() -> None:
         assert all(s.offset % ckptarena.ALIGN == 0 for s in layout)
     finally:
         arena.close()
+        os.close(fd)

@@ -91,27 +91,24 @@ def layout_of(tensors: list[torch.Tensor]) -> tuple[Layout, int]:
     return tuple(specs), max(offset, ALIGN)
 
 
-class Arena:
-    """One shared block and the tensors that view it, in one process."""
+def shared_fd() -> int:
+    """An empty shared block, sized (os.ftruncate) once the first checkpoint's layout is known:
+    the writer process gets it when it starts, before that."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("trainmaster-checkpoint")
+    with tempfile.TemporaryFile() as f:  # pragma: no cover - macOS: an unlinked file
+        return os.dup(f.fileno())
 
-    def __init__(self, fd: int, size: int, layout: Layout, keep: Any = None) -> None:
-        self.fd, self.size, self.layout = fd, size, layout
-        self._keep = keep  # the temporary file object, where the fd is one
+
+class Arena:
+    """The block, mapped in one process, and the tensors of a layout that view it."""
+
+    def __init__(self, fd: int, size: int, layout: Layout) -> None:
+        self.size, self.layout = size, layout
         self._map = mmap.mmap(fd, size)
         # Each view has a storage of its own (frombuffer), so torch.save writes every tensor
         # alone, exactly as it would write the trainer's own tensors.
         self.views = [_view(self._map, s) for s in layout]
-
-    @classmethod
-    def create(cls, layout: Layout, size: int) -> Arena:
-        keep = None
-        if hasattr(os, "memfd_create"):
-            fd = os.memfd_create("trainmaster-checkpoint")
-        else:  # pragma: no cover - macOS
-            keep = tempfile.TemporaryFile()  # noqa: SIM115 - open as long as the arena
-            fd = keep.fileno()
-        os.ftruncate(fd, size)
-        return cls(fd, size, layout, keep)
 
     def fill(self, tensors: list[torch.Tensor]) -> None:
         """Copy the live tensors in (the training thread's share of a save)."""
@@ -124,10 +121,6 @@ class Arena:
         self.views = []
         with contextlib.suppress(BufferError):  # a tensor still views it: unmapped with it
             self._map.close()
-        if self._keep is not None:
-            self._keep.close()
-        else:
-            os.close(self.fd)
 
 
 def _view(buf: mmap.mmap, spec: Spec) -> torch.Tensor:

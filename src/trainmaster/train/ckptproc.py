@@ -1,10 +1,10 @@
-"""The checkpoint writer process: `python -m trainmaster.train.ckptproc CMD RESULT ARENA SIZE
-TRAINER` (file descriptors: commands in, results out, the shared staging block; its size; the
-trainer's pid). ckptwriter starts it; nothing else should.
+"""The checkpoint writer process: `python -m trainmaster.train.ckptproc CMD RESULT ARENA
+TRAINER` (file descriptors: commands in, results out, the shared staging block; the trainer's
+pid). ckptwriter starts it; nothing else should.
 
 It runs checkpoint.write() on what the trainer staged in the shared block, one request at a
 time, and answers each with what it wrote or the exception it raised. Its own GIL, its own
-core time (niced, one thread): the trainer's Python never waits on a write.
+core time (one thread): the trainer's Python never waits on a write.
 
 It lives exactly as long as its trainer: the trainer closing the command pipe, or dying (the
 kernel closes it then), ends it at once, even half-way through a write. So a write that its
@@ -27,14 +27,19 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-NICE = 10  # below the trainer, which the two share the cores with
+# Not below the trainer by default: on a machine whose cores training fills (the 2-core bench),
+# a niced writer (10) starved, its 1.1 GB writes took 15-23 s instead of 3-4, and the next save
+# stood still waiting for it with a core idle (bench/checkpoint_cost.py, 2 rounds: 2.1x and 3.2x
+# the no-checkpoint run, against 2.1x and 1.19x at nice 0). TRAINMASTER_CHECKPOINT_WRITER_NICE
+# sets it where spare cores make a lower priority free.
+NICE_ENV, NICE = "TRAINMASTER_CHECKPOINT_WRITER_NICE", 0
 
 
 def main(argv: list[str]) -> None:
-    cmd_fd, result_fd, arena_fd, size, trainer = map(int, argv)
+    cmd_fd, result_fd, arena_fd, trainer = map(int, argv)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.nice(NICE)
+    os.nice(int(os.environ.get(NICE_ENV) or NICE))
     import torch  # after the signals: a SIGTERM while torch loads must not end the writer
 
     from trainmaster.train import checkpoint
@@ -45,7 +50,7 @@ def main(argv: list[str]) -> None:
     results = Connection(result_fd, readable=False)
     requests: queue.Queue[Any] = queue.Queue()
     threading.Thread(
-        target=_serve, args=(requests, results, arena_fd, size, trainer), daemon=True
+        target=_serve, args=(requests, results, arena_fd, trainer), daemon=True
     ).start()
     while True:
         try:
@@ -54,9 +59,7 @@ def main(argv: list[str]) -> None:
             os._exit(0)  # the trainer is done or gone: drop whatever is being written
 
 
-def _serve(
-    requests: queue.Queue[Any], results: Connection, arena_fd: int, size: int, trainer: int
-) -> None:
+def _serve(requests: queue.Queue[Any], results: Connection, arena_fd: int, trainer: int) -> None:
     from trainmaster.train import checkpoint, ckptarena
 
     arena: ckptarena.Arena | None = None
@@ -69,8 +72,10 @@ def _serve(
         request = requests.get()
         started, t0 = time.time(), time.perf_counter()
         try:
-            step, folder, keep, layout, skeleton, hooks = pickle.loads(request)
-            if arena is None:
+            step, folder, keep, size, layout, skeleton, hooks = pickle.loads(request)
+            if arena is None or (arena.size, arena.layout) != (size, layout):
+                if arena is not None:
+                    arena.close()
                 arena = ckptarena.Arena(arena_fd, size, layout)
             model, trainer_state, ranks, meta = ckptarena.unflatten(skeleton, arena.views)
             checkpoint.mid_save_hooks[:] = hooks

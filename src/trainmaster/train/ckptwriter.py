@@ -4,8 +4,9 @@
 A writer thread in the trainer still competed with training for the GIL (torch.save pickles
 and writes in Python): 1.60x the time per step of a run without checkpoints, with bert-base.
 So rank 0 copies the staged state into a shared buffer (ckptarena; copy_ releases the GIL) and
-hands the rest to a long-lived writer process (ckptproc), started at the first save, which
-runs checkpoint.write() on it. The guarantees of a synchronous save are kept:
+hands the rest to a long-lived writer process (ckptproc), which runs checkpoint.write() on it.
+The trainer starts it while it starts up itself, so that the writer's own start (a Python and
+torch) is not paid by the first save. The guarantees of a synchronous save are kept:
 
 - a half-written checkpoint is never taken for a good one: write() is the same atomic
   temporary-folder-then-rename as before, so a kill mid-write (of the trainer, the writer or
@@ -68,6 +69,7 @@ class BackgroundWriter:
         self.folder, self.keep, self.on_written = folder, keep, on_written
         self._proc: subprocess.Popen[bytes] | None = None
         self._arena: ckptarena.Arena | None = None
+        self._fd = -1
         self._commands: Connection | None = None
         self._answers: queue.Queue[tuple[Any, ...]] = queue.Queue()
         # The step of the write that wait() is waiting for, while it waits (read by the tests
@@ -91,11 +93,16 @@ class BackgroundWriter:
             (staged.model, staged.trainer, staged.ranks, staged.meta)
         )
         layout, size = ckptarena.layout_of(tensors)
-        if self._arena is None or self._arena.layout != layout:
-            self._start(layout, size)
-        assert self._arena is not None and self._commands is not None
+        if self._proc is None:
+            self.start()
+        if self._arena is None or self._arena.layout != layout:  # the first save, as a rule
+            if self._arena is not None:
+                self._arena.close()
+            os.ftruncate(self._fd, size)
+            self._arena = ckptarena.Arena(self._fd, size, layout)
+        assert self._commands is not None
         self._arena.fill(tensors)
-        request = (staged.step, str(self.folder), self.keep, layout, skeleton)
+        request = (staged.step, str(self.folder), self.keep, size, layout, skeleton)
         message = pickle.dumps((*request, checkpoint.mid_save_hooks))
         self._step = staged.step
         try:
@@ -128,17 +135,17 @@ class BackgroundWriter:
         """End the writer process (waits for no write: call wait() first to keep it)."""
         self._stop()
 
-    def _start(self, layout: ckptarena.Layout, size: int) -> None:
-        """(Re)start the writer process with a shared buffer of this layout."""
+    def start(self) -> None:
+        """Start the writer process (submit does, if this was not called)."""
         self._stop()
-        self._arena = ckptarena.Arena.create(layout, size)
+        self._fd = ckptarena.shared_fd()
         cmd_r, cmd_w = os.pipe()
         res_r, res_w = os.pipe()
-        fds = (cmd_r, res_w, self._arena.fd)
+        fds = (cmd_r, res_w, self._fd)
         argv = [sys.executable, "-m", "trainmaster.train.ckptproc", *map(str, fds)]
         env = os.environ | {"OMP_NUM_THREADS": "1"}
         try:
-            proc = subprocess.Popen([*argv, str(size), str(os.getpid())], pass_fds=fds, env=env)
+            proc = subprocess.Popen([*argv, str(os.getpid())], pass_fds=fds, env=env)
         finally:
             os.close(cmd_r)
             os.close(res_w)
@@ -178,6 +185,9 @@ class BackgroundWriter:
         if self._arena is not None:
             self._arena.close()
             self._arena = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _how_it_ended(proc: subprocess.Popen[bytes]) -> str:

@@ -116,6 +116,7 @@ class Trainer:
             self.writer = BackgroundWriter(
                 plan.run.checkpoints, cfg.train.keep_checkpoints, on_written=self._written
             )
+            self.writer.start()  # its start-up overlaps ours, not the first save
             write_rank0(plan.run, node_rank=plan.env.node_rank, local_rank=plan.env.local_rank)
             # The Kubernetes backend finds rank 0's pod by this exact line (backends/kubernetes/status.py).
             pod = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
