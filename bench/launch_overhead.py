@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -152,6 +154,16 @@ def _started(cmds: list[list[str]], env: dict[str, str], out: Path) -> dict[str,
     ]  # fmt: skip
     try:
         first = first_step_at(out / "metrics.jsonl", t0, TIMEOUT_S)
+        first_end: float | None = None
+        while any(p.poll() is None for p in procs):  # bounded: see _ended, plain torchrun too
+            if first_end is None and any(p.poll() is not None for p in procs):
+                first_end = time.monotonic()
+            if first_end is not None and time.monotonic() - first_end > 30.0:
+                for p in procs:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGKILL)
+                break
+            time.sleep(0.2)  # other processes' end
         codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
     finally:
         for p in procs:
