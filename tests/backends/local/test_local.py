@@ -20,8 +20,8 @@ import pytest
 from tests.conftest import etcd_available, run_cli, wait_for
 from trainmaster.backends.local import rendezvous
 from trainmaster.monitor import runinfo
-from trainmaster.run import state
-from trainmaster.storage import Storage
+from trainmaster.run import export, state
+from trainmaster.storage import RunPaths, Storage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 needs_etcd = pytest.mark.skipif(
@@ -216,6 +216,10 @@ def test_killed_worker_is_restarted_and_resumes(
         run_cli("launch", str(path), "--storage", str(pydoc_storage), env=FAULT_ENV).returncode == 0
     )
     wait_step(pydoc_storage, "killed", 13, 600)
+    # The step-10 checkpoint is written by a separate process while training goes on: the
+    # kill must come after it is published, or there is nothing to resume from (by design).
+    run = RunPaths(Storage(pydoc_storage).run_dir("killed"))
+    wait_for(lambda: max(export.checkpoints(run), default=0) >= 10, 600, "checkpoint 10")
     st = state.read(Storage(pydoc_storage).run_dir("killed") / "state.json")
     victims = [w for w in runinfo.workers(st) if w.rank == 1]
     assert victims, "rank 1 is running"
