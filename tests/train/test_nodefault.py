@@ -17,6 +17,8 @@ ON_K8S = {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
 
 def test_a_device_that_answers_passes_the_probe() -> None:
     assert nodefault.probe_device("cpu") is None
+    # a custom script's device: the net knows only train.device ("auto") and LOCAL_RANK
+    assert nodefault.probe_device("auto:1") is None or torch.cuda.device_count() < 2
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without this GPU")

@@ -25,7 +25,7 @@ from torch import nn
 from trainmaster.compile import counters as compile_counters
 from trainmaster.compile import fingerprint
 from trainmaster.run import goodput
-from trainmaster.train import checkpoint, ckptwriter, health, metrics, netplugin, preempt
+from trainmaster.train import checkpoint, ckptwriter, health, metrics, netplugin, nodefault, preempt
 from trainmaster.train import model as model_mod
 from trainmaster.train.ckptwriter import BackgroundWriter, Written
 from trainmaster.train.data import ShardLoader
@@ -103,6 +103,7 @@ class Trainer:
             rank=rt.rank,
             node=plan.env.node_rank,
             configured=cfg.train.hang_timeout,
+            on_hang=nodefault.hang_action(str(rt.device)),
         )
         if rt.rank == 0:
             # Goodput's events (run/goodput.py): this process began at `started`, before its imports.

@@ -16,6 +16,9 @@ still there (a device the driver dropped is gone from /dev).
 
     python -m trainmaster.train.nodefault DEVICE      # the probe; exit 0 and "ok", or 1 and why
 
+DEVICE is torch's name (cpu, cuda:3, xla:0) or auto:LOCAL_RANK for a custom script, whose
+device the net does not know.
+
 Light imports: the watchdog thread calls this from a process that may be a user's script.
 """
 
@@ -94,10 +97,16 @@ def _probe(device: str) -> str | None:
         import signal
 
         signal.pause()  # a wedged device: the caller's timeout ends this process
-    if device.startswith("xla"):
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind == "auto":  # a custom script's train.device: what it would have found
+        neuron = any(Path("/dev").glob("neuron[0-9]*"))
+        kind = "cuda" if torch.cuda.is_available() else "xla" if neuron else "cpu"
+        device = f"cuda:{index or 0}" if kind == "cuda" else kind
+    if kind in ("xla", "neuron"):
         found = len(list(Path("/dev").glob("neuron[0-9]*")))
         return None if found else "no /dev/neuronN device left"
-    import torch
 
     gen = torch.Generator().manual_seed(1234)
     a = torch.randn(MATMUL_N, MATMUL_N, generator=gen)

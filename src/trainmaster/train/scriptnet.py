@@ -36,7 +36,7 @@ from typing import Any
 from trainmaster import catalog, worker
 from trainmaster.run import goodput
 from trainmaster.storage import RunPaths
-from trainmaster.train import preempt
+from trainmaster.train import nodefault, preempt
 from trainmaster.train.watchdog import Watchdog
 
 STORE_PREFIX = "trainmaster-preflight"  # the preflight group's keys: never the script's default_pg
@@ -103,11 +103,24 @@ class Net:
     """One per worker process: what trainmaster.worker's helpers report, turned into watchdog
     beats (every rank), timeline events (rank 0) and, at the end, a preemption record."""
 
-    def __init__(self, run: RunPaths, *, rank: int, node: int, hang_timeout: float | None) -> None:
+    def __init__(
+        self,
+        run: RunPaths,
+        *,
+        rank: int,
+        node: int,
+        hang_timeout: float | None,
+        device: str = "auto:0",
+    ) -> None:
         self.run, self.rank = run, rank
         self.timeline = run.timeline if rank == 0 else None
         self.watchdog = Watchdog(
-            logs=run.logs, hangs=run.hangs, rank=rank, node=node, configured=hang_timeout
+            logs=run.logs,
+            hangs=run.hangs,
+            rank=rank,
+            node=node,
+            configured=hang_timeout,
+            on_hang=nodefault.hang_action(device),
         )
         self.preemption: preempt.Preemption | None = None
         self.stopping_at: float | None = None  # when preempted() first said yes
@@ -194,11 +207,13 @@ def start(
     """Everything before the script's first line (module docstring). Raises UserError when a
     node fails its preflight; the job file may be missing (the shim run by hand or in tests)."""
     cfg = settings(job_file) if job_file.exists() else None
+    device = cfg.device if cfg else "auto"
     net = Net(
         run,
         rank=int(environ.get("RANK", "0") or 0),
         node=int(environ.get("GROUP_RANK", "0") or 0),
         hang_timeout=cfg.hang_timeout if cfg else None,
+        device=f"{device}:{environ.get('LOCAL_RANK', '0') or 0}" if device != "cpu" else "cpu",
     )
     net.record("start", t=started, compiles=False)
     if cfg is not None and cfg.preflight:
