@@ -160,7 +160,8 @@ def read_text(path: Path) -> str:
         ) from exc
 
 
-def read_corpus(inputs: list[Path], builtin: str | None = None) -> Corpus:
+def check_inputs(inputs: list[Path], builtin: str | None) -> None:
+    """Some input, and a built-in corpus that exists: before anything is read."""
     if builtin is not None and builtin not in BUILTINS:
         raise DataError(
             f"unknown built-in corpus {builtin!r}; choose one of: {', '.join(BUILTINS)}",
@@ -168,6 +169,10 @@ def read_corpus(inputs: list[Path], builtin: str | None = None) -> Corpus:
         )
     if not inputs and builtin is None:
         raise DataError("no input: give text files or folders, or --builtin pydoc")
+
+
+def read_corpus(inputs: list[Path], builtin: str | None = None) -> Corpus:
+    check_inputs(inputs, builtin)
     documents: list[Document] = []
     sources: list[SourceInfo] = []
     if builtin == "pydoc":

@@ -20,7 +20,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmaster.data.corpus import BUILTINS, SourceInfo, expand_inputs, pydoc_documents
+from trainmaster.data.corpus import (
+    SourceInfo,
+    check_inputs,
+    expand_inputs,
+    pydoc_documents,
+)
 from trainmaster.errors import DataError
 
 # A line of nothing but ASCII whitespace ends a document (lines of Unicode whitespace do too,
@@ -55,13 +60,7 @@ def builtin_text(name: str) -> bytes:
 
 def plan(inputs: list[Path], builtin: str | None) -> tuple[list[Slice], list[SourceInfo], int]:
     """The slices, the sources for the manifest, and the chunk size, from sizes alone."""
-    if builtin is not None and builtin not in BUILTINS:
-        raise DataError(
-            f"unknown built-in corpus {builtin!r}; choose one of: {', '.join(BUILTINS)}",
-            where="--builtin",
-        )
-    if not inputs and builtin is None:
-        raise DataError("no input: give text files or folders, or --builtin pydoc")
+    check_inputs(inputs, builtin)
     sized: list[tuple[str, int]] = []
     if builtin is not None:
         sized.append((f"builtin:{builtin}", len(builtin_text(builtin))))
