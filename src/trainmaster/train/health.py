@@ -42,7 +42,7 @@ from trainmaster.catalog import InstanceType
 from trainmaster.compile import cache
 from trainmaster.errors import UserError
 from trainmaster.train.device import Runtime
-from trainmaster.train.nodefault import MATMUL_N, MATMUL_RTOL, mark_node
+from trainmaster.train.nodefault import MATMUL_N, MATMUL_RTOL, mark_node, matmul_case
 
 SHM_NEED_MB = {"cpu": 32, "cuda": 256, "xla": 256}
 ALLREDUCE_BYTES = 4 << 20
@@ -93,10 +93,7 @@ def values_unchecked(environ: Mapping[str, str] = os.environ) -> str | None:
 
 
 def _matmul(rt: Runtime, inst: InstanceType) -> Check:
-    gen = torch.Generator().manual_seed(1234)
-    a = torch.randn(MATMUL_N, MATMUL_N, generator=gen)
-    b = torch.randn(MATMUL_N, MATMUL_N, generator=gen)
-    want = a.double() @ b.double()
+    a, b, want = matmul_case()
     da, db = a.to(rt.device), b.to(rt.device)
     got = da @ db  # warm-up, and the product checked
     _wait(rt)

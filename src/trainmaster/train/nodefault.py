@@ -30,6 +30,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 PROBE_TIMEOUT_S = 60.0
 MATMUL_N = 512
@@ -91,6 +92,17 @@ def hang_action(
     return act
 
 
+def matmul_case() -> tuple[Any, Any, Any]:
+    """The preflight's and the probe's one check: two seeded fp32 matrices and their float64
+    product (torch tensors; torch is imported here, not by this module)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1234)
+    a = torch.randn(MATMUL_N, MATMUL_N, generator=gen)
+    b = torch.randn(MATMUL_N, MATMUL_N, generator=gen)
+    return a, b, a.double() @ b.double()
+
+
 def _probe(device: str) -> str | None:
     """In the probe process: None when DEVICE computes a matmul right."""
     if os.environ.get(PROBE_HANG_ENV):
@@ -108,10 +120,7 @@ def _probe(device: str) -> str | None:
         found = len(list(Path("/dev").glob("neuron[0-9]*")))
         return None if found else "no /dev/neuronN device left"
 
-    gen = torch.Generator().manual_seed(1234)
-    a = torch.randn(MATMUL_N, MATMUL_N, generator=gen)
-    b = torch.randn(MATMUL_N, MATMUL_N, generator=gen)
-    want = a.double() @ b.double()
+    a, b, want = matmul_case()
     try:
         got = (a.to(device) @ b.to(device)).to("cpu").double()
     except (RuntimeError, AssertionError) as e:  # no such device, or its driver refuses
