@@ -95,7 +95,7 @@ class JobSection(Section):
     )
     max_retries: NonNegativeInt = Field(
         3,
-        description="restarts of the whole job after a node is lost (local: the supervisor starts every node again; each resumes from the last checkpoint); counted apart from max_restarts",
+        description="bounds both job retries and node rejoins, each per launch: restarts of the whole job after a node is lost (local: the supervisor starts every node again; each resumes from the last checkpoint), and in an elastic job the times a lost node is taken back (local: backends/local/rejoin.py starts its agent again, at most max_retries times); counted apart from max_restarts",
     )
     entrypoint: str = Field(
         BUILTIN_ENTRYPOINT,
