@@ -8,7 +8,9 @@ everything loads with weights_only=True.
 
 A save is two halves: stage() (collective, on the training thread: gather the ranks' state) and
 write() (rank 0 alone: files, fsync, rename). save() does both in a row; training hands the
-staged state to ckptwriter, whose process runs write() while training goes on.
+staged state to ckptwriter, whose process runs write() while training goes on, and writes the
+two big files from its shared block past the page cache (ckptdirect): the same zips, but
+without the kernel's copy of every byte, which took a core from training.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import copy
 import os
 import random
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
 from trainmaster.errors import UserError
-from trainmaster.train import ckptdir
+from trainmaster.train import ckptarena, ckptdir, ckptdirect
 from trainmaster.train.dataset import Position
 from trainmaster.train.device import Runtime
 from trainmaster.train.preflight import Plan
@@ -141,7 +144,12 @@ def stage(
     )
 
 
-def _save(obj: Any, path: Path) -> int:
+def _save(obj: Any, path: Path, arena: ckptarena.Arena | None = None) -> int:
+    if arena is not None:
+        try:
+            return ckptdirect.save(obj, path, arena)
+        except ckptdirect.Unsuitable as why:
+            print(f"checkpoint: {path.name} written through the page cache: {why}", file=sys.stderr)
     with open(path, "wb") as f:
         torch.save(obj, f)
         f.flush()
@@ -150,19 +158,24 @@ def _save(obj: Any, path: Path) -> int:
 
 
 def write(
-    folder: Path, staged: Staged, keep: int, before_publish: Callable[[], None] | None = None
+    folder: Path,
+    staged: Staged,
+    keep: int,
+    before_publish: Callable[[], None] | None = None,
+    arena: ckptarena.Arena | None = None,
 ) -> tuple[Path, int]:
     """Write a staged checkpoint (CPU tensors) atomically (ckptdir); returns its folder and its
     bytes. Needs no other rank and no training state: ckptwriter's process runs it, and checks
-    before_publish that its trainer is still alive."""
+    before_publish that its trainer is still alive. Given the staging block that `staged`'s
+    tensors view, the two big files bypass the page cache (ckptdirect)."""
     tmp = ckptdir.temp_dir(folder, staged.step)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    size = _save(staged.model, tmp / MODEL)
+    size = _save(staged.model, tmp / MODEL, arena)
     for hook in mid_save_hooks:
         hook(folder, staged.step)
-    size += _save(staged.trainer, tmp / TRAINER)
+    size += _save(staged.trainer, tmp / TRAINER, arena)
     size += _save(staged.ranks, tmp / RANKS)
     ckptdir.write_json(tmp / ckptdir.META, {**staged.meta, "written_at": time.time()})
     if before_publish is not None:

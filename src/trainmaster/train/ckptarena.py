@@ -3,9 +3,10 @@
 A checkpoint's tensors are copied into one block of shared memory, allocated at the first save
 and reused by every later one, so a save costs the training thread one memory copy (torch's
 copy_, which releases the GIL) and no allocation, and the writer process reads the same pages
-without a second copy. What is not a tensor (the structure of the state dicts, the scheduler,
-the RNG states) is small and travels pickled with each write request, each tensor replaced by
-its Slot in the block.
+without a second copy: each tensor starts on a page of its own, so the writer hands its pages
+to the disk directly (ckptdirect). What is not a tensor (the structure of the state dicts, the
+scheduler, the RNG states) is small and travels pickled with each write request, each tensor
+replaced by its Slot in the block.
 
 The block is a memfd (anonymous shared memory, not limited by the size of /dev/shm, which is
 64 MB in a default Kubernetes pod); where there is none (macOS), an unlinked temporary file.
@@ -22,7 +23,9 @@ from typing import Any
 
 import torch
 
-ALIGN = 64  # each tensor starts on a cache line
+# Each tensor starts on a page of its own: ckptdirect writes the whole pages of each with
+# O_DIRECT, which needs the memory, the file offset and the length aligned to the disk's block.
+ALIGN = 4096
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,10 @@ class Arena:
         # Each view has a storage of its own (frombuffer), so torch.save writes every tensor
         # alone, exactly as it would write the trainer's own tensors.
         self.views = [_view(self._map, s) for s in layout]
+
+    @property
+    def buffer(self) -> mmap.mmap:
+        return self._map
 
     def fill(self, tensors: list[torch.Tensor]) -> None:
         """Copy the live tensors in (the training thread's share of a save)."""

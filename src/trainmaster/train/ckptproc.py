@@ -4,7 +4,9 @@ pid). ckptwriter starts it; nothing else should.
 
 It runs checkpoint.write() on what the trainer staged in the shared block, one request at a
 time, and answers each with what it wrote or the exception it raised. Its own GIL, its own
-core time (one thread): the trainer's Python never waits on a write.
+core time (one thread): the trainer's Python never waits on a write. The big files go from the
+block to disk with O_DIRECT (ckptdirect): the page cache's copy of them cost this process more
+system CPU than all the rest, on a core that training needs.
 
 It lives exactly as long as its trainer: the trainer closing the command pipe, or dying (the
 kernel closes it then), ends it at once, even half-way through a write. So a write that its
@@ -80,7 +82,7 @@ def _serve(requests: queue.Queue[Any], results: Connection, arena_fd: int, train
             model, trainer_state, ranks, meta = ckptarena.unflatten(skeleton, arena.views)
             checkpoint.mid_save_hooks[:] = hooks
             staged = checkpoint.Staged(step, model, trainer_state, ranks, meta)
-            path, nbytes = checkpoint.write(Path(folder), staged, keep, trainer_alive)
+            path, nbytes = checkpoint.write(Path(folder), staged, keep, trainer_alive, arena)
             seconds = time.perf_counter() - t0
             answer: tuple[Any, ...] = ("ok", step, str(path), started, seconds, nbytes)
         except BaseException as exc:  # noqa: BLE001 - the trainer raises it at its next wait
