@@ -159,11 +159,11 @@ KILLER = """
 import os, signal, sys
 from trainmaster.data import prepare, shards
 
-real_write, real_replace, point = shards.write_shard, os.replace, sys.argv[3]
+real_write, real_replace, point = shards.write_blocks, os.replace, sys.argv[3]
 count = {"write": 0, "replace": 0}
 
-def write(path, arrays, **kw):
-    real_write(path, arrays, **kw)
+def write(*args, **kw):
+    real_write(*args, **kw)
     count["write"] += 1
     if point == "writing" and count["write"] == 1:
         os.kill(os.getpid(), signal.SIGKILL)  # shard 0 done, 1 and 2 to come: no cleanup
@@ -174,7 +174,7 @@ def replace(src, dst):
     if point == "committing" and count["replace"] == 2:
         os.kill(os.getpid(), signal.SIGKILL)  # two shards have their final names
 
-shards.write_shard, os.replace = write, replace
+shards.write_blocks, os.replace = write, replace
 prepare(builtin="pydoc", output=sys.argv[1], vocab=sys.argv[2], shards=3, seq_len=32,
         max_pred=5, dupe_factor=1, workers=1, overwrite=True)
 """

@@ -319,20 +319,29 @@ def make_examples(
     }
 
 
-def expand(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Compact examples -> the shard format's arrays.
+# What each array of the shard format is made of, in the compact form.
+SOURCES: dict[str, tuple[str, ...]] = {
+    "input_ids": ("input_ids",),
+    "input_mask": ("length",),
+    "segment_ids": ("length", "b_start"),
+    "masked_lm_positions": ("masked_lm_positions",),
+    "masked_lm_ids": ("masked_lm_ids",),
+    "next_sentence_labels": ("next_sentence_labels",),
+}
+
+
+def expand(key: str, c: dict[str, np.ndarray], seq_len: int) -> np.ndarray:
+    """One array of the shard format (rows of a block) from compact examples (SOURCES[key]).
 
     Examples pass through a scratch file between the two stages (every shard takes rows of
     every chunk); in compact form (16-bit ids, masks as two lengths) that is ~3x fewer bytes
     than the format.
     """
-    pos = np.arange(c["input_ids"].shape[1])
-    length, b_start = c["length"][:, None], c["b_start"][:, None]
-    return {
-        "input_ids": c["input_ids"],
-        "input_mask": (pos < length).astype(np.int8),
-        "segment_ids": ((pos >= b_start) & (pos < length)).astype(np.int8),
-        "masked_lm_positions": c["masked_lm_positions"],
-        "masked_lm_ids": c["masked_lm_ids"],
-        "next_sentence_labels": c["next_sentence_labels"],
-    }
+    # A bool array is 0/1 bytes: viewed as int8, it is the mask (no copy).
+    if key == "input_mask":
+        return (np.arange(seq_len) < c["length"][:, None]).view(np.int8)
+    if key == "segment_ids":
+        pos = np.arange(seq_len)
+        length, b_start = c["length"][:, None], c["b_start"][:, None]
+        return ((pos >= b_start) & (pos < length)).view(np.int8)
+    return c[key]

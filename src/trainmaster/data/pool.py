@@ -3,7 +3,8 @@
 Stage 1, per slice of the input (data/slices.py): read and decode it, split sentences,
 tokenise, make the examples of each chunk, and append them (compact) to the process's
 scratch file. Stage 2, per shard: gather the shard's rows (the seed's permutation of all
-examples) from every scratch file and write the shard. The parent hands out slice and shard
+examples) from every scratch file and write the shard, one HDF5 chunk (~512 KiB) at a time:
+a worker's memory stays in its caches and a fresh process faults in little of it. The parent hands out slice and shard
 numbers and gets back row counts: no text and no example crosses a process boundary.
 """
 
@@ -24,7 +25,13 @@ import numpy as np
 
 from trainmaster.data import shards as fmt
 from trainmaster.data.corpus import document_ids, sentence_lines
-from trainmaster.data.examples import ExampleSettings, VocabTables, expand, make_examples
+from trainmaster.data.examples import (
+    SOURCES,
+    ExampleSettings,
+    VocabTables,
+    expand,
+    make_examples,
+)
 from trainmaster.data.slices import Slice, read_slice
 from trainmaster.data.vocab import Vocab
 from trainmaster.data.wordpiece import Encoder
@@ -46,32 +53,28 @@ class SliceResult:
 
 
 def save(path: Path, parts: list[dict[str, np.ndarray]]) -> Layout:
-    """Append the parts' arrays, key by key (each key's parts back to back, 8-byte aligned),
-    to this process's scratch file; what `view` needs to find them again."""
+    """Append the parts' arrays, key by key (each key's parts back to back), to this process's
+    scratch file; what the shard writers need to find them again. Each key starts at a
+    multiple of its row's bytes, so the whole file also reads as one array of that key's rows
+    (Worker.rows): a shard block's rows from every slice of the file are one gather."""
     layout: Layout = []
     with open(path, "ab") as f:
         at = f.tell()
         for key in parts[0]:
             pieces = [np.ascontiguousarray(p[key]) for p in parts]
             shape = (sum(len(a) for a in pieces), *pieces[0].shape[1:])
+            pad = -at % _row_bytes(pieces[0].dtype, shape[1:])
+            f.write(bytes(pad))
+            at += pad
             layout.append((key, pieces[0].dtype.str, shape, at))
             for a in pieces:
                 f.write(a.data)
                 at += a.nbytes
-            pad = -at % 8
-            f.write(bytes(pad))
-            at += pad
     return layout
 
 
-def view(data: mmap.mmap | None, layout: Layout) -> dict[str, np.ndarray]:
-    """The arrays of a layout in a mapped scratch file (None: an empty file)."""
-    return {
-        key: np.frombuffer(data, dtype, int(np.prod(shape)), at).reshape(shape)
-        if data is not None and np.prod(shape)
-        else np.zeros(shape, dtype)
-        for key, dtype, shape, at in layout
-    }
+def _row_bytes(dtype: np.dtype[Any], row: tuple[int, ...]) -> int:
+    return max(1, dtype.itemsize * int(np.prod(row, dtype=np.int64)))
 
 
 class Worker:
@@ -86,19 +89,22 @@ class Worker:
         self.encoder = Encoder(vocab, lower_case)
         self.tables = VocabTables.of(vocab)
         self.settings = settings
-        self._maps: dict[str, mmap.mmap | None] = {}
+        self._maps: dict[str, mmap.mmap] = {}
 
-    def scratch(self, s: SliceResult) -> dict[str, np.ndarray]:
-        """A slice's examples. Each scratch file (one per stage-1 process, so few maps
-        whatever the number of slices) is mapped once per process: the shards this process
-        writes all take rows from every slice, and a new map would fault in every page again."""
-        if s.path not in self._maps:
-            with open(s.path, "rb") as f:
-                empty = f.seek(0, 2) == 0
-                self._maps[s.path] = (
-                    None if empty else mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                )
-        return view(self._maps[s.path], s.layout)
+    def rows(self, path: str, dtype: str, row: tuple[int, ...]) -> np.ndarray:
+        """A scratch file as one array of rows of a kind (all of a key's rows are aligned to
+        it, see `save`). Each file (one per stage-1 process, so few whatever the number of
+        slices) is mapped once per process, pages populated in one call: the shards this
+        process writes all take rows from every slice."""
+        if path not in self._maps:
+            with open(path, "rb") as f:
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                self._maps[path] = mmap.mmap(f.fileno(), 0, flags, mmap.PROT_READ)
+        data, dt = self._maps[path], np.dtype(dtype)
+        count = len(data) // _row_bytes(dt, row)
+        return np.frombuffer(data, dt, count * int(np.prod(row, dtype=np.int64))).reshape(
+            count, *row
+        )
 
     def examples(self, piece: Slice, size: int, scratch: Path) -> SliceResult:
         clock = _Clock("examples/")
@@ -163,29 +169,52 @@ def examples_task(item: tuple[Slice, int, str], worker: Worker | None = None) ->
 def write_task(
     item: tuple[str, np.ndarray, list[SliceResult]], worker: Worker | None = None
 ) -> tuple[str, dict[str, float]]:
-    """Shard rows (global example numbers, in shard order) gathered from the scratch files."""
+    """Shard rows (global example numbers, in shard order) gathered from the scratch files,
+    an HDF5 chunk at a time."""
     w = worker or _WORKER
     assert w is not None, "init_pool_worker did not run"
     clock = _Clock("write/")
     path, rows, slices = item
     first = np.cumsum([0] + [s.rows for s in slices])
     which = np.searchsorted(first, rows, side="right") - 1
-    order = np.lexsort((rows, which))  # slice by slice, each in file order: fewer page walks
-    bounds = np.searchsorted(which[order], np.arange(len(slices) + 1))
-    out: dict[str, np.ndarray] = {}
-    for j, s in enumerate(slices):
-        picked = order[bounds[j] : bounds[j + 1]]
-        if not picked.size:
-            continue
-        local = rows[picked] - first[j]
-        for key, a in w.scratch(s).items():
-            if key not in out:
-                out[key] = np.empty((len(rows), *a.shape[1:]), a.dtype)
-            out[key][picked] = a[local]
-    clock.lap("gather")
-    arrays = expand(out)
-    clock.lap("expand")
-    fmt.write_shard(Path(path), arrays, durable=False)  # the caller fsyncs it
+    local = rows - first[which]
+    files = sorted({s.path for s in slices if s.rows})
+    file_of = np.array([files.index(s.path) if s.rows else 0 for s in slices])[which]
+    # Per compact key: each row's place among that key's rows of its file.
+    spec: dict[str, tuple[list[np.ndarray], np.ndarray]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for j, (key, dtype, shape, _) in enumerate(slices[0].layout):
+        row = tuple(shape[1:])
+        size = _row_bytes(np.dtype(dtype), row)
+        base = np.array([s.layout[j][3] // size for s in slices])
+        spec[key] = ([w.rows(f, dtype, row) for f in files], base[which] + local)
+        shapes[key] = row
+    seq = shapes["input_ids"][0]
+
+    def block(key: str, lo: int, hi: int) -> np.ndarray:
+        clock.lap("hdf5")
+        here = file_of[lo:hi]
+        picks = [np.flatnonzero(here == k) for k in range(len(files))]
+        compact = {}
+        for ck in SOURCES[key]:
+            views, index = spec[ck]
+            at = index[lo:hi]
+            if len(views) == 1:
+                compact[ck] = views[0][at]
+                continue
+            out = np.empty((hi - lo, *shapes[ck]), views[0].dtype)
+            for v, pick in zip(views, picks, strict=True):
+                out[pick] = v[at[pick]]
+            compact[ck] = out
+        clock.lap("gather")
+        made = expand(key, compact, seq)
+        clock.lap("expand")
+        return made
+
+    rows_of = {
+        key: (seq,) if key in ("input_mask", "segment_ids") else shapes[key] for key in SOURCES
+    }
+    fmt.write_blocks(Path(path), len(rows), rows_of, block, durable=False)  # caller fsyncs
     clock.lap("hdf5")
     return path, clock.seconds
 
