@@ -226,8 +226,9 @@ Runner = Callable[[Callable[..., Any], Iterable[Any]], Iterator[Any]]
 def pool(
     workers: int, vocab: Vocab, lower_case: bool, settings: ExampleSettings
 ) -> Iterator[tuple[Runner, Runner]]:
-    """(ordered, unordered) map-like runners: in this process for one worker, else a process
-    pool.
+    """(ordered, last) map-like runners: in this process for one worker, else a process pool.
+    `last` runs the final stage, results in any order; with it the pool is closed, so each
+    worker exits once the queue is empty while this process commits the output.
 
     Workers ignore SIGINT (Ctrl-C reaches the whole process group): this process alone
     decides to stop, terminates them and cleans up. tokenizers must not use its own threads
@@ -252,12 +253,14 @@ def pool(
             )
         finally:
             signal.signal(signal.SIGINT, previous)
-        try:
-            yield (
-                (lambda fn, items: p.imap(fn, items)),
-                (lambda fn, items: p.imap_unordered(fn, items)),
-            )
+
+        def last(fn: Callable[..., Any], items: Iterable[Any]) -> Iterator[Any]:
+            results = p.imap_unordered(fn, items)
             p.close()
+            return results
+
+        try:
+            yield (lambda fn, items: p.imap(fn, items)), last
         finally:
             p.terminate()
             p.join()

@@ -118,7 +118,7 @@ def prepare(
             voc = known or _train(inputs, builtin, vocab_size, lower_case)
         n_workers = min(n_workers, len(pieces))
         # The pool stops (its workers killed) before the output is cleaned after a failure.
-        with out.writing(), pool(n_workers, voc, lower_case, settings) as (ordered, unordered):
+        with out.writing(), pool(n_workers, voc, lower_case, settings) as (ordered, last):
             scratch = out.scratch()
             report.stage("making examples", len(pieces))
             with _timed(timings, "examples"):
@@ -133,7 +133,7 @@ def prepare(
             report.stage("writing shards", shards)
             with _timed(timings, "write"):
                 counts = _write_shards(
-                    unordered, results, total, shards, settings.seed, out, report, timings
+                    last, results, total, shards, settings.seed, out, report, timings
                 )
             shutil.rmtree(scratch)
             manifest = _manifest(out, counts, tokens, settings, lower_case, voc, sources)
