@@ -15,6 +15,10 @@ to job.max_retries times; the workers resume from the last checkpoint. An elasti
 with the nodes it has instead (torchrun re-forms the group) and the supervisor starts the lost
 node's agent again, which rejoins at the next rendezvous round (rejoin.py), unless the c10d
 store went with the lost node: then it is a job retry as above.
+
+A worker that dies at exit after the run completed (torch 2.13 at times aborts a gloo worker
+so) leaves its agent waiting in a restart rendezvous for nodes that have finished: the
+supervisor stops the agents and counts the job as succeeded, with a warning (completion.py).
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainmaster import jobfile
-from trainmaster.backends.local import netns, rejoin, rendezvous
+from trainmaster.backends.local import completion, netns, rejoin, rendezvous
 from trainmaster.backends.local.launcher import agent_commands, rdzv_id
 from trainmaster.compile import cache, lock
 from trainmaster.config import JobConfig
+from trainmaster.launch import entry
 from trainmaster.launch.torchrun import AGENT_ENV, Rendezvous
 from trainmaster.run import goodput, processes, state
 from trainmaster.run import metrics as runlog
@@ -74,10 +79,12 @@ def _signal_groups(pids: list[int], sig: int) -> None:
             os.killpg(pid, sig)
 
 
-def _final_phase(run: RunPaths, st: state.RunState, codes: list[int], elastic: bool) -> str:
+def _final_phase(
+    run: RunPaths, st: state.RunState, codes: list[int], elastic: bool, done: bool = False
+) -> str:
     if st.cancel_requested:
         return "cancelled"
-    if all(c == 0 for c in codes):
+    if done or all(c == 0 for c in codes):  # done: the work finished (completion.py)
         return "succeeded"
     # An elastic job may lose a node and still finish: the survivors' agents exit 0. Only a
     # summary this attempt wrote counts; one left by an earlier launch of the job does not.
@@ -195,16 +202,33 @@ def _stop_nodes(agents: list[subprocess.Popen[bytes]], st: state.RunState, grace
         a.wait()
 
 
+def _end_stuck(
+    agents: list[subprocess.Popen[bytes]], run: RunPaths, stuck: list[completion.Stuck]
+) -> list[int]:
+    """Stop the agents that wait for a round that will not come (and those in their exit
+    barrier, which waits for them), saying why: the run's work is done."""
+    for s in stuck:
+        print(f"trainmaster supervisor: {s.warning()}", flush=True)
+        goodput.record(run.timeline, "worker_died_at_exit", t=time.time(), node=s.node, why=s.why)
+    _stop_nodes(agents, state.read(run.state), grace_s=10.0)
+    return [a.wait() for a in agents]
+
+
 def _wait(
     agents: list[subprocess.Popen[bytes]], run: RunPaths, offsets: list[int],
     cancelled: list[bool], rejoins: rejoin.Rejoins | None, store_lost: Callable[[int], bool],
+    end: completion.EndWatch,
 ) -> tuple[list[int], tuple[int, str] | None]:  # fmt: skip
     """Wait for every agent, or for the first lost node that ends this attempt: (exit codes so
     far, (node, why) or None). An elastic job (rejoins) loses a node by a signal and goes on,
-    taking the node back (rejoin.py), unless the c10d store went with it."""
+    taking the node back (rejoin.py), unless the c10d store went with it. A run whose work is
+    done while agents still wait (end.stuck) is ended here: they are stopped."""
     left_out: set[int] = set()  # lost nodes not taken back (no rejoin left): seen once
     while True:
         codes = [a.poll() for a in agents]
+        waiting = set(rejoins.waiting) if rejoins is not None else set()
+        if not cancelled[0] and end.check(codes, left_out | waiting):
+            return _end_stuck(agents, run, end.stuck), None
         for i, code in enumerate(codes):
             if i in left_out:
                 continue
@@ -256,6 +280,7 @@ def supervise(run_dir: Path) -> int:
     storage = Path(st.storage)
     held = _hold_cache_lock(cfg, storage)
     codes: list[int] = []
+    end: completion.EndWatch | None = None
     try:
         # `cancel` of a pending run finds no process group to signal: it only records the
         # request, so every step of the start-up looks for it before starting anything more.
@@ -336,7 +361,8 @@ def supervise(run_dir: Path) -> int:
                 last = functools.partial(_last_step, run)
                 rejoins = rejoin.Rejoins(run.state, cfg.job.max_retries, start, last, rejoins_used)
             store_lost = functools.partial(rejoin.store_lost, cfg, rdzv)
-            codes, lost = _wait(agents, run, offsets, cancelled, rejoins, store_lost)
+            end = completion.EndWatch(run, entry.is_builtin(cfg), offsets, launched)
+            codes, lost = _wait(agents, run, offsets, cancelled, rejoins, store_lost, end)
             rejoins_used = rejoins.used if rejoins is not None else 0
             if lost is None:
                 break
@@ -378,9 +404,17 @@ def supervise(run_dir: Path) -> int:
     if len(codes) < len(final.nodes):  # cancelled before every agent started
         nodes += final.nodes[len(codes) :]
     elastic = bool(cfg.job.min_nnodes and cfg.job.min_nnodes < cfg.job.nnodes)
-    phase = _final_phase(run, final, codes, elastic)
+    stuck = end.stuck if end is not None else []
+    for s in stuck:
+        nodes[s.node] = nodes[s.node].model_copy(update={"note": s.note})
+    for i in end.barrier if end is not None and stuck else []:  # their agents were stopped
+        nodes[i] = nodes[i].model_copy(update={"note": completion.BARRIER_NOTE})
+    phase = _final_phase(run, final, codes, elastic, done=bool(stuck))
     extra: dict[str, str] = {}
-    if phase == "failed":
+    if phase == "succeeded" and stuck:
+        retried = f"; completed after {final.job_retries} job retry(s)" if final.job_retries else ""
+        extra = {"message": "; ".join(s.warning() for s in stuck) + retried}
+    elif phase == "failed":
         extra = {"message": first_error(run) or final.message}
     elif phase == "succeeded" and final.job_retries:  # keep the lost node's story in status
         extra = {"message": f"{final.message}; completed after {final.job_retries} job retry(s)"}

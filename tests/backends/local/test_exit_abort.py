@@ -1,0 +1,130 @@
+"""A worker that aborts at exit after the run completed (torch 2.13 does so to gloo workers at
+times) does not fail the job: the supervisor sees the work is done, stops the agent that waits
+in a restart rendezvous for nodes that have finished, and ends the job succeeded with a warning
+(backends/local/completion.py). A worker that aborts mid-run still takes the restart path.
+
+Real processes: a custom 2-node gloo script launched with `trainmaster launch`, rank 1 calling
+os.abort() once, at the end or mid-run. Without the supervisor's check, the job of the first
+test would wait out torchrun's exit barrier (300 s) and the join timeout: the CLI's timeout
+below, well under both, makes that a failure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.backends.local.test_local import diagnosis, no_processes_left, summary, wait_final
+from tests.conftest import run_cli
+from trainmaster.backends.local import completion
+from trainmaster.monitor import runinfo
+from trainmaster.run import goodput
+from trainmaster.storage import RunPaths, Storage
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+STEPS = 6
+# Rank 1 aborts once (a marker file), after step ABORT_AT, or at the end (0): after its last
+# step and destroy_process_group, once rank 0's process has exited, so that node's agent is
+# in its exit barrier and not still watching a live worker (that one would restart its workers
+# into the new round, and the job would simply run again).
+SCRIPT = """\
+import os, time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from trainmaster import worker
+
+rank, run = int(os.environ["RANK"]), Path(os.environ["TRAINMASTER_RUN_DIR"])
+abort_at = int(os.environ["ABORT_AT"])
+
+
+def abort_once():
+    try:
+        (run / "aborted").open("x").close()
+    except FileExistsError:
+        return
+    os.abort()
+
+
+dist.init_process_group("gloo")
+t = torch.ones(4)
+for step in range(1, int(os.environ["STEPS"]) + 1):
+    dist.all_reduce(t)
+    worker.log_metrics(step, loss=1.0 / step)
+    if rank == 1 and step == abort_at:
+        abort_once()
+dist.destroy_process_group()
+if rank == 0:
+    (run / "rank0.pid").write_text(str(os.getpid()))
+elif abort_at == 0 and not (run / "aborted").exists():
+    while not (run / "rank0.pid").exists():
+        time.sleep(0.05)  # waiting for rank 0's end (another process), polled
+    stat = Path(f"/proc/{(run / 'rank0.pid').read_text()}/stat")
+    while stat.exists() and stat.read_text().rpartition(")")[2].split()[0] != "Z":
+        time.sleep(0.05)  # until it has exited (a zombie until its agent reaps it)
+    abort_once()
+"""
+
+
+def launch(tmp_path: Path, name: str, abort_at: int, *sets: str) -> tuple[int, RunPaths]:
+    """Launch the script on 2 nodes and follow it to its end; (CLI exit code, run folder)."""
+    (tmp_path / "abort.py").write_text(SCRIPT)
+    store = tmp_path / "store"
+    args = ["--storage", str(store), "launch", "abort.py", "--nnodes", "2", "--name", name,
+            "--follow", "--set", "train.preflight=false", "--set", "rendezvous.timeout=240"]  # fmt: skip
+    for s in sets:
+        args += ["--set", s]
+    env = {"ABORT_AT": str(abort_at), "STEPS": str(STEPS)}
+    result = run_cli(*args, cwd=tmp_path, env=env, timeout=200)
+    return result.returncode, RunPaths(Storage(store).run_dir(name))
+
+
+def steps(run: RunPaths) -> list[int]:
+    return [int(r["step"]) for r in runinfo.read_metrics(run.metrics)]
+
+
+def test_a_worker_aborted_at_exit_after_the_last_step_ends_the_job_succeeded(
+    tmp_path: Path,
+) -> None:
+    code, run = launch(tmp_path, "abort-at-exit", 0)
+    final = wait_final(run.dir.parents[1], "abort-at-exit", timeout=30)
+    assert final.phase == "succeeded" and code == 0, diagnosis(run.dir.parents[1], run.dir.name)
+    # The node of rank 1 (whichever index the rendezvous gave it) and the other, whose agent
+    # waited in torchrun's exit barrier for it.
+    stuck = [n for n in final.nodes if n.note.startswith("a worker aborted at exit")]
+    assert len(stuck) == 1
+    node = stuck[0].index
+    assert final.nodes[1 - node].note == completion.BARRIER_NOTE
+    warning = (
+        f"node {node}: a worker aborted at exit (SIGABRT) after the run completed; "
+        "job counted as succeeded"
+    )
+    assert final.message == warning
+    assert "failed (exitcode: -6)" in Path(stuck[0].log).read_text()
+    events = [e for e in goodput.read(run.timeline) if e["event"] == "worker_died_at_exit"]
+    assert [(e["node"], e["why"]) for e in events] == [(node, "SIGABRT")]
+    assert summary(run.dir.parents[1], run.dir.name)["status"] == "completed"
+    assert steps(run) == list(range(1, STEPS + 1))  # ran once: no restart, no job retry
+    assert final.job_retries == 0 and no_processes_left(final)
+    shown = run_cli("status", "abort-at-exit", "--json", "--storage", str(run.dir.parents[1]))
+    assert json.loads(shown.stdout)["message"] == warning
+
+
+def test_a_worker_aborted_mid_run_is_restarted_as_before(tmp_path: Path) -> None:
+    code, run = launch(tmp_path, "abort-mid-run", 3, "job.max_restarts=2")
+    final = wait_final(run.dir.parents[1], "abort-mid-run", timeout=30)
+    assert final.phase == "succeeded" and code == 0, diagnosis(run.dir.parents[1], run.dir.name)
+    assert "at exit" not in final.message and not any(n.note for n in final.nodes)
+    s = summary(run.dir.parents[1], run.dir.name)
+    assert s["status"] == "completed" and s["restarts"] >= 1  # torchrun restarted the workers
+    assert not [e for e in goodput.read(run.timeline) if e["event"] == "worker_died_at_exit"]
+
+
+def test_a_worker_aborted_mid_run_with_no_restart_left_fails_the_job(tmp_path: Path) -> None:
+    code, run = launch(tmp_path, "abort-no-restart", 3, "job.max_restarts=0", "job.max_retries=0")
+    final = wait_final(run.dir.parents[1], "abort-no-restart", timeout=30)
+    assert final.phase == "failed" and code != 0, diagnosis(run.dir.parents[1], run.dir.name)
+    assert "at exit" not in final.message and not any(n.note for n in final.nodes)
+    assert not run.summary.exists()
