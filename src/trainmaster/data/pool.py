@@ -1,22 +1,20 @@
-"""The worker processes of `data prepare` and what they do: two stages, nothing serial.
+"""What the worker processes of `data prepare` do: two stages, nothing serial (data/share.py
+says how the tasks are shared).
 
 Stage 1, per slice of the input (data/slices.py): read and decode it, split sentences,
 tokenise, make the examples of each chunk, and append them (compact) to the process's
 scratch file. Stage 2, per shard: gather the shard's rows (the seed's permutation of all
-examples) from every scratch file and write the shard, one HDF5 chunk (~512 KiB) at a time:
-a worker's memory stays in its caches and a fresh process faults in little of it. The parent hands out slice and shard
-numbers and gets back row counts: no text and no example crosses a process boundary.
+examples) from every scratch file and write the shard, one HDF5 chunk (~512 KiB) at a
+time: a worker's memory stays in its caches and a fresh process faults in little of it.
+Tasks are slice and shard numbers, results row counts: no text and no example crosses a
+process boundary.
 """
 
 from __future__ import annotations
 
 import mmap
-import multiprocessing as mp
 import os
-import signal
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,7 +153,6 @@ _WORKER: Worker | None = None
 
 def init_pool_worker(tokens: tuple[str, ...], lower_case: bool, settings: ExampleSettings) -> None:
     global _WORKER
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     _WORKER = Worker(tokens, lower_case, settings)
 
 
@@ -217,55 +214,3 @@ def write_task(
     fmt.write_blocks(Path(path), len(rows), rows_of, block, durable=False)  # caller fsyncs
     clock.lap("hdf5")
     return path, clock.seconds
-
-
-Runner = Callable[[Callable[..., Any], Iterable[Any]], Iterator[Any]]
-
-
-@contextmanager
-def pool(
-    workers: int, vocab: Vocab, lower_case: bool, settings: ExampleSettings
-) -> Iterator[tuple[Runner, Runner]]:
-    """(ordered, last) map-like runners: in this process for one worker, else a process pool.
-    `last` runs the final stage, results in any order; with it the pool is closed, so each
-    worker exits once the queue is empty while this process commits the output.
-
-    Workers ignore SIGINT (Ctrl-C reaches the whole process group): this process alone
-    decides to stop, terminates them and cleans up. tokenizers must not use its own threads
-    in a worker (one worker per core already) nor after a fork.
-    """
-    saved = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        if workers == 1:
-            local = Worker(vocab.tokens, lower_case, settings)
-
-            def here(fn: Callable[..., Any], items: Iterable[Any]) -> Iterator[Any]:
-                return (fn(item, local) for item in items)
-
-            yield here, here
-            return
-        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by forked workers
-        try:
-            p = mp.get_context(method).Pool(
-                workers, init_pool_worker, (vocab.tokens, lower_case, settings)
-            )
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-        def last(fn: Callable[..., Any], items: Iterable[Any]) -> Iterator[Any]:
-            results = p.imap_unordered(fn, items)
-            p.close()
-            return results
-
-        try:
-            yield (lambda fn, items: p.imap(fn, items)), last
-        finally:
-            p.terminate()
-            p.join()
-    finally:
-        if saved is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = saved

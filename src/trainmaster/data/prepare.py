@@ -1,10 +1,10 @@
 """`data prepare`: text -> shards, across processes, all-or-nothing.
 
 Stages: check every argument, cut the input into slices (from file sizes alone), get the
-vocabulary, make examples per slice (worker processes read, tokenise and mask their slices
-themselves: data/pool.py), shuffle them all with the seed, write the shards under temporary
-names (in workers, each gathering its rows), and only then put them in place and write
-dataset.json last. The parent reads no text unless it trains the vocabulary. Whatever
+vocabulary, make examples per slice (worker processes, this one among them, read, tokenise
+and mask their slices themselves: data/pool.py, data/share.py), shuffle them all with the
+seed, write the shards under temporary names (in workers, each gathering its rows), and only
+then put them in place and write dataset.json last. The parent reads no text unless it trains the vocabulary. Whatever
 stops the run (an error, Ctrl-C) removes the temporaries; an old dataset is replaced only
 once the new one is complete (--overwrite).
 """
@@ -25,10 +25,10 @@ import numpy as np
 
 from trainmaster.data import corpus as corpus_mod
 from trainmaster.data import shards as fmt
-from trainmaster.data import slices
+from trainmaster.data import share, slices
 from trainmaster.data.examples import ExampleSettings
 from trainmaster.data.output import Output
-from trainmaster.data.pool import Runner, SliceResult, examples_task, pool, write_task
+from trainmaster.data.pool import SliceResult, examples_task, write_task
 from trainmaster.data.progress import Reporter, make_reporter
 from trainmaster.data.vocab import (
     DEFAULT_VOCAB_SIZE,
@@ -117,23 +117,24 @@ def prepare(
         with _timed(timings, "vocab"):
             voc = known or _train(inputs, builtin, vocab_size, lower_case)
         n_workers = min(n_workers, len(pieces))
-        # The pool stops (its workers killed) before the output is cleaned after a failure.
-        with out.writing(), pool(n_workers, voc, lower_case, settings) as (ordered, last):
+        # The forked workers stop (killed) before the output is cleaned after a failure.
+        with out.writing(), share.workers(n_workers, voc, lower_case, settings) as run:
             scratch = out.scratch()
             report.stage("making examples", len(pieces))
             with _timed(timings, "examples"):
                 results: list[SliceResult] = []
-                for r in ordered(examples_task, ((p, size, str(scratch)) for p in pieces)):
+                for r in run(examples_task, [(p, size, str(scratch)) for p in pieces]):
                     results.append(r)
                     _add(timings, r.seconds)
                     report.advance(1, r.tokens)
+                results.sort(key=lambda r: r.index)  # they come as made; rows count in order
             tokens = sum(r.tokens for r in results)
             total = sum(r.rows for r in results)
             _check_counts(results, total, shards, sources)
             report.stage("writing shards", shards)
             with _timed(timings, "write"):
                 counts = _write_shards(
-                    last, results, total, shards, settings.seed, out, report, timings
+                    run, results, total, shards, settings.seed, out, report, timings
                 )
             shutil.rmtree(scratch)
             manifest = _manifest(out, counts, tokens, settings, lower_case, voc, sources)
@@ -199,7 +200,7 @@ def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
 
 
 def _write_shards(
-    run: Runner,
+    run: share.Runner,
     results: list[SliceResult],
     total: int,
     shards: int,
@@ -211,12 +212,12 @@ def _write_shards(
     """Shuffle all examples with the seed; shard sizes differ by at most one."""
     gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(2,))))
     parts = np.array_split(gen.permutation(total), shards)
-    tasks = ((str(out.temp_path(k)), rows, results) for k, rows in enumerate(parts))
+    tasks = [(str(out.temp_path(k)), rows, results) for k, rows in enumerate(parts)]
     # Each written shard is fsync'd by a thread here while the next one is made: waiting for
     # the disk does not hold up a worker, and the file system batches concurrent syncs.
     with ThreadPoolExecutor(4, thread_name_prefix="fsync") as syncs:
         pending = []
-        for path, seconds in run(write_task, tasks):
+        for path, seconds in run(write_task, tasks, final=True):
             pending.append(syncs.submit(fmt.fsync_path, Path(path)))
             _add(timings, seconds)
             report.advance(1)
