@@ -1,0 +1,167 @@
+"""A worker that aborts at exit: does a 2-node job whose work is done end succeeded, and soon?
+(backends/local/completion.py)
+
+    python bench/exit_abort.py [--trials 3] [--kinds at_exit,mid_run] [--steps 6]
+                               [--rendezvous-timeout 600] [--out FILE]
+
+The job: a small gloo script (custom entrypoint, 2 nodes x 1 worker, c10d, no preflight) whose
+rank 1 calls os.abort() once, as torch 2.13 does to gloo workers at exit at times:
+
+  at_exit  after its last step and destroy_process_group, once rank 0's process has exited (so
+           that node's agent waits in torchrun's exit barrier): the supervisor must end the job
+           succeeded with the warning, instead of the agents waiting out the exit barrier
+           (300 s) and the join timeout (rendezvous.timeout) and the job failing
+  mid_run  after step 2: torchrun must restart the workers as before (no warning)
+
+Per kind: succeeded/N, warned/N (the at-exit warning in status), the median seconds from
+torchrun's line for the aborted worker to the job's recorded end, and from launch to the end.
+check_us: CPU microseconds of one EndWatch.check, which the supervisor calls at every look at
+its agents (every 0.2 s): while a job runs (one stat) and at an end where the agents meet in
+the exit barrier (the full look: state, /proc, timeline, node logs). Prints one JSON object;
+no assertions (docs/architecture.md 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import emit, load, machine, wait_final
+from trainmaster.backends.local import completion
+from trainmaster.run import goodput, state
+from trainmaster.storage import RunPaths, Storage
+
+KINDS = {"at_exit": 0, "mid_run": 2}  # kind -> ABORT_AT (0: after the last step)
+SCRIPT = """\
+import os, time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from trainmaster import worker
+
+rank, run = int(os.environ["RANK"]), Path(os.environ["TRAINMASTER_RUN_DIR"])
+abort_at = int(os.environ["ABORT_AT"])
+
+
+def abort_once():
+    try:
+        (run / "aborted").open("x").close()
+    except FileExistsError:
+        return
+    os.abort()
+
+
+dist.init_process_group("gloo")
+t = torch.ones(4)
+for step in range(1, int(os.environ["STEPS"]) + 1):
+    dist.all_reduce(t)
+    worker.log_metrics(step, loss=1.0 / step)
+    if rank == 1 and step == abort_at:
+        abort_once()
+dist.destroy_process_group()
+if rank == 0:
+    (run / "rank0.pid").write_text(str(os.getpid()))
+elif abort_at == 0 and not (run / "aborted").exists():
+    while not (run / "rank0.pid").exists():
+        time.sleep(0.05)
+    stat = Path(f"/proc/{(run / 'rank0.pid').read_text()}/stat")
+    while stat.exists() and stat.read_text().rpartition(")")[2].split()[0] != "Z":
+        time.sleep(0.05)
+    abort_once()
+"""
+
+
+def trial(root: Path, kind: str, i: int, steps: int, rdzv_timeout: int) -> dict[str, Any]:
+    name = f"{kind.replace('_', '-')}-{i}"
+    sets = ["train.preflight=false", f"rendezvous.timeout={rdzv_timeout}", "job.max_restarts=2"]
+    args = [sys.executable, "-m", "trainmaster", "--storage", str(root / "store"), "launch",
+            "abort.py", "--nnodes", "2", "--name", name]  # fmt: skip
+    for s in sets:
+        args += ["--set", s]
+    env = {**os.environ, "ABORT_AT": str(KINDS[kind]), "STEPS": str(steps)}
+    t0 = time.time()
+    subprocess.run(args, cwd=root, env=env, check=True, capture_output=True, timeout=120)
+    run = RunPaths(Storage(root / "store").run_dir(name))
+    phase = wait_final(run.state, timeout_s=rdzv_timeout + 400.0)
+    st = state.read(run.state)
+    end = st.finished_at or time.time()
+    failures = [completion.worker_failure(run.logs / f"node{n}.log", 0) for n in range(2)]
+    aborted = min((f[0] for f in failures if f is not None), default=None)
+    summary = json.loads(run.summary.read_text()) if run.summary.exists() else {}
+    return {
+        "phase": phase,
+        "warned": "at exit" in st.message,
+        "end_after_abort_s": round(end - aborted, 2) if aborted is not None else None,
+        "wall_s": round(end - t0, 2),
+        "restarts": summary.get("restarts"),
+    }
+
+
+def check_us(root: Path, end_state: bool, calls: int = 2000) -> float:
+    """CPU microseconds per EndWatch.check on a 2-node run folder (no live processes)."""
+    run = RunPaths(root / ("end" if end_state else "running"))
+    run.logs.mkdir(parents=True)
+    launched = time.time() - 60
+    nodes = [state.NodeState(index=n) for n in range(2)]
+    state.write(run.state, state.RunState(job="j", started_at=launched, nodes=nodes))
+    goodput.record(run.timeline, "start", t=time.time(), compiles=False)
+    for n in range(2):  # a failure before the last start: a restart, then the end
+        (run.logs / f"node{n}.log").write_text(
+            time.strftime("E%m%d %H:%M:%S.000000 1 api.py:1] ", time.localtime(launched + 1))
+            + "failed (exitcode: 1) local_rank: 0 (pid: 2) of binary: python\n"
+        )
+    if end_state:
+        run.summary.write_text(json.dumps({"status": "completed"}))
+    watch = completion.EndWatch(run, True, [0, 0], launched)
+    c0 = time.process_time()
+    for _ in range(calls):
+        watch.check([None, None], set())
+    return round((time.process_time() - c0) / calls * 1e6, 1)
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"some of {','.join(KINDS)}")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--rendezvous-timeout", type=int, default=600)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k]
+    if set(kinds) - set(KINDS) or args.trials < 1 or args.steps <= max(KINDS.values()):
+        ap.error(f"--kinds from {','.join(KINDS)}, --trials >= 1, --steps > {max(KINDS.values())}")
+    report: dict[str, Any] = {"bench": "exit_abort", "machine": machine(), "load_before": load()}
+    with tempfile.TemporaryDirectory(prefix="tm-exit-abort-") as tmp:
+        root = Path(tmp)
+        (root / "abort.py").write_text(SCRIPT)
+        report["check_us"] = {"running": check_us(root, False), "end": check_us(root, True)}
+        for kind in kinds:
+            trials = [trial(root, kind, i, args.steps, args.rendezvous_timeout)
+                      for i in range(args.trials)]  # fmt: skip
+            ends = [t["end_after_abort_s"] for t in trials if t["end_after_abort_s"] is not None]
+            report[kind] = {
+                "succeeded": f"{sum(t['phase'] == 'succeeded' for t in trials)}/{len(trials)}",
+                "warned": f"{sum(t['warned'] for t in trials)}/{len(trials)}",
+                "median_end_after_abort_s": _median(ends),
+                "median_wall_s": _median([t["wall_s"] for t in trials]),
+                "trials": trials,
+            }
+    report["load_after"] = load()
+    emit(report, args.out)
+
+
+if __name__ == "__main__":
+    main()
