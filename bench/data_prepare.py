@@ -7,15 +7,19 @@ uses the built-in corpus itself), same vocabulary (given, not trained, unless
 --train-vocab), seq 128, max_pred 20, dupe factor 5, 8 shards. Each round runs, back to back:
 the reference (bench/reference_prepare.py: the algorithm of NVIDIA's
 create_pretraining_data.py, tokenise-mask-write in one process), `data prepare` with 1
-worker, and with 2 workers; the figures are medians over rounds, so a busy shared machine
-slows all three alike. The load average is printed beside them, and CPU seconds (this
-process and its pool workers) beside wall seconds: tokens per CPU-second is the per-core
-figure a busy machine disturbs least. input_tokens counts the corpus's WordPiece tokens once.
+worker, and with 2 workers (this process and one forked worker); the figures are medians
+over rounds, so a busy shared machine slows all three alike. The load average is printed
+beside them, and CPU seconds (this process and its forked workers) beside wall seconds:
+tokens per CPU-second is the per-core figure a busy machine disturbs least;
+cpu_2_workers_over_1 is the work 2 workers add, and minor_faults (medians) the part of it
+that is a forked worker's start (its fresh heap, copy-on-write pages). input_tokens counts
+the corpus's WordPiece tokens once.
 
 Per-stage times: the reference's read/tokenise/pairs_mask/shuffle_write (wall), and ours'
-wall stages (read: stat and cut the input, vocab, examples, write) with, under "examples/..." and "write/...", the
-workers' CPU seconds per step summed over slices and shards (read, sentences, tokenise,
-pairs_mask, save; gather, expand, hdf5).
+wall stages (read: stat and cut the input, vocab, examples, write) with, under
+"examples/..." and "write/...", the workers' CPU seconds per step summed over slices and
+shards (read, sentences, tokenise, pairs_mask, save; gather, expand, hdf5: interleaved, an
+HDF5 chunk at a time).
 
 Also times tokenisation alone, ours (trainmaster.data.wordpiece.Encoder) vs HF tokenizers'
 encode_batch_fast on the same sentences, one thread: why the product does not call HF per
@@ -46,7 +50,7 @@ SETTINGS: dict[str, Any] = {"seq_len": 128, "max_pred": 20, "dupe_factor": 5, "s
 
 
 def _cpu() -> float:
-    """CPU seconds of this process (all threads) and of its reaped children (pool workers):
+    """CPU seconds of this process (all threads) and of its reaped children (forked workers):
     on a busy shared machine, tokens per CPU-second is the steadier per-core figure."""
     me, kids = (
         resource.getrusage(resource.RUSAGE_SELF),
@@ -55,8 +59,18 @@ def _cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def _faults() -> int:
+    """Minor page faults, this process and its reaped children: what a forked worker costs
+    beyond its share of the work (~6 us each here, its fresh heap and copy-on-write pages)."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_minflt + kids.ru_minflt
+
+
 def _ours(tmp: Path, source: dict[str, Any], workers: int, vocab: Path | None) -> dict[str, Any]:
-    c0 = _cpu()
+    c0, f0 = _cpu(), _faults()
     r = prepare(
         output=tmp / f"ours{workers}",
         workers=workers,
@@ -68,6 +82,7 @@ def _ours(tmp: Path, source: dict[str, Any], workers: int, vocab: Path | None) -
     return {
         "seconds": r.seconds,
         "cpu_seconds": _cpu() - c0,
+        "minor_faults": _faults() - f0,
         "tokens": r.input_tokens,
         "examples": r.examples,
         "stages": r.timings,
@@ -187,6 +202,10 @@ def main() -> None:
             "speedup_2_workers": round(sec["ours_1"] / sec["ours_2"], 2),
             # CPU seconds of 2 workers over 1: the work the split adds (1.0: none)
             "cpu_2_workers_over_1": round(cpu["ours_2"] / cpu["ours_1"], 2),
+            "minor_faults": {
+                k: statistics.median(r["minor_faults"] for r in rounds[k])
+                for k in ("ours_1", "ours_2")
+            },
             "stages_s": stages,
             "ours_1_step_share": share,
             "tokenise_only": tokenise,
