@@ -20,12 +20,22 @@ steps, compared with `none`. Prints one JSON object; no assertions (docs/archite
 On a shared machine the load drifts between runs more than checkpoints cost: --rounds R runs
 the three R times, in alternating order, and compares each run with the `none` run of its own
 round; effective_step_vs_none is then the median of the rounds' ratios.
+
+    python bench/checkpoint_cost.py --write-cpu [--model bert-base] [--rounds 3]
+
+measures the writer's side alone, in this process, on the machine's load: the model and its Adam
+state staged in the shared block as the trainer stages them, then checkpoint.write() through the
+page cache (plain torch.save, as before issue 28's O_DIRECT write) and direct (ckptdirect), in
+alternating order, --rounds times each: seconds, and CPU seconds (user, system) a write takes
+from a core that training could use.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,6 +47,7 @@ from typing import Any
 from benchlib import agent_env, emit, load, machine, prepare_corpus, wait_final
 from trainmaster import jobfile
 from trainmaster.storage import RunPaths, Storage
+from trainmaster.train import checkpoint, ckptarena, model, optim
 from trainmaster.train.ckptwriter import SYNC_ENV
 
 VARIANTS = ("none", "background", "sync")
@@ -102,6 +113,55 @@ def run(root: Path, name: str, variant: str, model: str, steps: int, every: int)
     }
 
 
+def write_cpu(model_name: str, rounds: int) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)  # as in the writer process
+    cfg = jobfile.preset("local-cpu", [f'model.preset="{model_name}"'])
+    bert = model.build(cfg, 30522)
+    opt = optim.make_optimizer(cfg, bert, "cpu")
+    torch.stack([p.sum() for p in bert.parameters()]).sum().backward()
+    opt.step()  # Adam's state exists from the first step on
+    state: tuple[Any, ...] = (bert.state_dict(), {"optimizer": opt.state_dict(), "step": 1}, [], {})
+    skeleton, tensors = ckptarena.flatten(state)
+    layout, size = ckptarena.layout_of(tensors)
+    fd = ckptarena.shared_fd()
+    os.ftruncate(fd, size)
+    arena = ckptarena.Arena(fd, size, layout)
+    arena.fill(tensors)
+    staged = checkpoint.Staged(1, *ckptarena.unflatten(skeleton, arena.views))
+    runs: dict[str, list[dict[str, float]]] = {"page_cache": [], "direct": []}
+    with tempfile.TemporaryDirectory(prefix="bench-ckpt-write-") as d:
+        for r in range(rounds):
+            for way in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+                before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+                _, nbytes = checkpoint.write(
+                    Path(d) / way, staged, 1, arena=arena if way == "direct" else None
+                )
+                after = resource.getrusage(resource.RUSAGE_SELF)
+                runs[way].append(
+                    {
+                        "seconds": round(time.perf_counter() - t0, 3),
+                        "user_s": round(after.ru_utime - before.ru_utime, 3),
+                        "sys_s": round(after.ru_stime - before.ru_stime, 3),
+                    }
+                )
+                say(f"  {way}: {json.dumps(runs[way][-1])}")
+    arena.close()
+    os.close(fd)
+    cpu = {w: [x["user_s"] + x["sys_s"] for x in v] for w, v in runs.items()}
+    return {
+        "bench": "checkpoint_write_cpu",
+        "what": f"checkpoint.write() of {model_name} + Adam state ({nbytes / 1e9:.2f} GB), "
+        f"{rounds} round(s), in a temporary folder",
+        "runs": runs,
+        "median_cpu_s": {w: round(statistics.median(v), 3) for w, v in cpu.items()},
+        "median_seconds": {
+            w: round(statistics.median(x["seconds"] for x in v), 3) for w, v in runs.items()
+        },
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="bert-base", help="bert-tiny | bert-base | bert-large")
@@ -109,7 +169,12 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=4, help="checkpoint every N steps")
     ap.add_argument("--rounds", type=int, default=1, help="run the three this many times")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    ap.add_argument("--write-cpu", action="store_true", help="the writer's CPU alone (above)")
     args = ap.parse_args()
+    if args.write_cpu:
+        report = write_cpu(args.model, args.rounds)
+        emit({**report, "machine": machine(), "load_after": load()}, args.out)
+        return
     if args.every < 1 or args.steps <= args.every + 1 or args.rounds < 1:
         ap.error("--every >= 1, --steps > --every + 1 and --rounds >= 1")
     started, load_before = time.time(), load()
