@@ -149,3 +149,24 @@ def test_the_writer_process_writes_model_and_trainer_directly(tmp_path: Path) ->
     model = torch.load(path / checkpoint.MODEL, weights_only=True)
     assert model.keys() == bert.state_dict().keys()
     assert all(torch.equal(model[k], v) for k, v in bert.state_dict().items())
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT here")
+def test_a_direct_write_the_kernel_refuses_goes_on_buffered(tmp_path: Path) -> None:
+    """A file system may take the flag and refuse the write (EINVAL on an alignment it does not
+    support): here a length of 100 bytes, which no block device accepts direct."""
+    path = tmp_path / "f"
+    path.write_bytes(b"\0" * 8192)
+    data = bytes(range(100))
+    buffered = os.open(path, os.O_WRONLY)
+    direct = ckptdirect._open_direct(path)
+    if direct is None:
+        pytest.skip(f"{tmp_path} refuses O_DIRECT at open")
+    try:
+        with pytest.raises(OSError):
+            os.pwrite(direct, data, 4096)
+        assert ckptdirect._pwrite(direct, memoryview(data), 4096, buffered) == 100
+    finally:
+        os.close(direct)
+        os.close(buffered)
+    assert path.read_bytes() == b"\0" * 4096 + data + b"\0" * 3996
