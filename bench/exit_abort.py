@@ -2,7 +2,7 @@
 (backends/local/completion.py)
 
     python bench/exit_abort.py [--trials 3] [--kinds at_exit,mid_run] [--steps 6]
-                               [--rendezvous-timeout 600] [--out FILE]
+                               [--rendezvous-timeout 600] [--baseline WORKTREE] [--out FILE]
 
 The job: a small gloo script (custom entrypoint, 2 nodes x 1 worker, c10d, no preflight) whose
 rank 1 calls os.abort() once, as torch 2.13 does to gloo workers at exit at times:
@@ -15,6 +15,9 @@ rank 1 calls os.abort() once, as torch 2.13 does to gloo workers at exit at time
 
 Per kind: succeeded/N, warned/N (the at-exit warning in status), the median seconds from
 torchrun's line for the aborted worker to the job's recorded end, and from launch to the end.
+--baseline WORKTREE: each trial also with another checkout's trainmaster (its src/ first on
+PYTHONPATH; e.g. `git worktree add /tmp/tm-before COMMIT`), alternating, under KIND_baseline;
+with --rendezvous-timeout 60 a baseline at_exit trial ends in about 80 s instead of 300-600 s.
 check_us: CPU microseconds of one EndWatch.check, which the supervisor calls at every look at
 its agents (every 0.2 s): while a job runs (one stat) and at an end where the agents meet in
 the exit barrier (the full look: state, /proc, timeline, node logs). Prints one JSON object;
@@ -80,14 +83,18 @@ elif abort_at == 0 and not (run / "aborted").exists():
 """
 
 
-def trial(root: Path, kind: str, i: int, steps: int, rdzv_timeout: int) -> dict[str, Any]:
-    name = f"{kind.replace('_', '-')}-{i}"
+def trial(
+    root: Path, kind: str, i: int, steps: int, rdzv_timeout: int, tree: Path | None = None
+) -> dict[str, Any]:
+    name = f"{kind.replace('_', '-')}-{i}" + ("-baseline" if tree else "")
     sets = ["train.preflight=false", f"rendezvous.timeout={rdzv_timeout}", "job.max_restarts=2"]
     args = [sys.executable, "-m", "trainmaster", "--storage", str(root / "store"), "launch",
             "abort.py", "--nnodes", "2", "--name", name]  # fmt: skip
     for s in sets:
         args += ["--set", s]
     env = {**os.environ, "ABORT_AT": str(KINDS[kind]), "STEPS": str(steps)}
+    if tree is not None:  # the CLI, and the supervisor it forks, import that tree's trainmaster
+        env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), env.get("PYTHONPATH", "")])
     t0 = time.time()
     subprocess.run(args, cwd=root, env=env, check=True, capture_output=True, timeout=120)
     run = RunPaths(Storage(root / "store").run_dir(name))
@@ -132,12 +139,24 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
+def tally(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    ends = [t["end_after_abort_s"] for t in trials if t["end_after_abort_s"] is not None]
+    return {
+        "succeeded": f"{sum(t['phase'] == 'succeeded' for t in trials)}/{len(trials)}",
+        "warned": f"{sum(t['warned'] for t in trials)}/{len(trials)}",
+        "median_end_after_abort_s": _median(ends),
+        "median_wall_s": _median([t["wall_s"] for t in trials]),
+        "trials": trials,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"some of {','.join(KINDS)}")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--rendezvous-timeout", type=int, default=600)
+    ap.add_argument("--baseline", type=Path, help="another checkout to run side by side")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
@@ -149,16 +168,16 @@ def main() -> None:
         (root / "abort.py").write_text(SCRIPT)
         report["check_us"] = {"running": check_us(root, False), "end": check_us(root, True)}
         for kind in kinds:
-            trials = [trial(root, kind, i, args.steps, args.rendezvous_timeout)
-                      for i in range(args.trials)]  # fmt: skip
-            ends = [t["end_after_abort_s"] for t in trials if t["end_after_abort_s"] is not None]
-            report[kind] = {
-                "succeeded": f"{sum(t['phase'] == 'succeeded' for t in trials)}/{len(trials)}",
-                "warned": f"{sum(t['warned'] for t in trials)}/{len(trials)}",
-                "median_end_after_abort_s": _median(ends),
-                "median_wall_s": _median([t["wall_s"] for t in trials]),
-                "trials": trials,
-            }
+            ours, base = [], []
+            for i in range(args.trials):
+                ours.append(trial(root, kind, i, args.steps, args.rendezvous_timeout))
+                if args.baseline is not None:
+                    base.append(
+                        trial(root, kind, i, args.steps, args.rendezvous_timeout, args.baseline)
+                    )
+            report[kind] = tally(ours)
+            if base:
+                report[f"{kind}_baseline"] = tally(base)
     report["load_after"] = load()
     emit(report, args.out)
 
