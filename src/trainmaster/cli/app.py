@@ -6,50 +6,40 @@ a failed job or tool -> exit 1; usage errors (unknown option, missing argument) 
 
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import Any
 
 import typer
 
 from trainmaster import __version__, api
-from trainmaster.cli import compile_cmd, job_cmd, monitor_cmd
-from trainmaster.cli.cluster_cmd import cluster_app
-from trainmaster.cli.config_cmd import config_app, init
-from trainmaster.cli.data_cmd import data_app
-from trainmaster.cli.demo_cmd import demo
-from trainmaster.cli.estimate_cmd import estimate
-from trainmaster.cli.export_cmd import export_app
-from trainmaster.cli.node_cmd import node_app
 from trainmaster.cli.options import BackendOpt, ContextOpt, KubeconfigOpt, NamespaceOpt, StorageOpt
 from trainmaster.errors import EXIT_BAD_INPUT, EXIT_FAILED, JobFailed, UserError
 
-app = typer.Typer(
-    name="trainmaster",
-    help="Multi-node BERT pretraining on EKS (Trainium, GPUs) and on one machine, from one job file.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-    epilog="The options above (--storage, --backend, --kubeconfig, --context, --namespace) apply "
-    "to every command and may also follow it: trainmaster status demo --storage ./data",
+# Every command, in --help's order: (name, module, attribute, sub-app?, command settings).
+# A module is imported only when its command runs (or for the full --help): `launch` would
+# otherwise pay for rich, yaml and every other command's imports before the job starts.
+COMMANDS: tuple[tuple[str, str, str, bool, dict[str, Any]], ...] = (
+    ("demo", "demo_cmd", "demo", False, {}),
+    ("init", "config_cmd", "init", False, {}),
+    ("config", "config_cmd", "config_app", True, {}),
+    ("precompile", "compile_cmd", "precompile", False, {}),
+    ("launch", "job_cmd", "launch", False, {"context_settings": {"allow_extra_args": True}}),
+    ("list", "job_cmd", "list_jobs", False, {}),
+    ("status", "job_cmd", "status", False, {}),
+    ("logs", "job_cmd", "logs", False, {}),
+    ("cancel", "job_cmd", "cancel", False, {}),
+    ("top", "monitor_cmd", "top", False, {}),
+    ("tensorboard", "monitor_cmd", "tensorboard", False, {}),
+    ("report", "monitor_cmd", "report", False, {}),
+    ("estimate", "estimate_cmd", "estimate", False, {}),
+    ("data", "data_cmd", "data_app", True, {}),
+    ("cluster", "cluster_cmd", "cluster_app", True, {}),
+    ("node", "node_cmd", "node_app", True, {}),
+    ("cache", "compile_cmd", "cache_app", True, {}),
+    ("export", "export_cmd", "export_app", True, {}),
 )
-app.command()(demo)
-app.command()(init)
-app.add_typer(config_app, name="config")
-app.command()(compile_cmd.precompile)
-app.command(context_settings={"allow_extra_args": True})(job_cmd.launch)
-app.command("list")(job_cmd.list_jobs)
-app.command()(job_cmd.status)
-app.command()(job_cmd.logs)
-app.command()(job_cmd.cancel)
-app.command()(monitor_cmd.top)
-app.command()(monitor_cmd.tensorboard)
-app.command()(monitor_cmd.report)
-app.command()(estimate)
-app.add_typer(data_app, name="data")
-app.add_typer(cluster_app, name="cluster")
-app.add_typer(node_app, name="node")
-app.add_typer(compile_cmd.cache_app, name="cache")
-app.add_typer(export_app, name="export")
+NAMES = frozenset(c[0] for c in COMMANDS)
 
 
 def _version(value: bool) -> None:
@@ -58,7 +48,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     ctx: typer.Context,
     version: bool = typer.Option(
@@ -111,6 +100,58 @@ def hoist_global_options(args: list[str]) -> list[str]:
     return front + rest
 
 
+def build(names: frozenset[str] = NAMES) -> typer.Typer:
+    """The app with the root options and the commands in names (all: the full --help)."""
+    app = typer.Typer(
+        name="trainmaster",
+        help="Multi-node BERT pretraining on EKS (Trainium, GPUs) and on one machine, from one job file.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+        epilog="The options above (--storage, --backend, --kubeconfig, --context, --namespace) "
+        "apply to every command and may also follow it: trainmaster status demo --storage ./data",
+    )
+    app.callback()(_root)
+    for name, module, attr, group, settings in COMMANDS:
+        if name in names:
+            obj = getattr(importlib.import_module(f"trainmaster.cli.{module}"), attr)
+            if group:
+                app.add_typer(obj, name=name)
+            else:
+                app.command(name, **settings)(obj)
+    return app
+
+
+_full: list[typer.Typer] = []
+
+
+def __getattr__(name: str) -> typer.Typer:
+    """`app`: every command (what tests and tools that inspect the CLI see)."""
+    if name != "app":
+        raise AttributeError(name)
+    if not _full:
+        _full.append(build())
+    return _full[0]
+
+
+def command_of(args: list[str]) -> str | None:
+    """The command args run (after hoist_global_options), or None where the root speaks
+    (--help, --version, no or an unknown command): then every command is loaded."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in GLOBAL_OPTIONS:
+            i += 2
+        elif a.split("=", 1)[0] in GLOBAL_OPTIONS or a == "--debug":
+            i += 1
+        elif a.startswith("-"):
+            return None
+        else:
+            return a if a in NAMES else None
+    return None
+
+
 def _err(message: str) -> None:
     sys.stderr.write(f"error: {' '.join(message.split())}\n")
 
@@ -129,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     args = hoist_global_options(args)
     debug = "--debug" in args
     try:
+        name = command_of(args)
+        app = build(frozenset({name}) if name else NAMES)
         result = app(args=args, prog_name="trainmaster", standalone_mode=False)
         return result if isinstance(result, int) else 0
     except typer.Exit as exc:

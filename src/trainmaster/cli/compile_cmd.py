@@ -12,7 +12,6 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainmaster import api
-from trainmaster.cli.options import ImageOpt, JobFileArg, SetOpt, WaitLockOpt, target
+from trainmaster.cli.options import ImageOpt, JobFileArg, SetOpt, WaitLockOpt, lock_waiting, target
 from trainmaster.compile import cache, fingerprint, lock
 from trainmaster.compile import precompile as pre_mod
 from trainmaster.errors import UserError
@@ -36,17 +35,6 @@ CachesetArg = Annotated[str, typer.Argument(metavar="CACHESET", help="A cacheset
 
 def _say(text: str) -> None:
     typer.echo(text, err=True)
-
-
-def lock_waiting(cacheset: str, wait_s: float) -> Callable[[lock.Holder], None]:
-    """What `launch` and `precompile` say while another job holds the cacheset's lock."""
-
-    def say(holder: lock.Holder) -> None:
-        _say(
-            f"waiting up to {wait_s:g} s: compile cache {cacheset} is in use by {holder.describe()}"
-        )
-
-    return say
 
 
 def precompile(

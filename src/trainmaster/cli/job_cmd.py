@@ -12,19 +12,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from trainmaster import api
 from trainmaster.backends.base import Backend
-from trainmaster.cli import show
-from trainmaster.cli.compile_cmd import lock_waiting
 from trainmaster.cli.options import (
     ImageOpt,
     JobArg,
     JsonOpt,
     SetOpt,
     WaitLockOpt,
+    lock_waiting,
     target,
 )
 from trainmaster.errors import JobFailed, UserError
@@ -115,6 +112,10 @@ def launch(
 
 def follow_job(backend: Backend, job: str) -> None:
     """A progress bar until the job ends; JobFailed (exit 1) unless it succeeded."""
+    # rich here and in list/status, not at the top: a plain `launch` starts its job without it
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -144,11 +145,15 @@ def follow_job(backend: Backend, job: str) -> None:
 
 def list_jobs(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """List the jobs (local: under the storage root; kubernetes: trainmaster's Volcano jobs), newest first."""
+    from trainmaster.cli import show
+
     show.jobs(api.backend(target(ctx)).list(), as_json)
 
 
 def status(ctx: typer.Context, job: JobArg, as_json: JsonOpt = False) -> None:
     """Phase, nodes, ranks, restarts, last step, loss, seq/s and ETA of a job (--json: as data)."""
+    from trainmaster.cli import show
+
     backend, name = api.backend_for_job(target(ctx), job)
     show.status(backend.status(name), as_json)
 

@@ -6,11 +6,15 @@ stored in ctx.obj as an api.Target; a command reads them with target(ctx).
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from trainmaster import api
+
+if TYPE_CHECKING:
+    from trainmaster.compile import lock
 
 SetOpt = Annotated[
     list[str] | None,
@@ -68,6 +72,20 @@ WaitLockOpt = Annotated[
         help="Compile jobs: how long to wait while another job uses the cacheset (then fail)",
     ),
 ]
+
+
+def lock_waiting(cacheset: str, wait_s: float) -> Callable[[lock.Holder], None]:
+    """What `launch` and `precompile` say while another job holds the cacheset's lock."""
+
+    def say(holder: lock.Holder) -> None:
+        typer.echo(
+            f"waiting up to {wait_s:g} s: compile cache {cacheset} is in use by "
+            f"{holder.describe()}",
+            err=True,
+        )
+
+    return say
+
 
 ImageOpt = Annotated[
     str | None, typer.Option(help="kubernetes: training image (else kubernetes.image)")
