@@ -151,9 +151,10 @@ def _nothing() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 _WORKER: Worker | None = None
 
 
-def init_pool_worker(tokens: tuple[str, ...], lower_case: bool, settings: ExampleSettings) -> None:
+def init_pool_worker(worker: Worker) -> None:
+    """The Worker of a forked process: the parent's own, copied by the fork (built once)."""
     global _WORKER
-    _WORKER = Worker(tokens, lower_case, settings)
+    _WORKER = worker
 
 
 def examples_task(item: tuple[Slice, int, str], worker: Worker | None = None) -> SliceResult:

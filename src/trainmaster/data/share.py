@@ -28,12 +28,10 @@ Runner = Callable[..., Iterator[Any]]
 _SHARED: tuple[Any, Any] | None = None  # (next task, results) of a forked worker
 
 
-def _init(
-    tokens: tuple[str, ...], lower_case: bool, settings: ExampleSettings, claim: Any, out: Any
-) -> None:
+def _init(worker: tasks.Worker, claim: Any, out: Any) -> None:
     global _SHARED
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    tasks.init_pool_worker(tokens, lower_case, settings)
+    tasks.init_pool_worker(worker)
     _SHARED = (claim, out)
 
 
@@ -76,11 +74,13 @@ def workers(n: int, vocab: Vocab, lower_case: bool, settings: ExampleSettings) -
 
             yield here
             return
-        ctx = mp.get_context("fork")  # the workers inherit the vocabulary and the counter
+        # Forked, the workers inherit this process's Worker (its encoder built), the counter
+        # and the queue: nothing is pickled and nothing is built again.
+        ctx = mp.get_context("fork")
         counter, out = ctx.Value("q", 0), ctx.SimpleQueue()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the workers
         try:
-            p = ctx.Pool(n - 1, _init, (vocab.tokens, lower_case, settings, counter, out))
+            p = ctx.Pool(n - 1, _init, (local, counter, out))
         finally:
             signal.signal(signal.SIGINT, previous)
 
