@@ -21,8 +21,8 @@ from trainmaster.data import pool as tasks
 from trainmaster.data.examples import ExampleSettings
 from trainmaster.data.vocab import Vocab
 
-# fn(items, final=False) -> each item's result, in any order; final: the stage after which
-# the forked workers are done (they exit while this process commits the output).
+# run(fn, items, final=False) -> each item's result, in any order; final: the last stage,
+# after which the forked workers exit (while this process commits the output).
 Runner = Callable[..., Iterator[Any]]
 
 _SHARED: tuple[Any, Any] | None = None  # (next task, results) of a forked worker
