@@ -178,18 +178,25 @@ class Output:
         if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
 
-    def commit(self, vocab: Vocab, manifest: dict[str, Any]) -> None:
-        """All shards are complete in the staging folder: name them, add vocab.txt and
-        dataset.json, carry the user's other files over, then swap the folders."""
+    def write_meta(self, vocab: Vocab, manifest: dict[str, Any]) -> None:
+        """vocab.txt and dataset.json (durable) into the staging folder: known once the shard
+        sizes are, so `data prepare` writes them while the shards are written, and their
+        fsyncs are not part of the serial end."""
+        assert self.staging is not None, "write_meta outside writing()"
+        vocab.write(self.staging / fmt.VOCAB)
+        fmt.write_json_atomic(self.staging / fmt.MANIFEST, manifest)
+
+    def commit(self) -> None:
+        """All shards, vocab.txt and dataset.json are complete in the staging folder: name the
+        shards, carry the user's other files over, then swap the folders."""
         stage = self.staging
         assert stage is not None, "commit outside writing()"
-        missing = [p for p in (self.temp_path(k) for k in range(self.shards)) if not p.is_file()]
+        need = [self.temp_path(k) for k in range(self.shards)]
+        missing = [p for p in [*need, stage / fmt.VOCAB, stage / fmt.MANIFEST] if not p.is_file()]
         if missing:
-            raise RuntimeError(f"shard temporaries missing before commit: {missing}")
+            raise RuntimeError(f"files missing before commit: {missing}")
         for k in range(self.shards):
             os.replace(self.temp_path(k), stage / fmt.shard_name(self.name, k))
-        vocab.write(stage / fmt.VOCAB)
-        fmt.write_json_atomic(stage / fmt.MANIFEST, manifest)
         target = self.target
         if target.is_dir():
             self._carry_over(target, stage)

@@ -3,10 +3,11 @@
 Stages: check every argument, cut the input into slices (from file sizes alone), get the
 vocabulary, make examples per slice (worker processes, this one among them, read, tokenise
 and mask their slices themselves: data/pool.py, data/share.py), shuffle them all with the
-seed, write the shards under temporary names (in workers, each gathering its rows), and only
-then put them in place and write dataset.json last. The parent reads no text unless it trains the vocabulary. Whatever
-stops the run (an error, Ctrl-C) removes the temporaries; an old dataset is replaced only
-once the new one is complete (--overwrite).
+seed, write the shards under temporary names (in workers, each gathering its rows; vocab.txt
+and dataset.json meanwhile, in a thread), and only then name the shards and swap the new
+folder in. The parent reads no text unless it trains the vocabulary. Whatever stops the run
+(an error, Ctrl-C) removes the temporaries; an old dataset is replaced only once the new one
+is complete (--overwrite).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -132,13 +133,17 @@ def prepare(
             total = sum(r.rows for r in results)
             _check_counts(results, total, shards, sources)
             report.stage("writing shards", shards)
+
+            def meta(counts: list[int]) -> None:
+                manifest = _manifest(out, counts, tokens, settings, lower_case, voc, sources)
+                out.write_meta(voc, manifest)
+
             with _timed(timings, "write"):
                 counts = _write_shards(
-                    run, results, total, shards, settings.seed, out, report, timings
+                    run, results, total, shards, settings.seed, out, report, timings, meta
                 )
             shutil.rmtree(scratch)
-            manifest = _manifest(out, counts, tokens, settings, lower_case, voc, sources)
-            out.commit(voc, manifest)
+            out.commit()
     finally:
         report.close()
     timings["total"] = time.monotonic() - t0
@@ -208,21 +213,23 @@ def _write_shards(
     out: Output,
     report: Reporter,
     timings: dict[str, float],
+    meta: Callable[[list[int]], None],
 ) -> list[int]:
-    """Shuffle all examples with the seed; shard sizes differ by at most one."""
+    """Shuffle all examples with the seed; shard sizes differ by at most one. meta(sizes)
+    writes the dataset's other files meanwhile."""
     gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(2,))))
     parts = np.array_split(gen.permutation(total), shards)
     tasks = [(str(out.temp_path(k)), rows, results) for k, rows in enumerate(parts)]
     # Each written shard is fsync'd by a thread here while the next one is made: waiting for
     # the disk does not hold up a worker, and the file system batches concurrent syncs.
     with ThreadPoolExecutor(4, thread_name_prefix="fsync") as syncs:
-        pending = []
+        pending = [syncs.submit(meta, [len(p) for p in parts])]
         for path, seconds in run(write_task, tasks, final=True):
             pending.append(syncs.submit(fmt.fsync_path, Path(path)))
             _add(timings, seconds)
             report.advance(1)
         for done in pending:
-            done.result()  # every shard is durable before commit() names it
+            done.result()  # every file is durable before commit() names the shards
     return [len(p) for p in parts]
 
 
