@@ -2,7 +2,8 @@
 without pydantic, and a worker imports nothing the script does not need, preflight included.
 
 The last test is a real 2-worker torchrun job: the script lists the modules loaded at its first
-line, after the shim and its preflight ran on a process group of their own.
+line, after the shim and its preflight ran on a process group of their own, and finds torch's
+objects frozen out of the collector's way while its own garbage is still collected.
 """
 
 from __future__ import annotations
@@ -78,13 +79,21 @@ def test_the_nets_device_values_are_the_configs() -> None:
 
 
 SCRIPT = """\
-import json, os, sys
+import gc, json, os, sys, weakref
 import torch, torch.distributed as dist
 loaded = sorted(sys.modules)
+class Node: pass
+a, b = Node(), Node()
+a.other, b.other = b, a
+gone = weakref.ref(a)
+del a, b
+gc.collect()
+collector = {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(), "cycle": gone() is None}
 dist.init_process_group("gloo")
 total = torch.ones(1)
 dist.all_reduce(total)
-print("MODULES " + json.dumps({"rank": dist.get_rank(), "total": total.item(), "loaded": loaded}))
+print("MODULES " + json.dumps({"rank": dist.get_rank(), "total": total.item(), "loaded": loaded,
+                               "gc": collector}))
 dist.destroy_process_group()
 """
 
@@ -116,3 +125,6 @@ def test_a_worker_imports_nothing_the_script_does_not_need(tmp_path: Path) -> No
         assert "trainmaster.train.scriptnet" in loaded and "trainmaster.train.health" in loaded
         extra = [m for m in loaded if any(m == n or m.startswith(n + ".") for n in NOT_NEEDED)]
         assert extra == [], f"rank {r['rank']} imported {extra}"
+        # torch's objects (the preflight imported it) are frozen; the script's collector runs
+        gc = r["gc"]
+        assert gc["enabled"] and gc["cycle"] and gc["frozen"] > 100_000, gc
