@@ -4,13 +4,14 @@
 
 Plain torch and one trainmaster helper: log_metrics writes rank 0's step rows to
 $TRAINMASTER_RUN_DIR/metrics.jsonl (the run folder under `trainmaster launch`; the bench sets
-it for torchrun and TorchX), whose first row is the moment the bench times. The model is tiny on
-purpose: what is measured is the launcher, not the step.
+it for torchrun and TorchX), whose first row is the moment the bench times, with rank 0's CPU
+seconds until then. The model is tiny on purpose: what is measured is the launcher, not the step.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,8 @@ def main() -> None:
         loss.backward()
         opt.step()
         opt.zero_grad()
-        log_metrics(step=step, loss=loss.item())
+        # cpu_s: this process's CPU seconds so far (the bench compares launchers by it too)
+        log_metrics(step=step, loss=loss.item(), cpu_s=round(time.process_time(), 3))
     dist.destroy_process_group()
 
 

@@ -25,8 +25,9 @@ with trainmaster.worker.log_metrics, which writes to $TRAINMASTER_RUN_DIR, set b
 launch and by this bench for the others. Every way gets the environment the local supervisor
 gives its agents (benchlib.agent_env). The order of the ways rotates per repeat, and medians are
 compared: the machine is shared and noisy. A launch run also reports where its time went, from
-the run folder: the CLI's return, the supervisor starting the agents (state.json started_at),
-rank 0's shim or trainer starting (timeline.jsonl start) and the preflight. Prints one JSON
+the run folder: the CLI's return and its CPU seconds (user+sys, steadier than wall time on a busy
+machine), the supervisor starting the agents (state.json started_at), rank 0's shim or trainer
+starting (timeline.jsonl start) and the preflight. Prints one JSON
 object; no assertions (docs/architecture.md 4). Aims: builtin launch within 1.15 x torchrun;
 script launch no slower than TorchX.
 """
@@ -38,6 +39,7 @@ import compileall
 import contextlib
 import json
 import os
+import resource
 import signal
 import statistics
 import subprocess
@@ -79,6 +81,13 @@ def builtin_job(root: Path, name: str, steps: int) -> Path:
     return path
 
 
+def rank0_cpu(metrics: Path) -> dict[str, float]:
+    """Rank 0's CPU seconds at step 1 (the script's cpu_s; the built-in trainer logs none):
+    what its worker spent, shim and preflight included, whatever else ran on the machine."""
+    row = json.loads(metrics.read_text().splitlines()[0])
+    return {"rank0_cpu_s": row["cpu_s"]} if "cpu_s" in row else {}
+
+
 def phases(run: RunPaths, t0: float) -> dict[str, float]:
     """Seconds from t0 to each start-up milestone the run folder records."""
     out: dict[str, float] = {}
@@ -107,15 +116,19 @@ def via_launch(src: Path | None, case: str) -> Way:
             target = [SCRIPT, "--nnodes", "2", "--name", name, "--", "--steps", str(steps)]
         cmd = [sys.executable, "-m", "trainmaster", "--storage", str(root), "launch", *target]
         paths = RunPaths(Storage(root).run_dir(name))
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.time()
         result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
         returned = time.time() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the CLI (the supervisor is not ours)
+        cli_cpu = after.ru_utime - used.ru_utime + after.ru_stime - used.ru_stime
         if result.returncode != 0:
             raise SystemExit(f"launch {name} failed: {result.stderr.strip()}")
         first = first_step_at(paths.metrics, t0, TIMEOUT_S)
+        cpu = rank0_cpu(paths.metrics)
         ended = _ended(paths)
         return {"first_step_s": round(first, 3), "cli_returned_s": round(returned, 3),
-                **phases(paths, t0), **({"ended": ended} if ended != "succeeded" else {})}  # fmt: skip
+                "cli_cpu_s": round(cli_cpu, 3), **cpu, **phases(paths, t0), **({"ended": ended} if ended != "succeeded" else {})}  # fmt: skip
 
     return run
 
@@ -170,7 +183,7 @@ def _started(cmds: list[list[str]], env: dict[str, str], out: Path) -> dict[str,
             p.kill() if p.poll() is None else None
         for f in files:
             f.close()
-    result: dict[str, Any] = {"first_step_s": round(first, 3)}
+    result: dict[str, Any] = {"first_step_s": round(first, 3), **rank0_cpu(out / "metrics.jsonl")}
     if any(codes):
         text = "".join(f.read_text(errors="replace") for f in sorted(logs.rglob("*.log")))
         aborted = "terminate called without an active exception" in text
@@ -233,10 +246,14 @@ def summary(case: str, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         out["launch_over_torchx"] = round(med["launch"] / med["torchx"], 3)
         if "launch@baseline" in med:
             out["baseline_over_torchx"] = round(med["launch@baseline"] / med["torchx"], 3)
+    if all("rank0_cpu_s" in r for rs in runs.values() for r in rs):
+        out["rank0_cpu_s median"] = {
+            w: round(statistics.median(r["rank0_cpu_s"] for r in rs), 3) for w, rs in runs.items()
+        }
     for way in (w for w in runs if any("ended" in r for r in runs[w])):
         out[f"{way} endings"] = [r.get("ended", "succeeded") for r in runs[way]]
     for way in (w for w in runs if w.startswith("launch")):
-        keys = sorted({k for r in runs[way] for k in r} - {"first_step_s", "ended"})
+        keys = sorted({k for r in runs[way] for k in r} - {"first_step_s", "ended", "rank0_cpu_s"})
         out[f"{way} phases median_s"] = {
             k: round(statistics.median(r[k] for r in runs[way] if k in r), 3) for k in keys
         }
