@@ -1,5 +1,8 @@
 """The `trainmaster` command: the typer app and the one place where errors become exit codes.
 
+Each invocation builds the app with the one command it runs (build, command_of), so that the
+command's start-up pays for its own imports only; the root's --help and `app` hold them all.
+
 Bad input (UserError) -> one line on stderr, exit 2, no traceback (`--debug` shows it);
 a failed job or tool -> exit 1; usage errors (unknown option, missing argument) -> exit 2.
 """
@@ -16,7 +19,8 @@ from trainmaster import __version__, api
 from trainmaster.cli.options import BackendOpt, ContextOpt, KubeconfigOpt, NamespaceOpt, StorageOpt
 from trainmaster.errors import EXIT_BAD_INPUT, EXIT_FAILED, JobFailed, UserError
 
-# Every command, in --help's order: (name, module, attribute, sub-app?, command settings).
+# Every command: (name, module, attribute, sub-app?, command settings), in the order they are
+# registered (--help lists the commands, then the sub-apps, each in this order).
 # A module is imported only when its command runs (or for the full --help): `launch` would
 # otherwise pay for rich, yaml and every other command's imports before the job starts.
 COMMANDS: tuple[tuple[str, str, str, bool, dict[str, Any]], ...] = (
