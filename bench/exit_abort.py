@@ -43,44 +43,7 @@ from trainmaster.run import goodput, state
 from trainmaster.storage import RunPaths, Storage
 
 KINDS = {"at_exit": 0, "mid_run": 2}  # kind -> ABORT_AT (0: after the last step)
-SCRIPT = """\
-import os, time
-from pathlib import Path
-
-import torch
-import torch.distributed as dist
-from trainmaster import worker
-
-rank, run = int(os.environ["RANK"]), Path(os.environ["TRAINMASTER_RUN_DIR"])
-abort_at = int(os.environ["ABORT_AT"])
-
-
-def abort_once():
-    try:
-        (run / "aborted").open("x").close()
-    except FileExistsError:
-        return
-    os.abort()
-
-
-dist.init_process_group("gloo")
-t = torch.ones(4)
-for step in range(1, int(os.environ["STEPS"]) + 1):
-    dist.all_reduce(t)
-    worker.log_metrics(step, loss=1.0 / step)
-    if rank == 1 and step == abort_at:
-        abort_once()
-dist.destroy_process_group()
-if rank == 0:
-    (run / "rank0.pid").write_text(str(os.getpid()))
-elif abort_at == 0 and not (run / "aborted").exists():
-    while not (run / "rank0.pid").exists():
-        time.sleep(0.05)
-    stat = Path(f"/proc/{(run / 'rank0.pid').read_text()}/stat")
-    while stat.exists() and stat.read_text().rpartition(")")[2].split()[0] != "Z":
-        time.sleep(0.05)
-    abort_once()
-"""
+SCRIPT = Path(__file__).with_name("abort_script.py")
 
 
 def trial(
@@ -165,7 +128,7 @@ def main() -> None:
     report: dict[str, Any] = {"bench": "exit_abort", "machine": machine(), "load_before": load()}
     with tempfile.TemporaryDirectory(prefix="tm-exit-abort-") as tmp:
         root = Path(tmp)
-        (root / "abort.py").write_text(SCRIPT)
+        (root / "abort.py").write_text(SCRIPT.read_text())
         report["check_us"] = {"running": check_us(root, False), "end": check_us(root, True)}
         for kind in kinds:
             ours, base = [], []

@@ -24,53 +24,13 @@ from trainmaster.storage import RunPaths, Storage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 STEPS = 6
-# Rank 1 aborts once (a marker file), after step ABORT_AT, or at the end (0): after its last
-# step and destroy_process_group, once rank 0's process has exited, so that node's agent is
-# in its exit barrier and not still watching a live worker (that one would restart its workers
-# into the new round, and the job would simply run again).
-SCRIPT = """\
-import os, time
-from pathlib import Path
-
-import torch
-import torch.distributed as dist
-from trainmaster import worker
-
-rank, run = int(os.environ["RANK"]), Path(os.environ["TRAINMASTER_RUN_DIR"])
-abort_at = int(os.environ["ABORT_AT"])
-
-
-def abort_once():
-    try:
-        (run / "aborted").open("x").close()
-    except FileExistsError:
-        return
-    os.abort()
-
-
-dist.init_process_group("gloo")
-t = torch.ones(4)
-for step in range(1, int(os.environ["STEPS"]) + 1):
-    dist.all_reduce(t)
-    worker.log_metrics(step, loss=1.0 / step)
-    if rank == 1 and step == abort_at:
-        abort_once()
-dist.destroy_process_group()
-if rank == 0:
-    (run / "rank0.pid").write_text(str(os.getpid()))
-elif abort_at == 0 and not (run / "aborted").exists():
-    while not (run / "rank0.pid").exists():
-        time.sleep(0.05)  # waiting for rank 0's end (another process), polled
-    stat = Path(f"/proc/{(run / 'rank0.pid').read_text()}/stat")
-    while stat.exists() and stat.read_text().rpartition(")")[2].split()[0] != "Z":
-        time.sleep(0.05)  # until it has exited (a zombie until its agent reaps it)
-    abort_once()
-"""
+# Rank 1 aborts once, after step ABORT_AT or at the end (0): the script's docstring says how.
+SCRIPT = Path(__file__).parents[3] / "bench" / "abort_script.py"
 
 
 def launch(tmp_path: Path, name: str, abort_at: int, *sets: str) -> tuple[int, RunPaths]:
     """Launch the script on 2 nodes and follow it to its end; (CLI exit code, run folder)."""
-    (tmp_path / "abort.py").write_text(SCRIPT)
+    (tmp_path / "abort.py").write_text(SCRIPT.read_text())
     store = tmp_path / "store"
     args = ["--storage", str(store), "launch", "abort.py", "--nnodes", "2", "--name", name,
             "--follow", "--set", "train.preflight=false", "--set", "rendezvous.timeout=240"]  # fmt: skip
