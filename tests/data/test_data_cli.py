@@ -18,9 +18,9 @@ from trainmaster.data.shards import read_arrays
 
 
 def _wired() -> bool:
-    from trainmaster.cli.app import app
+    from trainmaster.cli.app import full
 
-    return any(g.name == "data" for g in app.registered_groups)
+    return any(g.name == "data" for g in full().registered_groups)
 
 
 pytestmark = pytest.mark.skipif(not _wired(), reason="`data` is not yet added to cli/app.py")

@@ -1,7 +1,7 @@
 """The `trainmaster` command: the typer app and the one place where errors become exit codes.
 
 Each invocation builds the app with the one command it runs (build, command_of), so that the
-command's start-up pays for its own imports only; the root's --help and `app` hold them all.
+command's start-up pays for its own imports only; the root's --help and full() hold them all.
 
 Bad input (UserError) -> one line on stderr, exit 2, no traceback (`--debug` shows it);
 a failed job or tool -> exit 1; usage errors (unknown option, missing argument) -> exit 2.
@@ -9,6 +9,7 @@ a failed job or tool -> exit 1; usage errors (unknown option, missing argument) 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from typing import Any
@@ -127,16 +128,10 @@ def build(names: frozenset[str] = NAMES) -> typer.Typer:
     return app
 
 
-_full: list[typer.Typer] = []
-
-
-def __getattr__(name: str) -> typer.Typer:
-    """`app`: every command (what tests and tools that inspect the CLI see)."""
-    if name != "app":
-        raise AttributeError(name)
-    if not _full:
-        _full.append(build())
-    return _full[0]
+@functools.cache
+def full() -> typer.Typer:
+    """The app with every command (what tests and tools that inspect the CLI see)."""
+    return build()
 
 
 def command_of(args: list[str]) -> str | None:
