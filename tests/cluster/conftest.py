@@ -21,14 +21,11 @@ TRN2_ZONES = '["us-east-2a", "us-east-2b"]'
 P5_ZONES = '["us-east-1a", "us-east-1b"]'
 FAKE_TOOLS = ("aws", "eksctl", "kubectl", "helm", "docker", "trainmaster")
 
-# `trainmaster ...` with the cluster commands registered even before app.py adds them.
+# `trainmaster ...` run by the interpreter of the tests (the same main() the entry point calls).
 _MAIN = """
 import sys
-from trainmaster.cli import app as a
-from trainmaster.cli.cluster_cmd import cluster_app
-if not any(g.name == "cluster" for g in a.app.registered_groups):
-    a.app.add_typer(cluster_app, name="cluster")
-raise SystemExit(a.main(sys.argv[1:]))
+from trainmaster.cli.app import main
+raise SystemExit(main(sys.argv[1:]))
 """
 
 
@@ -92,13 +89,10 @@ def _moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def tm_here(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """`trainmaster ARGS` in this process (the same main() and error handling, no start-up cost)."""
-    from trainmaster.cli import app as a
-    from trainmaster.cli.cluster_cmd import cluster_app
+    from trainmaster.cli.app import main
 
-    if not any(g.name == "cluster" for g in a.app.registered_groups):
-        a.app.add_typer(cluster_app, name="cluster")
     capsys.readouterr()
-    code = a.main(list(args))
+    code = main(list(args))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
