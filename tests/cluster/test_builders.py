@@ -268,7 +268,7 @@ def test_pods_cannot_reach_the_node_role_through_imds() -> None:
 def test_etcd_has_its_own_namespace_and_only_trainmasters_pods_reach_it() -> None:
     """12.9c: etcd without auth in `default`, open to every pod of the cluster."""
     from trainmaster.backends.kubernetes.volcano import DEFAULT_ETCD, labels
-    from trainmaster.cluster import steps
+    from trainmaster.cluster import upsteps
 
     s = _resolve()
     objs = {(o["kind"], o["metadata"]["name"]): o for o in addons.etcd(s)}
@@ -299,7 +299,7 @@ def test_etcd_has_its_own_namespace_and_only_trainmasters_pods_reach_it() -> Non
     assert (
         cni["name"] == "vpc-cni" and '"enableNetworkPolicy": "true"' in cni["configurationValues"]
     )
-    etcd_step = next(st for st in steps.up_steps(s) if st.id == "etcd")
+    etcd_step = next(st for st in upsteps.up_steps(s) if st.id == "etcd")
     assert all(
         "--namespace trainmaster-etcd" in c
         for c in etcd_step.commands[1:] + (etcd_step.check or "",)

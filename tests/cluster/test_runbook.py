@@ -11,7 +11,7 @@ import pytest
 
 from tests.cluster.conftest import TRN1_ZONES, p5_config, tm_here, trn1_config
 from trainmaster import api
-from trainmaster.cluster import plan, spec, steps
+from trainmaster.cluster import downsteps, plan, spec, steps, upsteps
 
 # The AWS tutorial's steps (reference sections 1 and 5), in its order, each with what in the
 # runbook does it. Steps of the jump host (an EC2 instance, an IAM user with administrator keys)
@@ -63,7 +63,9 @@ TUTORIAL = [
 
 
 def ordered_commands(s: spec.ClusterSpec) -> list[str]:
-    return [line for step in [*steps.up_steps(s), *steps.down_steps(s)] for line in step.commands]
+    return [
+        line for step in [*upsteps.up_steps(s), *downsteps.down_steps(s)] for line in step.commands
+    ]
 
 
 def test_runbook_covers_every_tutorial_step_in_order() -> None:
@@ -91,7 +93,7 @@ def test_every_step_has_a_function_and_list_shows_them(tmp_path: Path) -> None:
     result = subprocess.run(
         ["bash", str(tmp_path / "runbook.sh"), "list"], capture_output=True, text=True
     )
-    ids = [s.id for s in steps.up_steps(written.spec) + steps.down_steps(written.spec)]
+    ids = [s.id for s in upsteps.up_steps(written.spec) + downsteps.down_steps(written.spec)]
     assert result.stdout.split() == ids
     text = (tmp_path / "runbook.sh").read_text()
     for step_id in ids:

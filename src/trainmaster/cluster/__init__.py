@@ -6,7 +6,8 @@
     cloudformation.py  launch template (EFA per network card), security groups, node role
     addons.py, fsx.py  device plugins, Volcano queue, etcd, TensorBoard; FSx CSI, StorageClass, claim
     image.py           the training image's Dockerfiles (Neuron, CUDA, CPU)
-    steps.py           the ordered steps (build and clean-up) as data; runbook.py renders runbook.sh
+    steps.py           a step as data; the ordered lists: upsteps.py (AWS, nodes), servicesteps.py
+                       (what jobs need on the nodes), downsteps.py; runbook.py renders runbook.sh
     plan.py            `cluster plan`: writes the files (builders are pure; this is the I/O)
     up.py              `cluster up | down | scale`: runs the steps with progress, skip and resume
     status.py, aws.py  `cluster status`; boto3 look-ups with errors a user can act on

@@ -28,12 +28,14 @@ from trainmaster import __version__
 from trainmaster.cluster import (
     addons,
     cloudformation,
+    downsteps,
     eksctl,
     fsx,
     image,
     nodeguard,
     runbook,
     steps,
+    upsteps,
     versions,
 )
 from trainmaster.cluster.spec import ClusterSpec, ZoneLookup, resolve
@@ -73,7 +75,7 @@ def to_yaml(docs: list[dict[str, Any]] | dict[str, Any], comment: str = "") -> s
 
 def build(spec: ClusterSpec) -> dict[str, str]:
     """Every file of the plan, relative path -> text (pure)."""
-    up, down = steps.up_steps(spec), steps.down_steps(spec)
+    up, down = upsteps.up_steps(spec), downsteps.down_steps(spec)
     made = "Written by `trainmaster cluster plan`."
     files: dict[str, str] = {
         "eksctl/cluster.yaml": to_yaml(

@@ -73,7 +73,7 @@ class ClusterSpec:
     )
     data_buckets: tuple[str, ...] = ()
     results_bucket: str | None = (
-        None  # cluster.results_bucket: runs/ exported to S3 (steps.py)  # cluster.data_buckets: read by `data stage` (IRSA)
+        None  # cluster.results_bucket: runs/ exported to S3 (servicesteps.py)  # cluster.data_buckets: read by `data stage` (IRSA)
     )
     service_account: str = "default"  # the training pods' (kubernetes.service_account): nodeguard
 
