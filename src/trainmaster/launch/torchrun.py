@@ -11,10 +11,16 @@ import os
 from dataclasses import dataclass
 
 from trainmaster.config import JobConfig
-from trainmaster.launch import entry
+from trainmaster.launch import agent, entry
 
 # The trainer's entry point (python -m trainmaster.train); torchrun starts it on every worker.
 TRAIN_MODULE = "trainmaster.train"
+
+# What runs a node's agent: torchrun itself (the pods: users recognise it there) or, locally,
+# the same torchrun through launch/agent.py (its imports without the garbage collector). Whatever
+# finds an agent by its command line looks for either.
+TORCHRUN_MODULE = agent.TORCHRUN
+AGENT_MODULES = (TORCHRUN_MODULE, agent.MODULE)
 
 # The environment of every torchrun agent, on every backend. Since torch 2.5 the c10d
 # rendezvous shares one TCPStore, started once by the first rank-0 agent, with the workers of
@@ -100,12 +106,14 @@ def command(
     storage: str,
     python: str = "python3",
     workdir: str | None = None,
+    module: str = TORCHRUN_MODULE,
 ) -> list[str]:
-    """The full command line of one node's agent."""
+    """The full command line of one node's agent; module: one of AGENT_MODULES, the same
+    arguments either way (the local backend passes agent.MODULE)."""
     return [
         python,
         "-m",
-        "torch.distributed.run",
+        module,
         *torchrun_args(cfg, rdzv),
         *program_args(cfg, job_file=job_file, storage=storage, workdir=workdir),
     ]

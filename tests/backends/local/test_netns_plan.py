@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tests.conftest import run_cli
 from trainmaster.backends.local import netns
+from trainmaster.launch import agent
 
 
 def test_names_addresses_and_commands(tmp_path: Path) -> None:
@@ -25,6 +26,14 @@ def test_names_addresses_and_commands(tmp_path: Path) -> None:
                                 "torch.distributed.run", f"--local-addr={net.address(0)}",
                                 "--rdzv-conf=timeout=9,is_host=true", "-m", "x"]  # fmt: skip
     assert "--rdzv-conf=timeout=9,is_host=false" in net.wrap(2, cmd)
+
+
+def test_the_local_agent_wrapper_is_told_its_address_too(tmp_path: Path) -> None:
+    """The local backend runs torchrun through launch/agent.py: same arguments, same place."""
+    net = netns.plan(tmp_path / "runs" / "a", 2)
+    cmd = ["py", "-m", agent.MODULE, "--rdzv-conf=timeout=9", "-m", "x"]
+    assert net.wrap(1, cmd)[4:] == ["py", "-m", agent.MODULE, f"--local-addr={net.address(1)}",
+                                    "--rdzv-conf=timeout=9,is_host=false", "-m", "x"]  # fmt: skip
 
 
 def test_netns_takes_c10d_only(tmp_path: Path) -> None:

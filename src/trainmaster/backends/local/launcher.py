@@ -25,7 +25,7 @@ from trainmaster.compile import cache, lock
 from trainmaster.compile import precompile as compile_precompile
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
-from trainmaster.launch import entry
+from trainmaster.launch import agent, entry
 from trainmaster.launch.torchrun import Rendezvous, command
 from trainmaster.run import processes as procs
 from trainmaster.run import state
@@ -86,6 +86,7 @@ def agent_commands(
         storage=str(storage.resolve()),
         python=sys.executable,
         workdir=workdir or str(Path.cwd()),
+        module=agent.MODULE,  # torchrun, its imports without the collector (launch/agent.py)
     )
     if cfg.job.network == "netns":  # each node in its own network namespace (netns.py)
         net = netns.plan(run.dir, cfg.job.nnodes)

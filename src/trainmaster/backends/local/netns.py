@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainmaster.errors import UserError
+from trainmaster.launch.torchrun import AGENT_MODULES
 
 IFNAME = "eth0"
 C10D_PORT = 29400  # a fresh namespace has every port free
@@ -58,7 +59,7 @@ class Network:
             if a.startswith("--rdzv-conf="):
                 a = f"{a},is_host={'true' if node == 0 else 'false'}"
             out.append(a)
-            if a.endswith("torch.distributed.run"):
+            if a.endswith(AGENT_MODULES):  # torchrun's options follow its module
                 out.append(f"--local-addr={self.address(node)}")
         return ["ip", "netns", "exec", self.namespace(node), *out]
 
