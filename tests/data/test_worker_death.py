@@ -1,0 +1,70 @@
+"""A forked worker of `data prepare` that dies (the OOM killer, a crash in a C extension)
+ends the run through the real CLI: one line on stderr, exit 2, no output, no process left.
+
+The kill is injected as in test_output_safety.py: a script patches the product, then runs the
+CLI's main() in a fresh interpreter; the first forked worker to take a slice kills itself."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+HOOK = """
+import multiprocessing as mp, os, signal, sys
+from trainmaster.cli.app import main
+from trainmaster.data import pool
+
+parent, ctx = os.getpid(), mp.get_context("fork")
+taken, first = ctx.Event(), ctx.Lock()  # inherited by the forked workers
+real = pool.Worker.examples
+
+def forked():
+    with open(sys.argv[1], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+
+def examples(self, *args):
+    if os.getpid() == parent:
+        assert taken.wait(120), "no forked worker took a slice"
+    elif first.acquire(block=False):
+        taken.set()
+        os.kill(os.getpid(), signal.SIGKILL)  # holding its slice, as the OOM killer does
+    return real(self, *args)
+
+os.register_at_fork(after_in_child=forked)
+pool.Worker.examples = examples
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.timeout(240)  # the failure this guards against was a hang
+def test_a_killed_worker_ends_prepare_with_one_line(tmp_path: Path, pydoc_vocab: Path) -> None:
+    out, pids = tmp_path / "datasets" / "set", tmp_path / "pids"
+    args = ["data", "prepare", "--builtin", "pydoc", "--output", str(out), "--quiet"]
+    args += ["--vocab", str(pydoc_vocab), "--seq-len", "32", "--max-pred", "5"]
+    args += ["--dupe-factor", "1", "--shards", "2", "--workers", "3"]
+    proc = subprocess.run(
+        [sys.executable, "-c", HOOK, str(pids), *args],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert proc.returncode == 2, proc.stderr
+    line = re.fullmatch(
+        r"error: data prepare: worker [12] \(pid (\d+)\) was killed by SIGKILL \(out of "
+        r"memory\?\) during the examples stage; the output is unchanged; rerun, with fewer "
+        r"--workers if memory is short\n",
+        proc.stderr,
+    )
+    assert line, proc.stderr  # one line, no traceback
+    forked = [int(pid) for pid in pids.read_text().split()]
+    assert len(forked) == 2 and int(line.group(1)) in forked
+    assert not any(psutil.pid_exists(pid) for pid in forked)  # the other one was stopped
+    # Nothing a loader or `data verify` would take: no output folder, no staging folder.
+    assert not out.exists() and list(out.parent.iterdir()) == []
+    assert [f for _, _, files in os.walk(tmp_path) for f in files] == ["pids"]
