@@ -1,18 +1,23 @@
 """Time from starting a job to its first training step: trainmaster launch vs torchrun vs TorchX.
 
-    python bench/launch_overhead.py [--repeats 3] [--steps 2] [--cases builtin,script]
+    python bench/launch_overhead.py [--repeats 3] [--steps 2] [--cases builtin,script,agent]
                                     [--baseline SRC] [--torchx PATH] [--out FILE]
 
-Two cases, each on 2 nodes x 1 worker with c10d on loopback:
+Three cases, each on 2 nodes x 1 worker with c10d on loopback:
 
   builtin   the demo's job (bert-tiny on the built-in corpus, prepared once in a temp folder),
             started by `trainmaster launch JOB.toml` and by the two torchrun commands that
-            launch would run (backends/local/launcher.py's plan), started directly: the floor
+            launch would run (backends/local/launcher.py's plan), started directly as plain
+            torchrun (python -m torch.distributed.run, not launch/agent.py): the floor
   script    a user's script (bench/ddp_script.py: a small DDP model, one helper), started by
             `trainmaster launch bench/ddp_script.py --nnodes 2` (the entry shim and its safety
             net around the script), by plain torchrun running the script with the same torchrun
             options, and by TorchX 0.7.0 `torchx run -s local_cwd dist.ddp -j 2x1 --script ...`
             (its own venv, --torchx; it finds torchrun and python on PATH, so ours go first)
+  agent     one agent's CPU seconds (user+sys) from its start to its rendezvous, read from
+            /proc/AGENT/stat by its worker as it starts (a script that does nothing else):
+            plain torchrun against the local backend's agent (launch/agent.py, torchrun with
+            its imports done without the garbage collector), side by side
 
 --baseline SRC adds `launch@baseline`: the same launch from another trainmaster source tree
 (e.g. `git worktree add /tmp/before HEAD~3`), on PYTHONPATH for the CLI and everything it starts,
@@ -29,7 +34,7 @@ the run folder: the CLI's return and its CPU seconds (user+sys, steadier than wa
 machine), the supervisor starting the agents (state.json started_at), rank 0's shim or trainer
 starting (timeline.jsonl start) and the preflight. Prints one JSON
 object; no assertions (docs/architecture.md 4). Aims: builtin launch within 1.15 x torchrun;
-script launch no slower than TorchX.
+script launch no slower than TorchX; the local agent cheaper than plain torchrun.
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ from benchlib import agent_env, emit, first_step_at, machine, prepare_corpus
 from trainmaster import jobfile
 from trainmaster.backends.local import launcher as local
 from trainmaster.backends.local import rendezvous
-from trainmaster.launch.torchrun import Rendezvous, torchrun_args
+from trainmaster.launch import agent
+from trainmaster.launch.torchrun import TORCHRUN_MODULE, Rendezvous, torchrun_args
 from trainmaster.run import state
 from trainmaster.storage import RunPaths, Storage
 
@@ -204,7 +210,9 @@ def via_torchrun(case: str) -> Way:
             plan = local.plan(cfg, Storage(root))
             plan.run.dir.mkdir(parents=True)
             plan.run.job_toml.write_text(jobfile.render(cfg, f"bench job {name}"))
-            cmds, out = plan.commands, plan.run.dir
+            # plain torchrun: what a user would start by hand (launch runs launch/agent.py)
+            cmds = [[TORCHRUN_MODULE if a == agent.MODULE else a for a in c] for c in plan.commands]
+            out = plan.run.dir
         else:
             cfg = jobfile.validate(
                 {"job": {"name": name, "nnodes": 2, "entrypoint": SCRIPT}}, "bench"
@@ -233,6 +241,55 @@ def via_torchx(torchx: Path) -> Way:
         return _started([cmd], env, out)
 
     return run
+
+
+# The agent case's worker: its parent is its node's agent, which has just passed the rendezvous.
+AGENT_PROBE = """import json, os, sys, time
+t = time.time()
+fields = open(f"/proc/{os.getppid()}/stat").read().rsplit(")", 1)[1].split()
+cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+out = {"agent_cpu_s": cpu, "t": t}
+with open(os.path.join(sys.argv[1], f"agent{os.environ['GROUP_RANK']}.json"), "w") as f:
+    json.dump(out, f)
+"""
+
+
+def agent_case(root: Path, repeats: int) -> dict[str, Any]:
+    """CPU seconds of each agent from its start to its workers' start, plain torchrun and the
+    local backend's agent, alternating: 2 agents per run, so 2 x repeats samples each."""
+    probe = root / "agent_probe.py"
+    probe.write_text(AGENT_PROBE)
+    ways = {"torchrun": TORCHRUN_MODULE, "agent": agent.MODULE}
+    cpu: dict[str, list[float]] = {w: [] for w in ways}
+    wall: dict[str, list[float]] = {w: [] for w in ways}
+    names = list(ways)
+    for i in range(repeats):
+        for way in names[i % 2 :] + names[: i % 2]:
+            out = root / "agent" / f"{way}-{i}"
+            out.mkdir(parents=True)
+            cfg = jobfile.validate({"job": {"name": f"a{i}", "nnodes": 2}}, "bench")
+            rdzv = Rendezvous("c10d", f"{rendezvous.LOOPBACK}:{rendezvous.free_port()}", out.name)
+            args = [*torchrun_args(cfg, rdzv), str(probe), str(out)]
+            node = [sys.executable, "-m", ways[way], *args]
+            t0 = time.time()
+            procs = [subprocess.Popen(node, env=agent_env(2), cwd=REPO, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                      start_new_session=True) for _ in range(2)]  # fmt: skip
+            codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
+            if any(codes):
+                raise SystemExit(f"agent case {way}: exit codes {codes}")
+            for node_rank in range(2):
+                got = json.loads((out / f"agent{node_rank}.json").read_text())
+                cpu[way].append(round(got["agent_cpu_s"], 3))
+                wall[way].append(round(got["t"] - t0, 3))
+            say(f"agent {i + 1}: {way:16s} {cpu[way][-2:]} CPU s to the rendezvous")
+    med = {w: statistics.median(v) for w, v in cpu.items()}
+    return {
+        "agent_cpu_s": cpu,
+        "median_cpu_s": {w: round(v, 3) for w, v in med.items()},
+        "agent_over_torchrun_cpu": round(med["agent"] / med["torchrun"], 3),
+        "workers_started_s median": {w: round(statistics.median(v), 3) for w, v in wall.items()},
+    }
 
 
 def summary(case: str, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -264,12 +321,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=3, help="runs of each way (rotating order)")
     p.add_argument("--steps", type=int, default=2, help="steps per run (the first is timed)")
-    p.add_argument("--cases", default="builtin,script", help="builtin, script or both")
+    p.add_argument("--cases", default="builtin,script", help="builtin, script, agent (a list)")
     p.add_argument("--baseline", type=Path, help="another trainmaster source tree to launch too")
     p.add_argument("--torchx", type=Path, default=REPO / ".venv-torchx" / "bin" / "torchx")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = p.parse_args()
-    cases = [c for c in ("builtin", "script") if c in args.cases.split(",")]
+    cases = [c for c in ("builtin", "script", "agent") if c in args.cases.split(",")]
     # Bytecode for each tree, as an installed package has it: with PYTHONDONTWRITEBYTECODE set
     # (as here), every interpreter would compile the edited modules again, and the tree with more
     # of them would pay for it in every process.
@@ -283,7 +340,8 @@ def main() -> None:
         "worker, c10d on loopback; builtin: bert-tiny on the built-in corpus; script: "
         f"{SCRIPT} (a small DDP model)",
         "machine": machine(),
-        "aim": "builtin launch within 1.15 x torchrun; script launch no slower than TorchX",
+        "aim": "builtin launch within 1.15 x torchrun; script launch no slower than TorchX; "
+        "the local agent cheaper than plain torchrun",
         "repeats": max(1, args.repeats),
         "cases": {},
     }
@@ -293,6 +351,9 @@ def main() -> None:
             say("preparing the built-in corpus ...")
             prepare_corpus(root, shards=2)
         for case in cases:
+            if case == "agent":
+                report["cases"][case] = agent_case(root, report["repeats"])
+                continue
             ways: dict[str, Way] = {
                 "launch": via_launch(None, case),
                 "torchrun": via_torchrun(case),
