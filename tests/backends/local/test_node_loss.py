@@ -221,3 +221,22 @@ def test_a_cancelled_elastic_job_takes_no_node_back(pydoc_storage: Path, tmp_pat
     assert final.phase == "cancelled" and final.job_retries == 0
     assert [n.rejoins for n in final.nodes] == [0, 0] and "lost" not in final.message
     wait_for(lambda: not state.live_processes(state.read(run.state)), 60, "every process to exit")
+
+
+def test_a_cancel_that_ends_the_store_holder_first_loses_no_node(
+    pydoc_storage: Path, tmp_path: Path
+) -> None:
+    """`cancel` records itself, then signals the agents one after another: the agent holding
+    the c10d store may end first and the other then fails to reach the rendezvous (exit 1).
+    Both ends are the cancel's, not lost nodes: no job retry, no node taken back."""
+    job = "elastic-cancel-store"
+    run = RunPaths(Storage(pydoc_storage).run_dir(job))
+    path = job_file(tmp_path, job, "job.min_nnodes=1")
+    assert run_cli("launch", str(path), "--storage", str(pydoc_storage)).returncode == 0
+    wait_step(pydoc_storage, job, 3, 300)
+    state.update(run.state, cancel_requested=True)  # what `cancel` writes before any signal
+    lose_node(pydoc_storage, job, store_holder(state.read(run.state)))
+    assert run_cli("cancel", job, "--storage", str(pydoc_storage)).returncode == 0
+    final = wait_final(pydoc_storage, job, timeout=120)
+    assert (final.phase, final.job_retries) == ("cancelled", 0), final.message
+    assert [n.rejoins for n in final.nodes] == [0, 0] and "lost" not in final.message

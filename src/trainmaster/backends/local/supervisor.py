@@ -239,11 +239,14 @@ def _wait(
             why = None if cancelled[0] else lost_reason(run.logs / f"node{i}.log", offsets[i], code)
             if why is None:
                 continue
+            # `cancel` signals the agents and etcd itself, not this process: an agent that ends
+            # now (killed, or failing to reach the rendezvous etcd no longer serves) is cancelled,
+            # not lost, and is neither retried nor taken back.
+            if state.read(run.state).cancel_requested:
+                cancelled[0] = True
+                continue
             if rejoins is None or code is None or code > 0 or store_lost(i):
                 return [c if c is not None else -1 for c in codes], (i, why)
-            if state.read(run.state).cancel_requested:  # `cancel` SIGKILLs what outlasts SIGTERM
-                left_out.add(i)
-                continue
             rejoins.lost(i, why, agents)
             if agents[i].poll() is not None:
                 left_out.add(i)
