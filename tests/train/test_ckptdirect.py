@@ -1,20 +1,25 @@
 """Checkpoint files written from the staging block past the page cache (ckptdirect) are the
-same torch-loadable zips as torch.save's, wherever O_DIRECT is refused too, and a state whose
-records cannot be matched to the block is saved the plain way rather than written wrong."""
+same torch-loadable zips as torch.save's, every record's CRC-32 in place (ckptzip), wherever
+O_DIRECT is refused too, and a state whose records cannot be matched to the block is saved the
+plain way rather than written wrong."""
 
 from __future__ import annotations
 
 import os
+import struct
+import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from torch.utils.serialization import config
 
 from tests.train.test_checkpoint import setup
 from tests.train.test_ckptwriter import stage
-from trainmaster.train import checkpoint, ckptarena, ckptdirect, ckptwriter
+from trainmaster.train import checkpoint, ckptarena, ckptdirect, ckptwriter, ckptzip
 
 
 def state() -> dict[str, Any]:
@@ -64,7 +69,14 @@ def record_offsets(path: Path) -> list[int]:
     return [reader.get_record_offset(n) for n in names]
 
 
+def crcs_check(path: Path) -> None:
+    """Every record's CRC-32 is right, as a zip reader that checks (zipfile, unzip) sees it."""
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None
+
+
 def check_loads(path: Path, original: dict[str, Any]) -> None:
+    crcs_check(path)
     back = torch.load(path, map_location="cpu", weights_only=True)
     assert same(original, back)
     assert (
@@ -81,6 +93,45 @@ def test_a_direct_write_loads_as_the_same_tensors(staged, tmp_path: Path) -> Non
     assert len(offsets) == 9  # the tied weight once, the empty tensor too
     assert all(o % ckptarena.ALIGN == 0 for o in offsets)  # the direct layout, not torch.save's
     check_loads(tmp_path / "m.pt", original)
+
+
+def test_the_crcs_are_those_torch_save_writes(staged, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The direct file is torch.save's own with the same alignment, crc32 on: the same records
+    at the same offsets with the same CRCs (all but the serialization id, random per save)."""
+    _, views, arena = staged
+    ckptdirect.save(views, tmp_path / "m.pt", arena)
+    (tmp_path / "ref").mkdir()  # the same name: the archive's records are named after it
+    with config.patch({"save.storage_alignment": ckptarena.ALIGN}):
+        torch.save(views, tmp_path / "ref" / "m.pt")
+
+    def entries(path: Path) -> list[tuple[str, int, int, int]]:
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+        return [(i.filename, i.header_offset, i.file_size, i.CRC) for i in infos]
+
+    ours, theirs = entries(tmp_path / "m.pt"), entries(tmp_path / "ref" / "m.pt")
+    assert ours[-1][0] == theirs[-1][0] == "m/.data/serialization_id"
+    assert ours[:-1] == theirs[:-1]
+    assert any(crc for *_, crc in ours)
+
+
+def test_a_flipped_byte_in_a_record_is_caught_by_its_crc(staged, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _, views, arena = staged
+    path = tmp_path / "m.pt"
+    ckptdirect.save(views, path, arena)
+    with zipfile.ZipFile(path) as z:
+        tensor, pickle = z.getinfo("m/data/0"), z.getinfo("m/data.pkl")
+    for info in (tensor, pickle):  # a record of the block's and one torch wrote itself
+        good = path.read_bytes()
+        names, extra = struct.unpack_from("<HH", good, info.header_offset + 26)
+        at = info.header_offset + 30 + names + extra + info.file_size // 2  # amid its bytes
+        bad = bytearray(good)
+        bad[at] ^= 0x01
+        path.write_bytes(bad)
+        with zipfile.ZipFile(path) as z:
+            assert z.testzip() == info.filename
+        path.write_bytes(good)
+    crcs_check(path)
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no tmpfs at /dev/shm")
@@ -117,6 +168,7 @@ def test_records_that_do_not_match_the_block_fall_back_to_a_plain_save(  # type:
     with pytest.raises(ckptdirect.Unsuitable, match="record 0"):
         ckptdirect.save(mixed, tmp_path / "direct.pt", arena)
     checkpoint._save(mixed, tmp_path / "m.pt", arena)
+    crcs_check(tmp_path / "m.pt")
     back = torch.load(tmp_path / "m.pt", weights_only=False)  # our own dict subclass
     assert torch.equal(back["bf16"], original["bf16"]) and torch.equal(
         back["int64"], original["int64"]
@@ -130,6 +182,7 @@ def test_a_tensor_outside_the_block_falls_back_to_a_plain_save(staged, tmp_path:
     with pytest.raises(ckptdirect.Unsuitable, match="not in the staging block"):
         ckptdirect.save(views, tmp_path / "direct.pt", arena)
     checkpoint._save(views, tmp_path / "m.pt", arena)
+    crcs_check(tmp_path / "m.pt")
     back = torch.load(tmp_path / "m.pt", weights_only=True)
     assert torch.equal(back.pop("outside"), torch.arange(7))
     assert same(original, back)
@@ -146,6 +199,8 @@ def test_the_writer_process_writes_model_and_trainer_directly(tmp_path: Path) ->
     (path,) = tmp_path.glob("step_*")
     for name in (checkpoint.MODEL, checkpoint.TRAINER):
         assert all(o % ckptarena.ALIGN == 0 for o in record_offsets(path / name)), name
+    for name in (checkpoint.MODEL, checkpoint.TRAINER, checkpoint.RANKS):
+        crcs_check(path / name)
     model = torch.load(path / checkpoint.MODEL, weights_only=True)
     assert model.keys() == bert.state_dict().keys()
     assert all(torch.equal(model[k], v) for k, v in bert.state_dict().items())
@@ -170,3 +225,58 @@ def test_a_direct_write_the_kernel_refuses_goes_on_buffered(tmp_path: Path) -> N
         os.close(direct)
         os.close(buffered)
     assert path.read_bytes() == b"\0" * 4096 + data + b"\0" * 3996
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT here")
+def test_direct_writes_refused_part_way_still_make_a_valid_zip(  # type: ignore[no-untyped-def]
+    staged, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of a length no block device takes direct: a record of one page or two is written
+    direct (shorter than a chunk), a longer one is refused (EINVAL) at its first chunk and
+    goes on buffered, so the file has both, and its CRCs hold all the same."""
+    original, views, arena = staged
+    probe = tmp_path / "probe"
+    probe.touch()
+    direct = ckptdirect._open_direct(probe)
+    if direct is None:
+        pytest.skip(f"{tmp_path} refuses O_DIRECT at open")
+    os.close(direct)
+    monkeypatch.setattr(ckptdirect, "CHUNK", 3 * ckptarena.ALIGN + 100)
+    ckptdirect.save(views, tmp_path / "m.pt", arena)
+    check_loads(tmp_path / "m.pt", original)
+
+
+def test_crcs_of_records_past_4_gib_go_where_zip64_puts_them(tmp_path: Path) -> None:
+    """Past 4 GiB, offsets move into zip64 fields and data descriptors get 8-byte sizes. A
+    sparse file (torch.save of an untouched 4 GiB tensor under skip_data) has both."""
+    path = tmp_path / "big.pt"
+    small = {"after": torch.arange(20), "last": torch.ones(3)}
+    state = {"big": torch.empty((4 << 30) + 100, dtype=torch.uint8), **small}
+    layout = {"save.storage_alignment": ckptarena.ALIGN, "save.compute_crc32": False}
+    with config.patch(layout), torch.serialization.skip_data():  # type: ignore[attr-defined]
+        torch.save(state, path)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        records = {r.name.partition("/")[2]: r for r in ckptzip.records(fd)}
+        reader: Any = torch._C.PyTorchFileReader(str(path))
+        assert sorted(records) == sorted(reader.get_all_records())
+        for name, r in records.items():
+            assert (r.data, r.size) == (
+                reader.get_record_offset(name),
+                reader.get_record_size(name),
+            )
+        for key, t in enumerate(small.values(), start=1):
+            os.pwrite(fd, t.numpy().tobytes(), records[f"data/{key}"].data)
+        del records["data/0"]  # 4 GiB of zeros: too long to read back in a test
+        crcs = [(r, zlib.crc32(os.pread(fd, r.size, r.data))) for r in records.values()]
+        ckptzip.set_crcs(fd, crcs)
+        last = records["data/2"]
+        descriptor = os.pread(fd, 24, last.data + last.size)
+    finally:
+        os.close(fd)
+    assert last.data > 1 << 32
+    assert descriptor == b"PK\x07\x08" + struct.pack("<IQQ", dict(crcs)[last], last.size, last.size)
+    with zipfile.ZipFile(path) as z:
+        for name in records:
+            z.read(f"big/{name}")  # checks the CRC: BadZipFile if wrong
+        assert z.getinfo("big/data/2").header_offset > 1 << 32  # from its zip64 field
