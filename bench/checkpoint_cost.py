@@ -27,7 +27,8 @@ measures the writer's side alone, in this process, on the machine's load: the mo
 state staged in the shared block as the trainer stages them, then checkpoint.write() through the
 page cache (plain torch.save, as before issue 28's O_DIRECT write) and direct (ckptdirect), in
 alternating order, --rounds times each: seconds, and CPU seconds (user, system) a write takes
-from a core that training could use.
+from a core that training could use. The direct write includes the CRC-32 of every record (isal,
+ckptzip); crc32_cpu_s is that part alone, the whole block checksummed by isal and by zlib.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ def write_cpu(model_name: str, rounds: int) -> dict[str, Any]:
                     }
                 )
                 say(f"  {way}: {json.dumps(runs[way][-1])}")
+    crc32_cpu_s = {lib: cpu_seconds(f, arena.buffer, rounds) for lib, f in crc32s().items()}
     arena.close()
     os.close(fd)
     cpu = {w: [x["user_s"] + x["sys_s"] for x in v] for w, v in runs.items()}
@@ -159,7 +161,27 @@ def write_cpu(model_name: str, rounds: int) -> dict[str, Any]:
         "median_seconds": {
             w: round(statistics.median(x["seconds"] for x in v), 3) for w, v in runs.items()
         },
+        "crc32_cpu_s": crc32_cpu_s,
     }
+
+
+def crc32s() -> dict[str, Any]:
+    import zlib
+
+    from isal import isal_zlib
+
+    return {"isal": isal_zlib.crc32, "zlib": zlib.crc32}
+
+
+def cpu_seconds(f: Any, data: Any, rounds: int) -> float:
+    """The median CPU seconds (user + system) of f(data)."""
+    times = []
+    for _ in range(rounds):
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        f(data)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        times.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return round(statistics.median(times), 3)
 
 
 def main() -> None:
