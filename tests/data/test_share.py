@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from trainmaster.data.examples import ExampleSettings
-from trainmaster.data.share import workers
+from trainmaster.data.share import _claim, workers
 from trainmaster.data.vocab import load_vocab
 from trainmaster.errors import DataError
 
@@ -114,3 +114,29 @@ def test_a_worker_killed_between_stages_ends_the_next(pydoc_vocab: Path) -> None
         os.kill(worker, signal.SIGKILL)  # idle, waiting for the next stage
         list(run(_pid, range(3)))
     assert _children() <= before
+
+
+def _take_and_die(counter: Any) -> None:
+    counter.get_lock().acquire()
+    os.kill(os.getpid(), signal.SIGKILL)  # the lock stays taken for good
+
+
+class _Stalled(Exception):
+    pass
+
+
+def _stalled() -> None:
+    raise _Stalled
+
+
+def test_a_claim_does_not_wait_forever_on_a_lock_whose_holder_died() -> None:
+    """A worker killed between taking the counter's lock and giving it back: this process,
+    which must notice the death, is not stuck waiting for the lock."""
+    ctx = mp.get_context("fork")
+    counter = ctx.Value("q", 0)
+    holder = ctx.Process(target=_take_and_die, args=(counter,))
+    holder.start()
+    holder.join()
+    assert holder.exitcode == -signal.SIGKILL
+    with pytest.raises(_Stalled):
+        _claim(counter, _stalled)
