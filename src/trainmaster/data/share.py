@@ -51,31 +51,24 @@ def _claim(counter: Any, stalled: Callable[[], None] = lambda: None) -> int:
     return k
 
 
-def _serve(
-    me: int,
-    local: tasks.Worker,
-    counter: Any,
-    stages: Connection,
-    out: Connection,
-    lock: Any,
-    parents: list[Connection],
-) -> None:
+def _serve(me: int, team: _Forked, local: tasks.Worker, stages: Connection) -> None:
     """A forked worker: each stage this process sends, its tasks claimed until none is left,
     each result sent as soon as it is made (a failure ends its part of the stage), then
     'left'. Results are small (one pipe write, atomic): a worker killed while sending leaves
     no half message behind."""
 
     def send(kind: str, value: Any) -> None:
-        with lock:
-            out.send((me, kind, value))
+        with team.lock:
+            team.out.send((me, kind, value))
 
-    for end in parents:  # the parent's ends, closed here: its death ends the pipes
+    # The parent's ends of the pipes, closed here: once it is gone, recv and send fail.
+    for end in [team.results, *team.stages.values()]:
         end.close()
     tasks.init_pool_worker(local)  # the parent's Worker, copied by the fork: built once
     try:
         while (stage := stages.recv()) is not None:
             fn, items = stage
-            while (k := _claim(counter)) < len(items):
+            while (k := _claim(team.counter)) < len(items):
                 try:
                     send("result", fn(items[k]))
                 except Exception as exc:  # noqa: BLE001 (any error is the parent's to report)
@@ -100,15 +93,13 @@ class _Forked:
         ctx = mp.get_context("fork")
         # This process keeps the writing end too: the results pipe never reads as ended.
         self.results, self.out = ctx.Pipe(duplex=False)
-        lock = ctx.Lock()
+        self.lock = ctx.Lock()  # one result at a time on the pipe
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the workers
         try:
             for me in range(1, n):
                 theirs, ours = ctx.Pipe(duplex=False)
                 self.stages[me] = ours
-                parents = [self.results, *self.stages.values()]
-                args = (me, local, self.counter, theirs, self.out, lock, parents)
-                p = ctx.Process(target=_serve, args=args, daemon=True)
+                p = ctx.Process(target=_serve, args=(me, self, local, theirs), daemon=True)
                 p.start()
                 self.procs[me] = p
                 theirs.close()  # only the worker holds it: a dead one's pipe breaks
