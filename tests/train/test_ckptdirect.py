@@ -280,3 +280,19 @@ def test_crcs_of_records_past_4_gib_go_where_zip64_puts_them(tmp_path: Path) -> 
         for name in records:
             z.read(f"big/{name}")  # checks the CRC: BadZipFile if wrong
         assert z.getinfo("big/data/2").header_offset > 1 << 32  # from its zip64 field
+
+
+def test_a_zip_not_laid_out_as_torch_writes_it_is_refused(tmp_path: Path) -> None:
+    """Where a CRC's place is not certain (a compressed record, no zip at all), ckptzip says so,
+    and ckptdirect's caller saves the plain way rather than set a field it is not sure of."""
+    deflated = tmp_path / "deflated.zip"
+    with zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("m/data.pkl", b"x" * 1000)
+    (tmp_path / "junk").write_bytes(b"PK" * 100)
+    for path, why in ((deflated, "compressed"), (tmp_path / "junk", "no end of central")):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(ckptzip.BadZip, match=why):
+                ckptzip.records(fd)
+        finally:
+            os.close(fd)
