@@ -21,5 +21,6 @@ Modules, in the order a run uses them:
   health      node preflight: device, matmul, all-reduce, disk, shm, Neuron and EFA devices
   preempt     SIGTERM: a checkpoint of the current step, then stop (not a failure)
   metrics     metrics.jsonl, TensorBoard, log lines, rank0.json and summary.json
-  loop        the training loop
+  trainsetup  the run's start-up: model, optimizer, data and writer, resumed exactly
+  loop        the training loop: steps, checkpoints, preemption, the summary
 """

@@ -3,7 +3,7 @@
 Each rank runs this on its own and reaches the same answers (they read the same files), so
 bad input stops every rank with the same `error:` line within a second of starting, and no
 rank is left waiting in a collective for a peer that already exited. Rank 0 confirms the
-resume decision after the process group is up (see loop.py).
+resume decision after the process group is up (see trainsetup.py).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Plan:
     notes: list[str]  # warnings for the log
 
     def resuming_from(self, resume: ckptdir.Checkpoint | None) -> Plan:
-        """The plan for another resume point (rank 0's choice, loop.py): its data position,
+        """The plan for another resume point (rank 0's choice, trainsetup.py): its data position,
         and no preloaded shard (the loader loads the one at the new position)."""
         position = (
             Position()
