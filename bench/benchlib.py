@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -38,6 +39,13 @@ def prepare_corpus(root: Path, *, shards: int, extra: tuple[str, ...] = ()) -> N
         *extra,
     ]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+def cpu_s(who: int = resource.RUSAGE_SELF) -> float:
+    """User + system CPU seconds so far, of this process (RUSAGE_SELF) or of its children it
+    has waited for (RUSAGE_CHILDREN): subtract two readings for what the work between cost."""
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
 
 
 def machine() -> dict[str, Any]:

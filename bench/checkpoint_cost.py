@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import agent_env, emit, load, machine, prepare_corpus, wait_final
+from benchlib import agent_env, cpu_s, emit, load, machine, prepare_corpus, wait_final
 from trainmaster import jobfile
 from trainmaster.storage import RunPaths, Storage
 from trainmaster.train import checkpoint, ckptarena, model, optim
@@ -177,10 +177,9 @@ def cpu_seconds(f: Any, data: Any, rounds: int) -> float:
     """The median CPU seconds (user + system) of f(data)."""
     times = []
     for _ in range(rounds):
-        before = resource.getrusage(resource.RUSAGE_SELF)
+        before = cpu_s()
         f(data)
-        after = resource.getrusage(resource.RUSAGE_SELF)
-        times.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        times.append(cpu_s() - before)
     return round(statistics.median(times), 3)
 
 

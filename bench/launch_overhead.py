@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import trainmaster
-from benchlib import agent_env, emit, first_step_at, machine, prepare_corpus
+from benchlib import agent_env, cpu_s, emit, first_step_at, machine, prepare_corpus
 from trainmaster import jobfile
 from trainmaster.backends.local import launcher as local
 from trainmaster.backends.local import rendezvous
@@ -122,12 +122,11 @@ def via_launch(src: Path | None, case: str) -> Way:
             target = [SCRIPT, "--nnodes", "2", "--name", name, "--", "--steps", str(steps)]
         cmd = [sys.executable, "-m", "trainmaster", "--storage", str(root), "launch", *target]
         paths = RunPaths(Storage(root).run_dir(name))
-        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        used = cpu_s(resource.RUSAGE_CHILDREN)
         t0 = time.time()
         result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
         returned = time.time() - t0
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the CLI (the supervisor is not ours)
-        cli_cpu = after.ru_utime - used.ru_utime + after.ru_stime - used.ru_stime
+        cli_cpu = cpu_s(resource.RUSAGE_CHILDREN) - used  # the CLI (the supervisor is not ours)
         if result.returncode != 0:
             raise SystemExit(f"launch {name} failed: {result.stderr.strip()}")
         first = first_step_at(paths.metrics, t0, TIMEOUT_S)
@@ -274,14 +273,13 @@ def agent_case(root: Path, repeats: int) -> dict[str, Any]:
             rdzv = Rendezvous("c10d", f"{rendezvous.LOOPBACK}:{rendezvous.free_port()}", out.name)
             args = [*torchrun_args(cfg, rdzv), str(probe), str(out)]
             node = [sys.executable, "-m", ways[way], *args]
-            used = resource.getrusage(resource.RUSAGE_CHILDREN)
+            used = cpu_s(resource.RUSAGE_CHILDREN)
             t0 = time.time()
             procs = [subprocess.Popen(node, env=agent_env(2), cwd=REPO, stdin=subprocess.DEVNULL,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                       start_new_session=True) for _ in range(2)]  # fmt: skip
             codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            both = after.ru_utime - used.ru_utime + after.ru_stime - used.ru_stime
+            both = cpu_s(resource.RUSAGE_CHILDREN) - used
             total[way].append(round(both / 2, 3))
             if any(codes):
                 raise SystemExit(f"agent case {way}: exit codes {codes}")

@@ -239,9 +239,9 @@ def _wait(
             why = None if cancelled[0] else lost_reason(run.logs / f"node{i}.log", offsets[i], code)
             if why is None:
                 continue
-            # `cancel` signals the agents and etcd itself, not this process: an agent that ends
-            # now (killed, or failing to reach the rendezvous etcd no longer serves) is cancelled,
-            # not lost, and is neither retried nor taken back.
+            # `cancel` records itself, then signals the agents (and etcd) one by one, not this
+            # process: an agent that ends now, killed or failing to reach a rendezvous whose
+            # store went first, is cancelled, not lost: neither retried nor taken back.
             if state.read(run.state).cancel_requested:
                 cancelled[0] = True
                 continue
