@@ -63,10 +63,21 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def data_offsets(path: Path) -> dict[str, tuple[int, int]]:
+    """(where its bytes start, its size) of every record, by its name inside the archive, as
+    any zip reader finds them (no torch internals: they differ between torch versions)."""
+    out = {}
+    with zipfile.ZipFile(path) as z, path.open("rb") as f:
+        for info in z.infolist():
+            f.seek(info.header_offset + 26)
+            names, extra = struct.unpack("<HH", f.read(4))
+            name = info.filename.partition("/")[2]
+            out[name] = (info.header_offset + 30 + names + extra, info.file_size)
+    return out
+
+
 def record_offsets(path: Path) -> list[int]:
-    reader: Any = torch._C.PyTorchFileReader(str(path))
-    names = [n for n in reader.get_all_records() if n.startswith("data/")]
-    return [reader.get_record_offset(n) for n in names]
+    return [at for name, (at, _) in data_offsets(path).items() if name.startswith("data/")]
 
 
 def crcs_check(path: Path) -> None:
@@ -258,13 +269,7 @@ def test_crcs_of_records_past_4_gib_go_where_zip64_puts_them(tmp_path: Path) -> 
     fd = os.open(path, os.O_RDWR)
     try:
         records = {r.name.partition("/")[2]: r for r in ckptzip.records(fd)}
-        reader: Any = torch._C.PyTorchFileReader(str(path))
-        assert sorted(records) == sorted(reader.get_all_records())
-        for name, r in records.items():
-            assert (r.data, r.size) == (
-                reader.get_record_offset(name),
-                reader.get_record_size(name),
-            )
+        assert {n: (r.data, r.size) for n, r in records.items()} == data_offsets(path)
         for key, t in enumerate(small.values(), start=1):
             os.pwrite(fd, t.numpy().tobytes(), records[f"data/{key}"].data)
         del records["data/0"]  # 4 GiB of zeros: too long to read back in a test
@@ -296,3 +301,48 @@ def test_a_zip_not_laid_out_as_torch_writes_it_is_refused(tmp_path: Path) -> Non
                 ckptzip.records(fd)
         finally:
             os.close(fd)
+
+
+def test_this_torch_has_what_direct_writes_need() -> None:
+    """On every torch of the stacks matrix (2.9 and the pin): the probe finds the options."""
+    assert ckptdirect.unavailable() is None, ckptdirect.unavailable()
+
+
+def test_any_failure_of_the_direct_write_saves_the_plain_way_once_said(  # type: ignore[no-untyped-def]
+    staged, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """torch 2.11 had no PyTorchFileReader.get_record_size, and its AttributeError killed every
+    save: now an error the optimisation did not foresee turns it off for the process, in one
+    line, and every file is saved the plain way."""
+    original, views, arena = staged
+    calls = []
+
+    def broken(*args: Any) -> int:
+        calls.append(args)
+        raise AttributeError("'PyTorchFileReader' object has no attribute 'get_record_size'")
+
+    monkeypatch.setattr(checkpoint, "_direct_off", [])
+    monkeypatch.setattr(ckptdirect, "save", broken)
+    for name in ("model.pt", "trainer.pt"):
+        checkpoint._save(views, tmp_path / name, arena)
+        check_loads(tmp_path / name, original)
+    assert len(calls) == 1  # decided once: the second file did not try again
+    err = capfd.readouterr().err.splitlines()
+    (line,) = [x for x in err if "direct writes off" in x]
+    assert "get_record_size" in line and torch.__version__ in line
+
+
+def test_a_torch_without_the_save_options_saves_the_plain_way(  # type: ignore[no-untyped-def]
+    staged, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    original, views, arena = staged
+    monkeypatch.setattr(checkpoint, "_direct_off", [])
+    monkeypatch.setattr(ckptdirect, "unavailable", lambda: "torch 2.6 has no config")
+    with pytest.raises(ckptdirect.Unsuitable, match="has no config"):
+        ckptdirect.save(views, tmp_path / "direct.pt", arena)
+    for name in ("model.pt", "trainer.pt"):
+        checkpoint._save(views, tmp_path / name, arena)
+        check_loads(tmp_path / name, original)
+        assert record_offsets(tmp_path / name)[0] % ckptarena.ALIGN  # torch.save's layout
+    err = capfd.readouterr().err
+    assert err.count("direct writes off") == 1 and "torch 2.6 has no config" in err

@@ -144,12 +144,37 @@ def stage(
     )
 
 
+# Set once this process found the direct write unusable: torch lacks what it needs (probed
+# once), or it failed in a way it did not foresee (not Unsuitable). From then on files are saved
+# the plain way, and the reason was said once.
+_direct_off: list[str] = []
+
+
+def _turn_direct_off(path: Path, why: str) -> None:
+    _direct_off.append(why)
+    print(
+        f"checkpoint: direct writes off in this process (torch {torch.__version__}); "
+        f"{path.name} and later files written through the page cache: {why}",
+        file=sys.stderr,
+    )
+
+
+def _direct(path: Path) -> bool:
+    if not _direct_off and (missing := ckptdirect.unavailable()) is not None:
+        _turn_direct_off(path, missing)
+    return not _direct_off
+
+
 def _save(obj: Any, path: Path, arena: ckptarena.Arena | None = None) -> int:
-    if arena is not None:
+    """torch.save's file at `path`, fsynced; the direct write (ckptdirect) when it applies. That
+    is an optimisation: whatever goes wrong in it, the checkpoint is saved the plain way."""
+    if arena is not None and _direct(path):
         try:
             return ckptdirect.save(obj, path, arena)
         except ckptdirect.Unsuitable as why:
             print(f"checkpoint: {path.name} written through the page cache: {why}", file=sys.stderr)
+        except Exception as why:  # e.g. a torch without an API it uses: never fail the save
+            _turn_direct_off(path, f"{type(why).__name__}: {why}")
     with open(path, "wb") as f:
         torch.save(obj, f)
         f.flush()

@@ -17,15 +17,23 @@ training (issue 28). The same bytes written with O_DIRECT from the page-aligned 
 
 Which record holds which tensor: torch.save numbers storages in the order it pickles them, and
 the pickler visits dicts, lists and tuples in their iteration order, the order of walk() below.
-That is checked against the file itself (each record's pickled type and size, in order); a
-mismatch, a state that does not live in the block, or a zip whose headers are not where
-ckptzip expects them raises Unsuitable, and the caller saves the plain way instead (crc32 on).
-O_DIRECT refused (tmpfs, not Linux) falls back to buffered writes of the same bytes, with the
-same CRCs: they are computed from the block, whichever way its bytes went.
+That is checked against the file itself (each record's pickled type and size, in order, read
+from the zip's own directory: no torch internals); a mismatch, a state that does not live in
+the block, or a zip whose headers are not where ckptzip expects them raises Unsuitable, and the
+caller saves the plain way instead (crc32 on). O_DIRECT refused (tmpfs, not Linux) falls back to
+buffered writes of the same bytes, with the same CRCs: they are computed from the block,
+whichever way its bytes went.
+
+The whole path is an optimisation on torch's serialization options (torch.utils.serialization.
+config's save.storage_alignment and save.compute_crc32, torch.serialization.skip_data), which
+not every torch has: unavailable() probes them once per process, and checkpoint._save takes any
+failure here, not only Unsuitable, as "save the plain way" (docs/architecture.md, "Private and
+too-new APIs").
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pickle
@@ -36,7 +44,6 @@ from typing import Any
 
 import torch
 from isal.isal_zlib import crc32
-from torch.utils.serialization import config
 
 from trainmaster.train import ckptzip
 from trainmaster.train.ckptarena import ALIGN, Arena, Spec
@@ -48,18 +55,42 @@ class Unsuitable(Exception):
     """This state cannot be written the direct way (say why); save it the plain way."""
 
 
+# torch.save's options for the first pass: every record on a page of its own, no CRCs yet.
+LAYOUT = {"save.storage_alignment": ALIGN, "save.compute_crc32": False}
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why this torch cannot write the direct way (None: it can). Probed once per process: the
+    serialization options of the first pass exist from torch 2.7 on (skip_data from 2.6)."""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        return f"torch {torch.__version__} has no torch.utils.serialization.config"
+    if not callable(getattr(torch.serialization, "skip_data", None)):
+        return f"torch {torch.__version__} has no torch.serialization.skip_data"
+    try:
+        with config.patch(LAYOUT):  # type: ignore[attr-defined]
+            pass
+    except (AttributeError, KeyError, TypeError, AssertionError) as why:
+        return f"torch {torch.__version__} lacks the save options {sorted(LAYOUT)}: {why}"
+    return None
+
+
 def save(obj: Any, path: Path, arena: Arena) -> int:
     """Write `obj` (whose tensors are `arena`'s views) to `path` as torch.save would; returns
     the file's size. Raises Unsuitable before the file is used for anything."""
+    missing = unavailable()
+    if missing is not None:
+        raise Unsuitable(missing)
+    from torch.utils.serialization import config
+
     slots = _storages(obj, arena)
-    layout = {"save.storage_alignment": ALIGN, "save.compute_crc32": False}
-    with config.patch(layout), torch.serialization.skip_data():  # type: ignore[attr-defined]
+    with config.patch(LAYOUT), torch.serialization.skip_data():  # type: ignore[attr-defined]
         torch.save(obj, path)
-    reader: Any = torch._C.PyTorchFileReader(str(path))
-    _check(reader, slots)
     fd = os.open(path, os.O_RDWR)
     try:
-        holes, whole = _records(fd, reader, slots)
+        holes, whole = _records(fd, slots)
         crcs = [(r, crc32(os.pread(fd, r.size, r.data))) for r in whole]
         crcs += _fill(fd, path, arena, holes)
         ckptzip.set_crcs(fd, crcs)
@@ -126,8 +157,9 @@ class _Stub(dict[Any, Any]):
         pass
 
 
-def _check(reader: Any, slots: list[Spec]) -> None:
-    pids = _Pids(bytes(reader.get_record("data.pkl")))
+def _check(pickled: bytes, slots: list[Spec], sizes: dict[str, int]) -> None:
+    """The file's pickle references exactly the block's slots, in order, with their sizes."""
+    pids = _Pids(pickled)
     pids.load()
     if list(pids.storages) != [str(k) for k in range(len(slots))]:
         raise Unsuitable(f"{len(pids.storages)} storages in the file, {len(slots)} in the block")
@@ -136,31 +168,32 @@ def _check(reader: Any, slots: list[Spec]) -> None:
         with warnings.catch_warnings():  # TypedStorage's deprecation, for its dtype
             warnings.simplefilter("ignore", UserWarning)
             itemsize = 1 if kind is torch.UntypedStorage else kind.dtype.itemsize
-        size = reader.get_record_size(f"data/{key}")
+        size = sizes.get(f"data/{key}")
         if itemsize != spec.dtype.itemsize or not itemsize * numel == size == spec.nbytes:
             raise Unsuitable(f"record {key}: {size} bytes, its slot {spec.nbytes}")
-        if reader.get_record_offset(f"data/{key}") % ALIGN:
-            raise Unsuitable(f"record {key} is not aligned to {ALIGN} bytes")
 
 
 def _records(
-    fd: int, reader: Any, slots: list[Spec]
+    fd: int, slots: list[Spec]
 ) -> tuple[list[tuple[ckptzip.Record, Spec]], list[ckptzip.Record]]:
-    """The record of each storage with its slot, and the records torch wrote whole."""
+    """The record of each storage with its slot, and the records torch wrote whole, from the
+    zip's central directory (names inside the archive: "data.pkl", "data/0", ...)."""
     try:
-        found = {r.data: r for r in ckptzip.records(fd)}
+        found = {r.name.partition("/")[2]: r for r in ckptzip.records(fd)}
     except ckptzip.BadZip as why:
         raise Unsuitable(str(why)) from None
+    pickled = found.get("data.pkl")
+    if pickled is None:
+        raise Unsuitable("no data.pkl record in the file")
+    _check(os.pread(fd, pickled.size, pickled.data), slots, {k: r.size for k, r in found.items()})
     holes = []
     for key, spec in enumerate(slots):
-        record = found.pop(reader.get_record_offset(f"data/{key}"), None)
-        if record is None or record.name.partition("/")[2] != f"data/{key}":
-            raise Unsuitable(f"record {key} is not where the zip's directory says")
-        if record.size != spec.nbytes:
-            raise Unsuitable(f"record {key}: {record.size} bytes in the directory, {spec.nbytes}")
+        record = found.pop(f"data/{key}")  # _check found each
+        if record.data % ALIGN:
+            raise Unsuitable(f"record {key} is not aligned to {ALIGN} bytes")
         holes.append((record, spec))
-    for record in found.values():
-        if record.name.partition("/")[2].startswith("data/"):  # a hole we have no bytes for
+    for name, record in found.items():
+        if name.startswith("data/"):  # a hole we have no bytes for
             raise Unsuitable(f"{record.name} is not in the staging block")
     return holes, list(found.values())
 

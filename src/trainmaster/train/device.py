@@ -46,7 +46,8 @@ def _registered(kind: str) -> bool:
     PyTorch's PrivateUse1 backend (it autoloads with torch: no import needed, Neuron docs)."""
     if kind == "cuda":
         return torch.cuda.is_available()
-    return bool(torch._C._get_privateuse1_backend_name() == kind)
+    name = getattr(torch._C, "_get_privateuse1_backend_name", None)  # private: may go away
+    return name is not None and bool(name() == kind)
 
 
 def resolve_kind(requested: str) -> DeviceKind:
