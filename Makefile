@@ -1,14 +1,17 @@
 # The README's two commands: `make demo` and `make test`. Each sets up a fresh machine by itself:
-# .venv when missing, torch==2.13.0 first (a CPU wheel; an unpinned torch would pull a CUDA
-# build of several GB), then the project with its test extras, then etcd for the tests.
+# .venv when missing, torch==2.13.0 first (PyPI's build; an unpinned torch would pull whatever is
+# newest), then the project with its test extras, then etcd for the tests. `make test` also
+# builds .venv-trn1, the trn1 stack (stacks/trn1.txt), and runs the stacks suite in it.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.trainmaster-installed
-TORCH := torch==2.13.0
+TORCH_VERSION := 2.13.0
 DEMO_DIR ?= demo-run
+# Exits 1 unless the environment's torch is version $(1) (a local build label like +cpu is fine).
+HAS_TORCH = -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$(1)')"
 
-.PHONY: demo test test-xla lint unit install system-deps torchx-venv clean
+.PHONY: demo test stacks lint unit install system-deps torchx-venv clean
 
 install: $(STAMP)
 
@@ -16,9 +19,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# The version is checked, not only the import: a reused .venv keeps no other torch.
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python $(call HAS_TORCH,$(TORCH_VERSION)) 2>/dev/null || $(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION)
 	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python $(call HAS_TORCH,$(TORCH_VERSION)) || { echo "error: $(VENV) does not hold torch $(TORCH_VERSION)" >&2; exit 1; }
 	touch $(STAMP)
 
 # Debian's etcd (3.4, serves the v2 API that torch's etcd rendezvous needs with --enable-v2).
@@ -51,7 +56,23 @@ include controlplane/controlplane.mk
 unit: $(STAMP) system-deps torchx-venv kube-build
 	$(BIN)/pytest -q
 
-test: lint unit
+# The trn1 stack (stacks/trn1.txt): torch 2.9 + torch_xla 2.9 (the Neuron 2.29.1 DLC's), on the
+# CPU, every other dependency at pyproject's floor. The tests marked `stacks` run there: real
+# jobs with checkpoints, a killed worker, resume, precompile, a custom script's safety net, the
+# checkpoint writer's tests (docs/architecture.md, "Stacks").
+TRN1_VENV ?= .venv-trn1
+TRN1_STAMP := $(TRN1_VENV)/.trainmaster-installed
+$(TRN1_STAMP): pyproject.toml stacks/trn1.txt
+	[ -x $(TRN1_VENV)/bin/python ] || $(PYTHON) -m venv $(TRN1_VENV)
+	$(TRN1_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(TRN1_VENV)/bin/python -m pip install --quiet -c stacks/trn1.txt torch torch_xla -e ".[test]"
+	$(TRN1_VENV)/bin/python $(call HAS_TORCH,2.9.0) || { echo "error: $(TRN1_VENV) does not hold torch 2.9.0" >&2; exit 1; }
+	touch $(TRN1_STAMP)
+
+stacks: $(TRN1_STAMP) system-deps
+	$(TRN1_VENV)/bin/pytest -q -m stacks
+
+test: lint unit stacks
 
 # The whole local flow on the built-in corpus: shards, a 2-node job with c10d rendezvous,
 # checkpoints, metrics, TensorBoard events, and a summary with the commands to look further.
@@ -59,14 +80,5 @@ demo: $(STAMP)
 	rm -rf $(DEMO_DIR)
 	$(BIN)/trainmaster demo --dir $(DEMO_DIR)
 
-# Opt-in: the XLA (Trainium) code path on the CPU, in its own venv (torch_xla pins its torch;
-# ~7 GB). See docs/architecture.md 4, "The XLA path on a CPU".
-XLA_VENV ?= .venv-xla
-test-xla:
-	[ -x $(XLA_VENV)/bin/python ] || $(PYTHON) -m venv $(XLA_VENV)
-	$(XLA_VENV)/bin/python -m pip install --quiet torch==2.9.0 torch_xla==2.9.0
-	$(XLA_VENV)/bin/python -m pip install --quiet -e ".[test]"
-	PJRT_DEVICE=CPU $(XLA_VENV)/bin/pytest -q tests/train/test_xla.py
-
 clean:
-	rm -rf $(VENV) $(XLA_VENV) $(TORCHX_VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TRN1_VENV) $(TORCHX_VENV) $(DEMO_DIR) .pytest_cache .mypy_cache .ruff_cache

@@ -5,9 +5,13 @@
 #   bench/gpu.sh [--dry] [--steps 50] [--warmup 5] [--batch 0] [--modes eager,compile]
 #                [--peak-tflops T]
 #
-# On a CUDA machine: creates .venv-gpu, installs torch==2.13.0 (pinned as in the Makefile; from
-# PyPI the Linux x86_64 wheel is a CUDA build, which is what a GPU needs) and this project into
-# it, then runs bench/gpu_bench.py. --batch 0 fits the micro-batch to the GPU's memory.
+# On a CUDA machine, first the Python already there ($PYTHON, default python3): when its torch is
+# a CUDA build inside pyproject's range and the bench's other packages are there (gpu_env.py),
+# it runs on them, this checkout's src/ on PYTHONPATH, installing nothing (GPU nodes often reach
+# no registry). Missing packages are named; TRAINMASTER_WHEELS=DIR installs them from a folder
+# of wheels into .venv-gpu (which sees that Python's torch). No usable torch there, or
+# TRAINMASTER_GPU_INSTALL=1: .venv-gpu with torch==2.13.0 from PyPI (the Linux x86_64 wheel is a
+# CUDA build) and this project. --batch 0 fits the micro-batch to the GPU's memory.
 # --dry (or TRAINMASTER_GPU_DRY=1): installs nothing and runs on the CPU with $PYTHON (default
 # .venv/bin/python): bert-tiny in fp32, 2 steps, to check the arguments and the JSON shape.
 set -euo pipefail
@@ -18,7 +22,7 @@ args=()
 for arg in "$@"; do
   case "$arg" in
     --dry) dry=1 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$arg") ;;
   esac
 done
@@ -35,6 +39,24 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
   exit 2
 fi
 venv=.venv-gpu
+src="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+if [ "${TRAINMASTER_GPU_INSTALL:-0}" != 1 ]; then
+  py="${PYTHON:-python3}"
+  found=0
+  "$py" bench/gpu_env.py || found=$?
+  if [ "$found" = 0 ]; then
+    PYTHONPATH="$src" exec "$py" bench/gpu_bench.py ${args[@]+"${args[@]}"}
+  elif [ "$found" = 4 ]; then
+    if [ -z "${TRAINMASTER_WHEELS:-}" ]; then exit 2; fi
+    # The machine's torch stays (system site packages); only what is missing comes from DIR.
+    [ -x "$venv/bin/python" ] || "$py" -m venv --system-site-packages "$venv"
+    read -r -a wanted <<< "$("$py" bench/gpu_env.py --missing || true)"
+    "$venv/bin/python" -m pip install --quiet --no-index --find-links "$TRAINMASTER_WHEELS" "${wanted[@]}"
+    "$venv/bin/python" bench/gpu_env.py
+    PYTHONPATH="$src" exec "$venv/bin/python" bench/gpu_bench.py ${args[@]+"${args[@]}"}
+  fi
+  echo "gpu.sh: making $venv with torch==2.13.0 from PyPI" >&2
+fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet "torch==2.13.0"

@@ -130,6 +130,15 @@ def _setup(a: argparse.Namespace, mode: str, batch: int) -> tuple[Any, Any, Any,
     return rt, stepper, rt.batches(loader), model.flops_for(cfg, VOCAB)
 
 
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
 def _precision(a: argparse.Namespace) -> str:
     """bf16 on the GPU; fp32 in the dry run (bf16 matmuls crawl on a CPU without AVX512-BF16)."""
     return "fp32" if a.dry else "bf16"
@@ -273,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                 "micro_batch": batch,
                 "torch": torch.__version__,
                 "cuda": torch.version.cuda,
+                "transformers": _version("transformers"),
+                "python": sys.executable,
                 "results": results,
                 "published": PUBLISHED,
             }

@@ -368,9 +368,11 @@ def config_hash(cfg: JobConfig) -> str:
     """Hash of what decides the training result (model, data, schedule, seed, precision).
 
     Left out on purpose: where and how the job runs (backend, nodes, workers, micro-batch,
-    steps_this_run, checkpoint cadence, compile, kubernetes, cluster). A job resumed with more
-    steps, on more nodes or after a restart keeps its hash; a checkpoint of another model or
-    schedule is refused.
+    steps_this_run, checkpoint cadence, compile, kubernetes, cluster), and max_steps: a job
+    resumed with more steps (`launch --resume --set train.max_steps=N`), on more nodes or after
+    a restart keeps its hash, and its learning rate decays to the new end from where it
+    stopped (checkpoint.load_trainer); a checkpoint of another model or schedule shape (lr,
+    warm-up, optimizer, batch) is refused.
     """
     model: dict[str, int | None] = {
         k: cfg.model.size(k)
@@ -391,7 +393,6 @@ def config_hash(cfg: JobConfig) -> str:
             "lr": t.lr,
             "weight_decay": t.weight_decay,
             "warmup_steps": t.warmup_steps,
-            "max_steps": t.max_steps,
             "seed": t.seed,
             "precision": t.precision,
         },

@@ -111,6 +111,7 @@ def test_a_hung_custom_script_is_dumped_and_recovers_from_its_checkpoint(tmp_pat
     assert summary["goodput"]["restarts"] == 1 and summary["goodput"]["steps_lost"] == 5
 
 
+@pytest.mark.stacks  # a custom script's safety net, on every torch we ship
 def test_cancel_of_a_custom_script_is_saved_at_one_step_and_resumed_from_there(
     tmp_path: Path,
 ) -> None:

@@ -18,6 +18,10 @@ from trainmaster.train import checkpoint, ckptdir, model, optim, preflight
 from trainmaster.train.dataset import Position
 from trainmaster.train.device import Runtime
 
+# Checkpoint writing and device choices use torch's newer and private APIs: run on every
+# stack (the trn1 stack too, `make stacks`).
+pytestmark = pytest.mark.stacks
+
 META = {"job": "t", "config_hash": "abc", "vocab_size": 300, "files": []}
 
 
@@ -72,6 +76,39 @@ def test_round_trip_restores_weights_optimizer_and_schedule(tmp_path: Path) -> N
     meta = ckptdir.read_meta(path)
     assert meta is not None and meta["positions"] == [[1, 2, 12]] and meta["world_size"] == 1
     assert meta["config_hash"] == "abc" and meta["step"] == 1
+
+
+def test_a_run_resumed_with_more_steps_decays_to_its_new_end(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """`launch --resume --set train.max_steps=30` on a run that ended at 20: the checkpoint's
+    schedule (rate 0 at step 20) gives way to the job file's, from step 20 on."""
+    base = ["train.warmup_steps=5", 'train.optimizer="adamw"']
+    cfg = jobfile.preset("local-cpu", [*base, "train.max_steps=20"])
+    rt = Runtime(preflight.Env(), "cpu", bf16=False)
+    bert = model.build(cfg, 300)
+    opt = optim.make_optimizer(cfg, bert, "cpu")
+    sched = optim.make_scheduler(cfg, opt)
+    for _ in range(20):
+        one_step(bert, opt, sched)
+    path = save(tmp_path, 20, rt, bert, opt, sched)
+    assert sched.get_last_lr()[0] == 0.0  # the old end
+
+    longer = jobfile.preset("local-cpu", [*base, "train.max_steps=30"])
+    assert longer.derived.config_hash == cfg.derived.config_hash
+    opt2 = optim.make_optimizer(longer, bert, "cpu")
+    sched2 = optim.make_scheduler(longer, opt2)
+    assert checkpoint.load_trainer(path, opt2, sched2) == 20
+    expected = longer.train.lr * (1 - (20 - 5) / (30 - 5))
+    assert sched2.get_last_lr()[0] == pytest.approx(expected)
+    assert opt2.param_groups[0]["lr"] == pytest.approx(expected)
+    assert "from step 20 on" in capfd.readouterr().err
+
+    same = optim.make_optimizer(cfg, bert, "cpu")
+    sched3 = optim.make_scheduler(cfg, same)
+    checkpoint.load_trainer(path, same, sched3)  # the same schedule: untouched
+    assert set(sched3.get_last_lr()) == {0.0} and sched3.last_epoch == 20
+    assert "from step" not in capfd.readouterr().err
 
 
 def test_rng_state_is_restored_exactly(tmp_path: Path) -> None:

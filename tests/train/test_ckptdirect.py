@@ -21,6 +21,10 @@ from tests.train.test_checkpoint import setup
 from tests.train.test_ckptwriter import stage
 from trainmaster.train import checkpoint, ckptarena, ckptdirect, ckptwriter, ckptzip
 
+# Checkpoint writing and device choices use torch's newer and private APIs: run on every
+# stack (the trn1 stack too, `make stacks`).
+pytestmark = pytest.mark.stacks
+
 
 def state() -> dict[str, Any]:
     tied = torch.randn(3000, 77)  # 924,000 bytes: whole pages and a tail

@@ -22,6 +22,10 @@ from trainmaster.train import checkpoint, ckptdir, ckptwriter
 from trainmaster.train.dataset import Position
 from trainmaster.train.loop import param_checksum
 
+# Checkpoint writing and device choices use torch's newer and private APIs: run on every
+# stack (the trn1 stack too, `make stacks`).
+pytestmark = pytest.mark.stacks
+
 
 def stage(step: int, rt, bert, opt, sched) -> checkpoint.Staged:  # type: ignore[no-untyped-def]
     staged = checkpoint.stage(

@@ -18,6 +18,10 @@ from trainmaster.train import device, loop, model, optim, preflight
 from trainmaster.train.device import CUDA_SYNC_EVERY, Runtime, options_for
 from trainmaster.train.preflight import Env
 
+# Checkpoint writing and device choices use torch's newer and private APIs: run on every
+# stack (the trn1 stack too, `make stacks`).
+pytestmark = pytest.mark.stacks
+
 
 def test_cuda_gets_the_gpu_fast_path() -> None:
     o = options_for("cuda", bf16=True)
@@ -38,7 +42,7 @@ def test_cpu_gets_none_of_the_cuda_only_options(bf16: bool) -> None:
 def test_xla_keeps_its_own_path() -> None:
     o = options_for("xla", bf16=True)
     assert not o.autocast_bf16  # bf16 weights on XLA, no autocast
-    assert o.adamw == "foreach" and o.attn_implementation is None
+    assert o.adamw == "foreach" and o.attn_implementation == "eager"
     assert not (o.pin_memory or o.non_blocking or o.tf32) and o.sync_every == 1
 
 

@@ -13,6 +13,10 @@ from trainmaster.train import devices
 from trainmaster.train.device import Runtime, resolve_kind
 from trainmaster.train.preflight import Env
 
+# Checkpoint writing and device choices use torch's newer and private APIs: run on every
+# stack (the trn1 stack too, `make stacks`).
+pytestmark = pytest.mark.stacks
+
 
 def test_one_row_per_kind() -> None:
     assert set(devices.TABLE) == {"cpu", "cuda", "neuron", "xla"}

@@ -1,8 +1,8 @@
-"""The XLA path (how Trainium runs PyTorch), on torch_xla's CPU device: `make test-xla`.
+"""The XLA path (how Trainium runs PyTorch), on torch_xla's CPU device: part of `make test`.
 
-Skipped unless torch_xla is importable; it needs its own environment (torch and torch_xla of the
-same version, ~7 GB: see docs/architecture.md 4, "The XLA path on a CPU", and the Makefile's
-test-xla). Dropout is off (TRAINMASTER_DROPOUT=0): XLA's random numbers are not the CPU's, so
+Skipped unless torch_xla is importable: it runs in the trn1 stack's environment (.venv-trn1,
+stacks/trn1.txt; docs/architecture.md, "Stacks"), where `make stacks` runs the tests marked
+`stacks`. Dropout is off (TRAINMASTER_DROPOUT=0): XLA's random numbers are not the CPU's, so
 with dropout the two devices would train different networks.
 """
 
@@ -16,7 +16,7 @@ pytest.importorskip("torch_xla")
 
 from tests.train.helpers import make_job, metrics, processes_mentioning, summary, torchrun, trainer  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.stacks]
 XLA_ENV = {"PJRT_DEVICE": "CPU", "TRAINMASTER_DROPOUT": "0"}
 STEPS = ("train.max_steps=6", "train.warmup_steps=2", "train.checkpoint_every=3")
 

@@ -27,16 +27,22 @@ _DOCKERIGNORE = """\
 **/__pycache__
 """
 
-_INSTALL = f"""\
+
+def _install(*pins: str) -> str:
+    """Install the project around the image's torch; `pins`: versions the flavour was tested
+    with (the neuron flavour's transformers: the trn1 stack's)."""
+    extra = "".join(f'"{p}" ' for p in pins)
+    return f"""\
 COPY pyproject.toml README.md {SOURCE_DIR}/
 COPY src {SOURCE_DIR}/src
 # Keep the torch that is installed; install the project and its pinned extras around it.
 RUN {{ python -m pip freeze | grep -i -E '^(torch|torch-neuronx|torch-xla)==' || true; }} > /tmp/keep.txt \\
  && python -m pip install --no-cache-dir -c /tmp/keep.txt \\
         "python-etcd=={versions.PYTHON_ETCD_VERSION}" "tensorboard=={versions.TENSORBOARD_VERSION}" \\
-        {SOURCE_DIR} \\
+        {extra}{SOURCE_DIR} \\
  && python -c "import trainmaster, etcd, tensorboard; print('trainmaster', trainmaster.__version__)"
 """
+
 
 _ENV = """\
 ENV PYTHONUNBUFFERED=1 \\
@@ -65,7 +71,7 @@ def neuron() -> str:
     FI_PROVIDER=efa \\
     FI_EFA_USE_DEVICE_RDMA=1 \\
     FI_EFA_FORK_SAFE=1
-{_INSTALL}WORKDIR /workspace
+{_install(f"transformers=={versions.TRN1_TRANSFORMERS}")}WORKDIR /workspace
 CMD ["/bin/bash"]
 """
     )
@@ -110,7 +116,7 @@ RUN apt-get update \\
 RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url {versions.TORCH_INDEX["cpu"]} \\
  && python -m pip install --no-cache-dir --extra-index-url {versions.NEURON_PIP_INDEX} \\
         "torch-neuronx=={versions.TORCHNEURON_VERSION}.*" "torch=={versions.TORCH_VERSION}"
-{_INSTALL}WORKDIR /workspace
+{_install()}WORKDIR /workspace
 CMD ["/bin/bash"]
 """
     )
@@ -148,7 +154,7 @@ RUN apt-get update \\
  && rm -rf /tmp/efa.tar.gz /tmp/aws-efa-installer /var/lib/apt/lists/* \\
  && python3 -m venv /opt/venv
 RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url {versions.TORCH_INDEX["cuda"]}
-{_INSTALL}WORKDIR /workspace
+{_install()}WORKDIR /workspace
 CMD ["/bin/bash"]
 """
     )
@@ -163,7 +169,7 @@ def cpu() -> str:
         )
         + f"""\
 {_ENV}RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url {versions.TORCH_INDEX["cpu"]}
-{_INSTALL}WORKDIR /workspace
+{_install()}WORKDIR /workspace
 CMD ["/bin/bash"]
 """
     )

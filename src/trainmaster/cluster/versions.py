@@ -144,6 +144,11 @@ TORCH_INDEX: Final = {
 }
 PYTHON_ETCD_VERSION: Final = "0.4.5"
 TENSORBOARD_VERSION: Final = "2.20.0"
+# The transformers of the trn1 stack: the neuron image pins it, and `make test` runs the stacks
+# suite with it (stacks/trn1.txt; tests/foundation/test_stacks.py keeps the two equal). Left to
+# pip, trn1's attention and numerics would move with its choice (transformers 4.54 made SDPA
+# BERT's default attention); the XLA row of train/devices.py names its attention too.
+TRN1_TRANSFORMERS: Final = "4.51.3"
 
 _AUG = _D(2026, 8, 1)  # the first table: checked against the repositories in 2026-08
 PINS: Final = (
@@ -212,6 +217,13 @@ PINS: Final = (
         TENSORBOARD_VERSION,
         _AUG,
         "pypi.org/project/tensorboard",
+    ),
+    Pin(
+        "trn1_transformers",
+        TRN1_TRANSFORMERS,
+        TRN1_TRANSFORMERS,
+        _D(2026, 12, 4),
+        "stacks/trn1.txt: the version the trn1 stack suite runs",
     ),
 )
 

@@ -244,8 +244,37 @@ def load_model(path: Path, model: nn.Module) -> None:
 def load_trainer(path: Path, optimizer: torch.optim.Optimizer, scheduler: LRScheduler) -> int:
     state = torch.load(path / TRAINER, map_location="cpu", weights_only=True)
     optimizer.load_state_dict(state["optimizer"])
+    ours = _schedules(scheduler)
     scheduler.load_state_dict(state["scheduler"])
+    _keep_schedule(scheduler, ours, int(state["step"]))
     return int(state["step"])
+
+
+def _schedules(scheduler: LRScheduler) -> list[dict[str, Any]]:
+    """The settings of the scheduler's schedule objects (optim.Schedule), which LambdaLR saves."""
+    return [
+        dict(vars(fn)) for fn in getattr(scheduler, "lr_lambdas", []) if hasattr(fn, "__dict__")
+    ]
+
+
+def _keep_schedule(scheduler: LRScheduler, ours: list[dict[str, Any]], step: int) -> None:
+    """The schedule is the job file's, not the checkpoint's. They differ only in
+    train.max_steps (the one schedule setting outside the config hash): a finished run resumed
+    with more steps decays to its new end from where it stopped, instead of training on at the
+    old end's rate of 0. The next update's rate is set from it too (step() of the restored epoch
+    minus one: LambdaLR's own computation). Same schedule: nothing is touched (exact resume)."""
+    saved = _schedules(scheduler)
+    if saved == ours:
+        return
+    for fn, mine in zip(getattr(scheduler, "lr_lambdas", []), ours, strict=True):
+        vars(fn).update(mine)
+    scheduler.last_epoch -= 1
+    scheduler.step()
+    print(
+        f"schedule: the checkpoint's {saved} is the job file's {ours} from step {step} on "
+        f"(next learning rate {scheduler.get_last_lr()[0]:.3g})",
+        file=sys.stderr,
+    )
 
 
 def load_rank(path: Path, rt: Runtime, same_world: bool) -> bool:

@@ -83,7 +83,7 @@ def check_owner(ckpt: Checkpoint, *, config_hash: str, job: str, folder: Path) -
     raise UserError(
         f"{ckpt.path.name} was written by job {who!r} with config hash {theirs}, but this job's "
         f"hash is {config_hash}: the model, data or schedule (model.*, data.*, train.lr, "
-        f"optimizer, global_batch_size, max_steps, seed, precision) changed since. Run it with "
+        f"optimizer, global_batch_size, warmup_steps, seed, precision) changed since. Run it with "
         f"the settings it was started with, give this configuration a new job.name, or delete "
         f"{folder} to start this job from step 0",
         where=str(ckpt.path),

@@ -49,8 +49,10 @@ TABLE: dict[DeviceKind, DeviceRow] = {
         True, "foreach", None, False, False, CUDA_SYNC_EVERY, "neuron", "inductor", False
     ),
     # XLA: the loss read is the step's barrier; Neuron's compiler cache; bf16 weights as the
-    # installed torch_xla expects (docs/architecture.md 5: 12.5).
-    "xla": DeviceRow(False, "foreach", None, False, False, 1, None, "neuron", True),
+    # installed torch_xla expects (docs/architecture.md 5: 12.5). Attention named, "eager":
+    # transformers' default moved from eager to SDPA in 4.54, and trn1's graphs (their compile
+    # cache, their numerics) must not change with the transformers pip picks.
+    "xla": DeviceRow(False, "foreach", "eager", False, False, 1, None, "neuron", True),
 }
 
 

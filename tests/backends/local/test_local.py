@@ -233,6 +233,7 @@ def test_killed_worker_is_restarted_and_resumes(
     assert s["final_loss"] == pytest.approx(straight["final_loss"], abs=0.05)
 
 
+@pytest.mark.stacks  # the atomic-checkpoint guarantee, on every torch we ship
 def test_kill_during_checkpoint_keeps_the_previous_one(pydoc_storage: Path, tmp_path: Path) -> None:
     """Rank 0 is SIGKILLed half-way through writing the step-20 checkpoint (fault injection)."""
     path = job_file(tmp_path, "ckptkill")
