@@ -6,7 +6,7 @@ init_method xla://), gradients are reduced with xm.reduce_gradients after accumu
 all-reduce per optimizer step, like the AWS tutorial), graphs are cut with torch_xla.sync()
 at step boundaries, and batches reach the device through MpDeviceLoader. torch_xla on a CPU
 (PJRT_DEVICE=CPU) cannot run multi-process collectives: every process silently reports rank 0
-of 1 (docs/architecture.md 4, "The XLA path on a CPU"), so such a world size is refused, before
+of 1 (docs/architecture.md 4, "Stacks"), so such a world size is refused, before
 and after init.
 """
 

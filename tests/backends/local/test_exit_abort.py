@@ -45,6 +45,7 @@ def steps(run: RunPaths) -> list[int]:
     return [int(r["step"]) for r in runinfo.read_metrics(run.metrics)]
 
 
+@pytest.mark.stacks  # reads torchrun's failure line: its format on every torch we ship
 def test_a_worker_aborted_at_exit_after_the_last_step_ends_the_job_succeeded(
     tmp_path: Path,
 ) -> None:

@@ -148,6 +148,26 @@ def test_resume_is_refused_while_a_process_of_the_run_lives(
         local.plan(cfg, store, resume=True)
 
 
+def test_checkpoints_of_other_settings_are_refused_before_anything_starts(
+    pydoc_storage: Path,
+) -> None:
+    """Every worker would refuse them after its start-up (exit 2 on each); the launcher refuses
+    them first. A longer max_steps keeps the hash: `launch --resume --set train.max_steps=N`."""
+    store = Storage(pydoc_storage)
+    cfg = jobfile.preset("local-cpu", ['job.name="owned"', "job.nnodes=1"])
+    step = RunPaths(store.run_dir("owned")).checkpoints / "step_5"
+    step.mkdir(parents=True)
+    meta = {"step": 5, "job": "owned", "config_hash": "feedfacefeedface"}
+    (step / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="config hash feedfacefeedface"):
+        local.plan(cfg, store, resume=True)
+    (step / "meta.json").write_text(json.dumps({**meta, "config_hash": cfg.derived.config_hash}))
+    longer = jobfile.preset(
+        "local-cpu", ['job.name="owned"', "job.nnodes=1", "train.max_steps=999"]
+    )
+    assert local.plan(longer, store, resume=True).run.dir == step.parents[1]
+
+
 # --- 17.8: only this attempt's summary counts -----------------------------------------------------
 
 

@@ -30,6 +30,7 @@ from trainmaster.launch.torchrun import Rendezvous, command
 from trainmaster.run import processes as procs
 from trainmaster.run import state
 from trainmaster.storage import SHARD_GLOB, RunPaths, Storage, dataset_path
+from trainmaster.train import ckptdir
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,12 @@ def plan(cfg: JobConfig, store: Storage, *, resume: bool = False, precompile: bo
             )
     if entry.is_builtin(cfg):  # a custom entrypoint reads what it likes (docs/architecture.md 3.8)
         check_shards(cfg, store)
+        # Checkpoints of other settings: refused here, before any process starts (every worker
+        # would refuse them too, each after its start-up).
+        if (last := ckptdir.latest(run.checkpoints)) is not None:
+            ckptdir.check_owner(
+                last, config_hash=cfg.derived.config_hash, job=cfg.job.name, folder=run.checkpoints
+            )
     entry.check_local(cfg, Path.cwd())
     note = None
     if cfg.train.compile and not precompile:
