@@ -270,9 +270,11 @@ def _keep_schedule(scheduler: LRScheduler, ours: list[dict[str, Any]], step: int
         vars(fn).update(mine)
     scheduler.last_epoch -= 1
     scheduler.step()
+    old, new = (saved or [{}])[0], (ours or [{}])[0]
+    changed = ", ".join(f"{k} {old.get(k)} -> {v}" for k, v in new.items() if old.get(k) != v)
     print(
-        f"schedule: the checkpoint's {saved} is the job file's {ours} from step {step} on "
-        f"(next learning rate {scheduler.get_last_lr()[0]:.3g})",
+        f"schedule: {changed} (the job file's) from step {step} on; next learning rate "
+        f"{scheduler.get_last_lr()[0]:.3g}",
         file=sys.stderr,
     )
 
