@@ -164,3 +164,43 @@ def node_names(instance_type: str, count: int) -> list[str]:
         ".", "-"
     )  # as ClusterSpec.nodegroup: trn1.32xlarge -> trn1-32xlarge
     return [f"{group}-{i}" for i in range(count)]
+
+
+# What `cluster up` lays for a job and a gang needs before it can be placed: the Volcano queue the
+# presets name and the shared-storage claim, built by the cluster's own builders from the trn1
+# preset (zones and API CIDRs given, so nothing asks AWS). FSx is not here: the claim is bound
+# to a hostPath volume in the run folder standing in for it (no container reads it: kwok runs
+# none). So README's job runs on `make kube-up` as written.
+JOB_PRESET = "trn1-bert-large"
+JOB_SETS = [
+    'cluster.zones=["us-west-2a", "us-west-2b"]',
+    'cluster.public_access_cidrs=["203.0.113.7/32"]',
+]
+
+
+def job_objects(storage: Path) -> list[dict[str, Any]]:
+    from trainmaster import jobfile
+    from trainmaster.cluster import addons, fsx, spec
+
+    cluster = spec.resolve(jobfile.preset(JOB_PRESET, JOB_SETS))
+    claim = fsx.claim(cluster)
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {
+            "name": f"{claim['metadata']['name']}-local",
+            "labels": claim["metadata"]["labels"],
+        },
+        "spec": {
+            "capacity": {"storage": claim["spec"]["resources"]["requests"]["storage"]},
+            "accessModes": claim["spec"]["accessModes"],
+            "storageClassName": claim["spec"]["storageClassName"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": str(storage), "type": "DirectoryOrCreate"},
+            "claimRef": {
+                "namespace": claim["metadata"]["namespace"],
+                "name": claim["metadata"]["name"],
+            },
+        },
+    }
+    return [addons.queue(cluster), pv, claim]

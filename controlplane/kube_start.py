@@ -5,7 +5,8 @@ webhook configurations go in before Volcano starts (its informers need the CRDs,
 manager only patches configurations that exist); then Volcano's three processes, kwok and the
 nodes together. Ready means: nodes Ready, the `default` service account made (the controller
 manager works), a dry-run Queue through the webhook, and the `default` queue Open (the
-scheduler made it, the controllers opened it).
+scheduler made it, the controllers opened it). Last, what a job needs that `cluster up` would
+lay (kube_objects.job_objects): the presets' queue open and the shared-storage claim bound.
 """
 
 from __future__ import annotations
@@ -175,6 +176,40 @@ def start(procs: kube_procs.Processes, share: Path, state: dict[str, Any]) -> No
         "the default queue open (scheduler, controllers)",
         lambda: _queue_open(custom, "default"),
     )
+    objs = kube_objects.job_objects(run / "fsx")
+    lay_job_objects(api, objs)
+    queue, _, claim = objs
+    procs.wait(
+        f"queue {queue['metadata']['name']} open, claim {claim['metadata']['name']} bound",
+        lambda: _queue_open(custom, queue["metadata"]["name"]) and _bound(core, claim),
+    )
+
+
+def lay_job_objects(api: Any, objs: list[dict[str, Any]]) -> None:
+    """Create each object (kube_objects.job_objects) unless it exists."""
+    from kubernetes import utils
+    from kubernetes.client import CustomObjectsApi
+    from kubernetes.client.exceptions import ApiException
+
+    for obj in objs:
+        try:
+            if obj["kind"] == "Queue":
+                group, version = obj["apiVersion"].split("/")
+                CustomObjectsApi(api).create_cluster_custom_object(group, version, "queues", obj)
+            else:
+                utils.create_from_dict(api, obj)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        except utils.FailToCreateError as exc:
+            if any(e.status != 409 for e in exc.api_exceptions):
+                raise
+
+
+def _bound(core: Any, claim: dict[str, Any]) -> bool:
+    meta = claim["metadata"]
+    found = core.read_namespaced_persistent_volume_claim(meta["name"], meta["namespace"])
+    return bool(found.status.phase == "Bound")
 
 
 def _exists(read: Callable[[], object]) -> bool:

@@ -40,6 +40,10 @@ class KubernetesSection(Section):
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="extra node labels to match"
     )
+    node_lost_after_s: PositiveInt = Field(
+        60,
+        description="seconds a training pod stays bound to a node that stopped answering (NotReady or unreachable) before it is evicted and Volcano restarts the gang elsewhere (Kubernetes' default: 300); trainmaster's node watcher then takes the node out of service, so pods the node cannot confirm gone do not hold the gang",
+    )
     service_account: str | None = Field(None, description="service account of the pods")
     priority_class: str | None = Field(
         None,

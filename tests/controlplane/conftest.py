@@ -78,6 +78,12 @@ class RealKube:
         return client.CustomObjectsApi(self.api)
 
     @property
+    def coordination(self) -> Any:
+        from kubernetes import client
+
+        return client.CoordinationV1Api(self.api)
+
+    @property
     def node_names(self) -> list[str]:
         return sorted(n.metadata.name for n in self.core.list_node().items)
 

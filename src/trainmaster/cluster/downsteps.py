@@ -9,6 +9,7 @@ group.
 from __future__ import annotations
 
 from trainmaster.cluster import fsx
+from trainmaster.cluster.nodeguard import WATCHER, WATCHER_NAMESPACE
 from trainmaster.cluster.spec import ClusterSpec
 from trainmaster.cluster.steps import Step
 
@@ -24,6 +25,13 @@ def down_steps(spec: ClusterSpec) -> list[Step]:
             "Delete TensorBoard",
             (guard, 'kubectl delete -f "$PLAN_DIR/k8s/tensorboard.yaml" --ignore-not-found'),
             check=f"k8s_gone deployment/tensorboard {ns}",
+            tools=k8s,
+        ),
+        Step(
+            "down-node-watcher",
+            "Delete the node watcher",
+            (guard, 'kubectl delete -f "$PLAN_DIR/k8s/node-watcher.yaml" --ignore-not-found'),
+            check=f"k8s_gone deployment/{WATCHER} --namespace {WATCHER_NAMESPACE}",
             tools=k8s,
         ),
         Step(

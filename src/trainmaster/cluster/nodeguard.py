@@ -122,3 +122,74 @@ def rbac(namespace: str, service_account: str) -> list[dict[str, Any]]:
             "spec": {"policyName": NAME, "validationActions": ["Deny"]},
         },
     ]
+
+
+# The node watcher (backends/kubernetes/nodewatch.py): a lost node lets go of its gang without a
+# person. It reads nodes and trainmaster's pods and patches nodes (its mark and Kubernetes'
+# out-of-service taint); it runs from the training image on a system node. k8s/node-watcher.yaml.
+WATCHER = "trainmaster-node-watcher"
+WATCHER_NAMESPACE = "trainmaster-system"
+WATCHER_COMMAND = ["python", "-m", "trainmaster.backends.kubernetes.nodewatch"]
+
+
+def watcher(image: str, node_selector: dict[str, str]) -> list[dict[str, Any]]:
+    ns, labels = WATCHER_NAMESPACE, {"app": WATCHER, **MANAGED}
+    meta = {"name": WATCHER, "labels": dict(MANAGED)}
+    container = {
+        "name": "watcher",
+        "image": image,
+        "command": WATCHER_COMMAND,
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": ns, "labels": dict(MANAGED)},
+        },
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {**meta, "namespace": ns}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": meta,
+            "rules": [
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": meta,
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": WATCHER,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": WATCHER, "namespace": ns}],
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {**meta, "namespace": ns},
+            "spec": {
+                "replicas": 1,
+                "strategy": {"type": "Recreate"},  # never two watchers patching one node
+                "selector": {"matchLabels": {"app": WATCHER}},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": WATCHER,
+                        "nodeSelector": dict(node_selector),
+                        "containers": [container],
+                    },
+                },
+            },
+        },
+    ]

@@ -98,6 +98,11 @@ def build(spec: ClusterSpec) -> dict[str, str]:
             nodeguard.rbac(spec.namespace, spec.service_account),
             f"{made} Lets a training pod mark only its own node unhealthy (nodeguard.py).",
         ),
+        "k8s/node-watcher.yaml": to_yaml(
+            nodeguard.watcher(addons.IMAGE, addons.SYSTEM_SELECTOR),
+            f"{made} Takes a lost node out of service, so its gang restarts elsewhere "
+            f"(backends/kubernetes/nodewatch.py).\n{PLACEHOLDER_NOTE}",
+        ),
         "k8s/tensorboard.yaml": to_yaml(addons.tensorboard(spec), f"{made}\n{PLACEHOLDER_NOTE}"),
         "helm/aws-fsx-csi-driver.yaml": to_yaml(
             fsx.csi_values(spec), f"{made} {versions.FSX_CHART} {versions.FSX_CHART_VERSION}"

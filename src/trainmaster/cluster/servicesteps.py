@@ -11,6 +11,7 @@ from __future__ import annotations
 from trainmaster.cluster import fsx, versions
 from trainmaster.cluster.addons import ETCD, ETCD_NAMESPACE
 from trainmaster.cluster.eksctl import FSX_NAMESPACE, FSX_SERVICE_ACCOUNT
+from trainmaster.cluster.nodeguard import WATCHER, WATCHER_NAMESPACE
 from trainmaster.cluster.spec import ClusterSpec
 from trainmaster.cluster.steps import Step, helm_install
 from trainmaster.config import S3_READER
@@ -147,6 +148,17 @@ def service_steps(spec: ClusterSpec) -> list[Step]:
                 f"kubectl {ns} rollout status deployment/tensorboard --timeout=10m",
             ),
             check=f"kubectl {ns} get deployment tensorboard >/dev/null 2>&1",
+            tools=k,
+        ),
+        Step(
+            "node-watcher",
+            "Node watcher: takes a lost node out of service, so its gang restarts elsewhere",
+            (
+                'local file; file="$(render k8s/node-watcher.yaml)"',
+                'kubectl apply --server-side -f "$file"',
+                f"kubectl -n {WATCHER_NAMESPACE} rollout status deployment/{WATCHER} --timeout=5m",
+            ),
+            check=f"kubectl -n {WATCHER_NAMESPACE} get deployment {WATCHER} >/dev/null 2>&1",
             tools=k,
         ),
         Step(

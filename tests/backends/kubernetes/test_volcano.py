@@ -19,7 +19,7 @@ from tests.backends.kubernetes.schemas import (
 from tests.golden import check
 from trainmaster import api
 from trainmaster.backends.kubernetes import names as k8s_names
-from trainmaster.backends.kubernetes import volcano
+from trainmaster.backends.kubernetes import podspec, volcano
 from trainmaster.config import JobConfig
 from trainmaster.launch.torchrun import Rendezvous, command
 
@@ -180,7 +180,8 @@ def test_resources_per_node_type() -> None:
     )
     cpu = volcano.build_job(job_cfg("cpu"))
     assert pod_spec(cpu)["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "cpu"}
-    assert "tolerations" not in pod_spec(cpu)
+    # no device taints to tolerate on CPU nodes: only the lost-node ones (node_lost_after_s)
+    assert {t["key"] for t in pod_spec(cpu)["tolerations"]} == set(podspec.NODE_LOST_TAINTS)
 
 
 def test_c10d_goes_through_the_jobs_own_service() -> None:

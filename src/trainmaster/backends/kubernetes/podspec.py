@@ -73,6 +73,25 @@ def tolerations(cfg: JobConfig, inst: catalog.InstanceType | None) -> list[dict[
     return tols + [dict(t) for t in cfg.kubernetes.tolerations]
 
 
+# The taints the node lifecycle controller puts on a node that stopped answering; Kubernetes
+# gives every pod a 300 s toleration of each, a training gang gets kubernetes.node_lost_after_s.
+NODE_LOST_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def node_lost_tolerations(cfg: JobConfig) -> list[dict[str, Any]]:
+    """How long a training pod waits on a lost node before it is evicted (NoExecute only: the
+    NoSchedule twins of these taints keep a restarted gang off the node)."""
+    return [
+        {
+            "key": key,
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": cfg.kubernetes.node_lost_after_s,
+        }
+        for key in NODE_LOST_TAINTS
+    ]
+
+
 def node_selector(cfg: JobConfig, inst: catalog.InstanceType) -> dict[str, str]:
     # The generic "cpu" catalog entry is not an EC2 type: CPU jobs select nodes by the job's
     # node_selector only (e.g. a node group label).

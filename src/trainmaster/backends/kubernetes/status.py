@@ -37,7 +37,7 @@ from trainmaster.backends.kubernetes.volcano import (
     LABEL_JOB,
     TASK,
 )
-from trainmaster.errors import UserError
+from trainmaster.errors import JobFailed, UserError
 from trainmaster.run import state
 
 RANK0_LINE = re.compile(r"trainmaster: rank 0 on pod (\S+)")
@@ -170,8 +170,10 @@ def _rank0_claim(cluster: Cluster, pod: str) -> tuple[str, int] | None:
                 limit_bytes=RANK0_SCAN_BYTES,
                 _preload_content=False,
             )
-    except UserError:
-        return None  # gone or not started since it was listed: not rank 0 now
+    except (UserError, JobFailed):
+        # gone or not started since it was listed, or its node serves no logs (a lost node:
+        # the API server answers 500): not known as rank 0 now
+        return None
     newest: tuple[str, int] | None = None
     for line in lines(resp):
         stamp, _, text = line.partition(" ")

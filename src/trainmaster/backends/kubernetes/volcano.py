@@ -246,9 +246,7 @@ def _build(
             cfg, config_map=config_map_name(name), shm_size_gib=podspec.shm_gib(inst)
         ),
     }
-    tolerations = podspec.tolerations(cfg, inst)
-    if tolerations:
-        pod_spec["tolerations"] = tolerations
+    pod_spec["tolerations"] = [*podspec.tolerations(cfg, inst), *podspec.node_lost_tolerations(cfg)]
     selector = podspec.node_selector(cfg, inst)
     if selector:
         pod_spec["nodeSelector"] = selector

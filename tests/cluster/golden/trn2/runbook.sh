@@ -19,8 +19,8 @@ ECR_REPO=trainmaster
 IMAGE_TAG=0.1.0-torchneuron
 ACCELERATOR_SELECTOR=trainmaster.io/role=accelerator
 export AWS_REGION="$REGION" AWS_DEFAULT_REGION="$REGION" AWS_PAGER=""
-UP_STEPS=(tools ecr cluster kubeconfig node-stack nodegroup device-plugin efa-device-plugin devices-ready etcd volcano queue node-marker fsx-irsa fsx-csi storage image tensorboard summary)
-DOWN_STEPS=(down-tensorboard down-jobs down-pods down-storageclass down-claim down-nodegroup down-node-stack down-cluster down-ecr down-leftovers)
+UP_STEPS=(tools ecr cluster kubeconfig node-stack nodegroup device-plugin efa-device-plugin devices-ready etcd volcano queue node-marker fsx-irsa fsx-csi storage image tensorboard node-watcher summary)
+DOWN_STEPS=(down-tensorboard down-node-watcher down-jobs down-pods down-storageclass down-claim down-nodegroup down-node-stack down-cluster down-ecr down-leftovers)
 cluster_field() { aws eks describe-cluster --name "$CLUSTER" --query "cluster.$1" --output text; }
 cluster_exists() { aws eks describe-cluster --name "$CLUSTER" >/dev/null 2>&1; }
 stack_status() { aws cloudformation describe-stacks --stack-name "$STACK" --query 'Stacks[0].StackStatus' --output text 2>/dev/null; }
@@ -300,6 +300,16 @@ check_tensorboard() {
   kubectl --namespace default get deployment tensorboard >/dev/null 2>&1
 }
 
+# node-watcher: Node watcher: takes a lost node out of service, so its gang restarts elsewhere
+step_node_watcher() {
+  local file; file="$(render k8s/node-watcher.yaml)"
+  kubectl apply --server-side -f "$file"
+  kubectl -n trainmaster-system rollout status deployment/trainmaster-node-watcher --timeout=5m
+}
+check_node_watcher() {
+  kubectl -n trainmaster-system get deployment trainmaster-node-watcher >/dev/null 2>&1
+}
+
 # summary: What to run next
 step_summary() {
   local ref; ref="$(image_ref)"
@@ -317,6 +327,15 @@ step_down_tensorboard() {
 }
 check_down_tensorboard() {
   k8s_gone deployment/tensorboard --namespace default
+}
+
+# down-node-watcher: Delete the node watcher
+step_down_node_watcher() {
+  cluster_exists || { echo "cluster $CLUSTER is gone"; return 0; }
+  kubectl delete -f "$PLAN_DIR/k8s/node-watcher.yaml" --ignore-not-found
+}
+check_down_node_watcher() {
+  k8s_gone deployment/trainmaster-node-watcher --namespace trainmaster-system
 }
 
 # down-jobs: Delete the Volcano jobs in default

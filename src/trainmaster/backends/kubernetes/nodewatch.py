@@ -1,0 +1,168 @@
+"""The node watcher: a gang leaves a node that stopped answering by itself, with nobody at hand.
+
+    python -m trainmaster.backends.kubernetes.nodewatch [--period 5] [--once]
+
+runs in the cluster (k8s/node-watcher.yaml of `cluster plan`: a Deployment on the system nodes,
+under a role that may read nodes and pods and patch nodes). Why it is needed: an instance that
+is impaired but stays "running" stops its kubelet's heartbeat; the node controller taints the
+node unreachable, and once the training pods' toleration has passed
+(kubernetes.node_lost_after_s, backends/kubernetes/podspec.py) they are evicted. But no kubelet
+is there to confirm they stopped, so they stay Terminating for good: a replacement of the same
+name cannot be created, Volcano keeps the job Running, and the gang is stuck until a person acts
+(measured on the local control plane, 10 minutes and counting).
+
+Kubernetes' own answer for a node that is really gone is the `node.kubernetes.io/out-of-service`
+taint (non-graceful node shutdown, GA in 1.28): the pod garbage collector force-deletes the
+node's terminating pods and their volumes are detached. The watcher sets it, with nobody at
+hand:
+
+- a node NotReady (Ready False or Unknown) for at least the shortest node-lost toleration of
+  the trainmaster pods bound to it is marked (trainmaster's taint, reason node-not-ready, the
+  same as nodemark's: the restarted gang avoids it until `trainmaster node clear`) and taken
+  out of service; Volcano's PodEvicted policy then restarts the gang on the other nodes;
+- a node it took out of service that is Ready again gets that taint back off (Kubernetes
+  leaves it to whoever set it); trainmaster's mark stays until someone clears it.
+
+decide() is pure (nodes, pods, now -> actions) and tested like completion.py; the loop applies
+what it returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from trainmaster.backends.kubernetes import nodemark
+from trainmaster.backends.kubernetes.client import ApiError, Cluster, TransportError, call, connect
+from trainmaster.backends.kubernetes.podspec import NODE_LOST_TAINTS
+from trainmaster.errors import JobFailed, UserError
+
+OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown"}
+OURS = "trainmaster.io/out-of-service-since"  # annotation: the watcher set the taint, when
+JOB_LABEL = "trainmaster.io/job"
+DEFAULT_TOLERATION_S = 300  # what Kubernetes gives a pod that says nothing
+
+
+@dataclass(frozen=True)
+class Action:
+    node: str
+    kind: Literal["take-out", "bring-back"]
+    detail: str
+    job: str = ""  # NAMESPACE/JOB the node's mark names: `status` of that job shows it
+
+
+def toleration_s(pod: Any) -> int:
+    """How long the pod stays on a lost node: its shortest NoExecute toleration of the node
+    controller's not-ready/unreachable taints."""
+    found = [
+        t.toleration_seconds
+        for t in pod.spec.tolerations or []
+        if t.key in NODE_LOST_TAINTS
+        and t.effect == "NoExecute"
+        and t.toleration_seconds is not None
+    ]
+    return min(found, default=DEFAULT_TOLERATION_S)
+
+
+def _not_ready_since(node: Any) -> datetime | None:
+    for c in (node.status.conditions if node.status else None) or []:
+        if c.type == "Ready":
+            return None if c.status == "True" else c.last_transition_time
+    return None
+
+
+def _has_out_of_service(node: Any) -> bool:
+    return any(t.key == OUT_OF_SERVICE["key"] for t in node.spec.taints or [])
+
+
+def decide(nodes: list[Any], pods: list[Any], now: datetime) -> list[Action]:
+    """What to do now, from the cluster's nodes and trainmaster's pods (label JOB_LABEL)."""
+    by_node: dict[str, list[Any]] = {}
+    for pod in pods:
+        if pod.spec.node_name:
+            by_node.setdefault(pod.spec.node_name, []).append(pod)
+    actions = []
+    for node in nodes:
+        name, since = node.metadata.name, _not_ready_since(node)
+        ours = OURS in (node.metadata.annotations or {})
+        if since is None:
+            if ours and _has_out_of_service(node):
+                actions.append(Action(name, "bring-back", "Ready again"))
+            continue
+        mine = by_node.get(name, [])
+        if not mine or _has_out_of_service(node):
+            continue
+        waited, limit = (now - since).total_seconds(), min(map(toleration_s, mine))
+        if waited >= limit:
+            names = sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in mine)
+            first = min(mine, key=lambda p: (p.metadata.namespace, p.metadata.name))
+            job = f"{first.metadata.namespace}/{(first.metadata.labels or {}).get(JOB_LABEL, '')}"
+            why = nodemark.not_ready(node) or "not ready"
+            detail = f"{why} for {waited:.0f} s; pods {', '.join(names)}"
+            actions.append(Action(name, "take-out", detail, job))
+    return actions
+
+
+def _taints(node: Any) -> list[dict[str, Any]]:
+    raw = [t.to_dict() for t in node.spec.taints or []]
+    return [{k: v for k, v in t.items() if v is not None and k != "time_added"} for t in raw]
+
+
+def apply(cluster: Cluster, action: Action, now: str) -> None:
+    """Patch the node as the action says (the mark first: it is what keeps a gang away)."""
+    with call(cluster, "get", "nodes", action.node):
+        node = cluster.core.read_node(action.node)
+    if action.kind == "take-out":
+        if not any(t.key == nodemark.TAINT_KEY for t in node.spec.taints or []):
+            nodemark.mark(cluster, action.node, nodemark.NOT_READY, action.detail, action.job)
+            with call(cluster, "get", "nodes", action.node):
+                node = cluster.core.read_node(action.node)
+        taints = [*_taints(node), {**OUT_OF_SERVICE, "effect": "NoExecute"}]
+        patch = {"metadata": {"annotations": {OURS: now}}, "spec": {"taints": taints}}
+    else:
+        kept = [t for t in _taints(node) if t["key"] != OUT_OF_SERVICE["key"]]
+        patch = {"metadata": {"annotations": {OURS: None}}, "spec": {"taints": kept}}
+    with call(cluster, "patch", "nodes", action.node):
+        cluster.core.patch_node(action.node, patch)
+
+
+def once(cluster: Cluster, now: datetime) -> list[Action]:
+    with call(cluster, "list", "nodes", ""):
+        nodes = list(cluster.core.list_node().items)
+    with call(cluster, "list", "pods", ""):
+        pods = list(cluster.core.list_pod_for_all_namespaces(label_selector=JOB_LABEL).items)
+    actions = decide(nodes, pods, now)
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    for action in actions:
+        apply(cluster, action, stamp)
+        verb = "out of service" if action.kind == "take-out" else "back in service"
+        print(f"{stamp} node {action.node} {verb}: {action.detail}", flush=True)
+    return actions
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="nodewatch", description=__doc__.split("\n")[0])
+    ap.add_argument("--period", type=float, default=5.0, help="seconds between looks (5)")
+    ap.add_argument("--once", action="store_true", help="look once and exit")
+    a = ap.parse_args(argv)
+    try:
+        cluster = connect()
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    while True:
+        try:
+            once(cluster, datetime.now().astimezone())
+        except (UserError, JobFailed, ApiError, TransportError) as exc:  # the next look tries again
+            print(f"node watcher: {exc}", file=sys.stderr, flush=True)
+        if a.once:
+            return 0
+        time.sleep(a.period)  # a controller's resync period, not synchronisation
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""A lost node on the real control plane: the gang moves to the spare by itself.
+
+3 fake trn1 nodes, a 2-node job, and the node watcher (backends/kubernetes/nodewatch.py) as a
+real process with its own service account's token, under the plan's RBAC (k8s/node-watcher.yaml).
+The node under pod 0 stops its heartbeat as an impaired instance does: its Lease is taken from
+kwok, so nothing renews it. The node controller taints it unreachable, the pods' toleration
+(kubernetes.node_lost_after_s) runs out, they are evicted and would stay Terminating for good;
+the watcher marks the node and takes it out of service, the pod GC deletes them, Volcano
+restarts the gang, and the new pods land on the spare, never on the lost node. Nobody runs a
+command meanwhile. When the node answers again the watcher gives it back to Kubernetes, and
+trainmaster's mark keeps gangs off it until `trainmaster node clear`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.controlplane import kubejobs as kj
+from tests.controlplane.conftest import RealKube
+from trainmaster.backends.kubernetes import nodewatch
+from trainmaster.cluster import nodeguard
+
+pytestmark = [pytest.mark.kube, pytest.mark.timeout(900)]
+LEASES = "kube-node-lease"
+RECOVERY_S = 180  # issue 37's bound, from the loss to the gang Running again
+
+
+@pytest.fixture
+def watcher(real_kube: RealKube, job_ns: str, tmp_path: Path) -> Iterator[Path]:
+    """The plan's watcher objects applied (its Deployment stays Pending: no system node here),
+    and the watcher itself run with a token of its service account. Yields its log."""
+    from kubernetes import dynamic
+
+    objs = nodeguard.watcher(kj.IMAGE, {"trainmaster.io/role": "system"})
+    for obj in objs:
+        kj.apply(real_kube, obj)
+    token = real_kube.core.create_namespaced_service_account_token(
+        nodeguard.WATCHER, nodeguard.WATCHER_NAMESPACE, {"spec": {"expirationSeconds": 3600}}
+    ).status.token
+    kubeconfig = yaml.safe_load(real_kube.kubeconfig.read_text())
+    kubeconfig["users"] = [{"name": "watcher", "user": {"token": token}}]
+    for ctx in kubeconfig["contexts"]:
+        ctx["context"]["user"] = "watcher"
+    (tmp_path / "watcher.kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    log = tmp_path / "watcher.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainmaster.backends.kubernetes.nodewatch", "--period", "2"],
+            env={**os.environ, "KUBECONFIG": str(tmp_path / "watcher.kubeconfig")},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield log
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        client = dynamic.DynamicClient(real_kube.api)
+        for obj in reversed(objs[1:]):  # the namespace last, and without waiting for it
+            resource = client.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+            resource.delete(
+                name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace")
+            )
+        real_kube.core.delete_namespace(nodeguard.WATCHER_NAMESPACE)
+
+
+def lose(kube: RealKube, node: str) -> None:
+    """Stop the node's heartbeat: its Lease taken from kwok (held by nobody who renews it)."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec = {"holderIdentity": "lost", "leaseDurationSeconds": 3600, "renewTime": now}
+    kube.coordination.patch_namespaced_lease(node, LEASES, {"spec": spec})
+
+
+def revive(kube: RealKube, node: str, addresses: list[dict[str, str]]) -> None:
+    """The node answers again: kwok takes a new Lease (and its addresses are put back: kwok
+    does not set them again on a node it takes back)."""
+    kube.coordination.delete_namespaced_lease(node, LEASES)
+    kube.core.patch_node_status(node, {"status": {"addresses": addresses}})
+
+
+def ready(node: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+
+def taint_keys(kube: RealKube, node: str) -> set[str]:
+    return {t.key for t in kube.core.read_node(node).spec.taints or []}
+
+
+def test_a_lost_node_lets_go_of_its_gang_by_itself(
+    real_kube: RealKube, job_ns: str, watcher: Path
+) -> None:
+    ns = job_ns
+    handle = kj.launch(real_kube, ns, kj.TRN1, "kubernetes.node_lost_after_s=30")
+    job = handle.rsplit("/", 1)[1]
+    first = kj.bound(real_kube, ns, job, 2, "0")
+    lost = first[0].spec.node_name
+    addresses = [a.to_dict() for a in real_kube.core.read_node(lost).status.addresses or []]
+    lost_at = time.monotonic()
+    lose(real_kube, lost)
+    try:
+        second = kj.bound(real_kube, ns, job, 2, "1", timeout=RECOVERY_S)
+        recovered_s = time.monotonic() - lost_at
+        assert lost not in {p.spec.node_name for p in second}
+        assert {p.spec.node_name for p in second} == set(real_kube.node_names) - {lost}
+        assert {nodeguard.TAINT_KEY, nodewatch.OUT_OF_SERVICE["key"]} <= taint_keys(real_kube, lost)
+        assert f"node {lost} out of service" in watcher.read_text()
+        st = kj.status(real_kube, ns, handle)
+        assert st["restarts"] == 1 and any(
+            f"node {lost} marked unhealthy (node-not-ready)" in n for n in st["notes"]
+        ), st["notes"]
+        print(f"gang Running again {recovered_s:.0f} s after the loss")
+
+        revive(real_kube, lost, addresses)
+        real_kube.wait_for(
+            lambda: (
+                ready(real_kube.core.read_node(lost))
+                and nodewatch.OUT_OF_SERVICE["key"] not in taint_keys(real_kube, lost)
+            ),
+            120,
+            "the node Ready and back in service",
+        )
+        assert nodeguard.TAINT_KEY in taint_keys(real_kube, lost)  # until `node clear`
+    finally:
+        if not ready(real_kube.core.read_node(lost)):
+            revive(real_kube, lost, addresses)
+        kj.ok(kj.tm(real_kube, ns, "node", "clear", lost))
