@@ -10,6 +10,7 @@ skip, unless TRAINMASTER_KUBE_BUILD=1 asks the fixture to build them first.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import subprocess
 import sys
@@ -34,13 +35,16 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def _kube_module() -> Any:
-    """controlplane/kube.py as a module: the same is_up and bin_dir the script uses."""
+def controlplane_module(name: str) -> Any:
+    """A module of controlplane/ (kube.py, kube_faults.py), as its scripts import each other."""
     if str(CONTROLPLANE) not in sys.path:
         sys.path.insert(0, str(CONTROLPLANE))
-    import kube  # type: ignore[import-not-found]
+    return importlib.import_module(name)
 
-    return kube
+
+def _kube_module() -> Any:
+    """controlplane/kube.py as a module: the same is_up and bin_dir the script uses."""
+    return controlplane_module("kube")
 
 
 def _built(kube: Any) -> bool:

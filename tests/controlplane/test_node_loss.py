@@ -13,25 +13,23 @@ trainmaster's mark keeps gangs off it until `trainmaster node clear`.
 
 from __future__ import annotations
 
-import datetime
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from tests.controlplane import kubejobs as kj
-from tests.controlplane.conftest import RealKube
+from tests.controlplane.conftest import RealKube, controlplane_module
 from trainmaster.backends.kubernetes import nodewatch
 from trainmaster.cluster import nodeguard
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(900)]
-LEASES = "kube-node-lease"
+faults = controlplane_module("kube_faults")  # lose() and revive() a node
 RECOVERY_S = 180  # issue 37's bound, from the loss to the gang Running again
 
 
@@ -74,24 +72,6 @@ def watcher(real_kube: RealKube, job_ns: str, tmp_path: Path) -> Iterator[Path]:
         real_kube.core.delete_namespace(nodeguard.WATCHER_NAMESPACE)
 
 
-def lose(kube: RealKube, node: str) -> None:
-    """Stop the node's heartbeat: its Lease taken from kwok (held by nobody who renews it)."""
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    spec = {"holderIdentity": "lost", "leaseDurationSeconds": 3600, "renewTime": now}
-    kube.coordination.patch_namespaced_lease(node, LEASES, {"spec": spec})
-
-
-def revive(kube: RealKube, node: str, addresses: list[dict[str, str]]) -> None:
-    """The node answers again: kwok takes a new Lease (and its addresses are put back: kwok
-    does not set them again on a node it takes back)."""
-    kube.coordination.delete_namespaced_lease(node, LEASES)
-    kube.core.patch_node_status(node, {"status": {"addresses": addresses}})
-
-
-def ready(node: Any) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-
-
 def taint_keys(kube: RealKube, node: str) -> set[str]:
     return {t.key for t in kube.core.read_node(node).spec.taints or []}
 
@@ -104,9 +84,9 @@ def test_a_lost_node_lets_go_of_its_gang_by_itself(
     job = handle.rsplit("/", 1)[1]
     first = kj.bound(real_kube, ns, job, 2, "0")
     lost = first[0].spec.node_name
-    addresses = [a.to_dict() for a in real_kube.core.read_node(lost).status.addresses or []]
+    addresses = faults.addresses(real_kube.core, lost)
     lost_at = time.monotonic()
-    lose(real_kube, lost)
+    faults.lose(real_kube.coordination, lost)
     try:
         second = kj.bound(real_kube, ns, job, 2, "1", timeout=RECOVERY_S)
         recovered_s = time.monotonic() - lost_at
@@ -120,10 +100,10 @@ def test_a_lost_node_lets_go_of_its_gang_by_itself(
         ), st["notes"]
         print(f"gang Running again {recovered_s:.0f} s after the loss")
 
-        revive(real_kube, lost, addresses)
+        faults.revive(real_kube.core, real_kube.coordination, lost, addresses)
         real_kube.wait_for(
             lambda: (
-                ready(real_kube.core.read_node(lost))
+                faults.ready(real_kube.core.read_node(lost))
                 and nodewatch.OUT_OF_SERVICE["key"] not in taint_keys(real_kube, lost)
             ),
             120,
@@ -131,6 +111,6 @@ def test_a_lost_node_lets_go_of_its_gang_by_itself(
         )
         assert nodeguard.TAINT_KEY in taint_keys(real_kube, lost)  # until `node clear`
     finally:
-        if not ready(real_kube.core.read_node(lost)):
-            revive(real_kube, lost, addresses)
+        if not faults.ready(real_kube.core.read_node(lost)):
+            faults.revive(real_kube.core, real_kube.coordination, lost, addresses)
         kj.ok(kj.tm(real_kube, ns, "node", "clear", lost))

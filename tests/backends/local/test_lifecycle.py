@@ -154,16 +154,16 @@ def test_checkpoints_of_other_settings_are_refused_before_anything_starts(
     """Every worker would refuse them after its start-up (exit 2 on each); the launcher refuses
     them first. A longer max_steps keeps the hash: `launch --resume --set train.max_steps=N`."""
     store = Storage(pydoc_storage)
-    cfg = jobfile.preset("local-cpu", ['job.name="owned"', "job.nnodes=1"])
-    step = RunPaths(store.run_dir("owned")).checkpoints / "step_5"
+    cfg = jobfile.preset("local-cpu", ['job.name="refused-early"', "job.nnodes=1"])
+    step = RunPaths(store.run_dir("refused-early")).checkpoints / "step_5"
     step.mkdir(parents=True)
-    meta = {"step": 5, "job": "owned", "config_hash": "feedfacefeedface"}
+    meta = {"step": 5, "job": "refused-early", "config_hash": "feedfacefeedface"}
     (step / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(UserError, match="config hash feedfacefeedface"):
         local.plan(cfg, store, resume=True)
     (step / "meta.json").write_text(json.dumps({**meta, "config_hash": cfg.derived.config_hash}))
     longer = jobfile.preset(
-        "local-cpu", ['job.name="owned"', "job.nnodes=1", "train.max_steps=999"]
+        "local-cpu", ['job.name="refused-early"', "job.nnodes=1", "train.max_steps=999"]
     )
     assert local.plan(longer, store, resume=True).run.dir == step.parents[1]
 

@@ -1,0 +1,36 @@
+"""Faults a real node has, made on the local control plane's kwok nodes (tests and bench/).
+
+An impaired instance that stays "running" stops its kubelet's heartbeat: lose() takes the
+node's Lease from kwok (held by "lost", for an hour), so nothing renews it and the node
+controller sees the node go silent, as on EKS. revive() gives it back: kwok takes a new Lease,
+and the node's addresses are put back (kwok does not set them again on a node it takes back,
+and without them the API server cannot reach the node for pod logs).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+LEASES = "kube-node-lease"
+
+
+def lose(coordination: Any, node: str) -> None:
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec = {"holderIdentity": "lost", "leaseDurationSeconds": 3600, "renewTime": now}
+    coordination.patch_namespaced_lease(node, LEASES, {"spec": spec})
+
+
+def revive(core: Any, coordination: Any, node: str, addresses: list[dict[str, str]]) -> None:
+    coordination.delete_namespaced_lease(node, LEASES)
+    core.patch_node_status(node, {"status": {"addresses": addresses}})
+
+
+def addresses(core: Any, node: str) -> list[dict[str, str]]:
+    """The node's addresses now, for revive()."""
+    found = core.read_node(node).status.addresses or []
+    return [{"type": a.type, "address": a.address} for a in found]
+
+
+def ready(node: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
