@@ -48,8 +48,12 @@ if [ "${TRAINMASTER_GPU_INSTALL:-0}" != 1 ]; then
     PYTHONPATH="$src" exec "$py" bench/gpu_bench.py ${args[@]+"${args[@]}"}
   elif [ "$found" = 4 ]; then
     if [ -z "${TRAINMASTER_WHEELS:-}" ]; then exit 2; fi
-    # The machine's torch stays (system site packages); only what is missing comes from DIR.
-    [ -x "$venv/bin/python" ] || "$py" -m venv --system-site-packages "$venv"
+    # The machine's torch stays: .venv-gpu sees $py's own site-packages (a .pth file: $py may
+    # itself be a venv, whose packages --system-site-packages would not show); only what is
+    # missing comes from DIR.
+    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    "$py" -c 'import site; print("\n".join(site.getsitepackages()))' \
+      > "$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')/machine-site.pth"
     read -r -a wanted <<< "$("$py" bench/gpu_env.py --missing || true)"
     "$venv/bin/python" -m pip install --quiet --no-index --find-links "$TRAINMASTER_WHEELS" "${wanted[@]}"
     "$venv/bin/python" bench/gpu_env.py

@@ -93,7 +93,7 @@ def trial(core: Any, coord: Any, kubeconfig: Path) -> dict[str, Any]:
     lost = first[0].spec.node_name
     addresses = kube_faults.addresses(core, lost)
     start = time.monotonic()
-    kube_faults.lose(coord, lost)
+    kube_faults.lose(core, coord, lost)
     wait(lambda: not kube_faults.ready(core.read_node(lost)), 300, "the node NotReady")
     not_ready_s = time.monotonic() - start
 

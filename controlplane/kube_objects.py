@@ -22,6 +22,8 @@ from trainmaster.cluster.spec import ROLE_LABEL
 
 VOLCANO_NAMESPACE = "volcano-system"
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")  # kwok manages only nodes that carry it
+# On a pod of a node that kube_faults.lose() stopped: kwok does not complete its deletion.
+LOST_POD = "trainmaster.io/test-node-lost"
 MAX_PODS = 110  # the kubelet's default
 # The EFA installer, which the EKS accelerated AMIs carry, reserves 2 MiB huge pages for
 # libfabric's EFA provider ("If you have EFA installer installed on your instance, you should
@@ -65,12 +67,18 @@ def admission_paths(configs: list[dict[str, Any]]) -> list[str]:
 
 
 def kwok_stages(share: Path) -> str:
-    """kwok's "fast" node and pod stages plus lease heartbeats. Its pod-complete stage turns every
+    """kwok's "fast" node and pod stages plus lease heartbeats. Its pod-delete stage completes
+    every pod deletion, as a kubelet does; not on a node that is lost (kube_faults: a pod marked
+    LOST_POD), where no kubelet is left to do it. Its pod-complete stage turns every
     Running pod owned by a "Job" into Succeeded at once, and a Volcano Job's pods are owned by a
     Job too (batch.volcano.sh): so completion is kept for batch/v1 Jobs only, and Volcano pods
     stay Running until a test sets their phase (kwok leaves a phase it did not set alone)."""
     stages = [doc for f in sorted((share / "kwok").glob("*.yaml")) for doc in load_all(f)]
     for stage in stages:
+        if stage["metadata"]["name"] == "pod-delete":  # no kubelet ends a lost node's pods
+            stage["spec"]["selector"]["matchExpressions"].append(
+                {"key": f'.metadata.annotations["{LOST_POD}"]', "operator": "DoesNotExist"}
+            )
         if stage["metadata"]["name"] == "pod-complete":
             stage["spec"]["selector"]["matchExpressions"].append(
                 {

@@ -274,6 +274,9 @@ class Derived:
     tokens_per_step: int
     instance: catalog.InstanceType
     config_hash: str
+    # The hash as it was computed before max_steps left it: checkpoints written then still
+    # belong to this job (with the max_steps they were written with).
+    legacy_config_hash: str
 
 
 class JobConfig(Section):
@@ -361,10 +364,11 @@ def derive(cfg: JobConfig) -> Derived:
         tokens_per_step=train.global_batch_size * cfg.data.seq_len,
         instance=inst,
         config_hash=config_hash(cfg),
+        legacy_config_hash=config_hash(cfg, legacy=True),
     )
 
 
-def config_hash(cfg: JobConfig) -> str:
+def config_hash(cfg: JobConfig, *, legacy: bool = False) -> str:
     """Hash of what decides the training result (model, data, schedule, seed, precision).
 
     Left out on purpose: where and how the job runs (backend, nodes, workers, micro-batch,
@@ -372,7 +376,7 @@ def config_hash(cfg: JobConfig) -> str:
     resumed with more steps (`launch --resume --set train.max_steps=N`), on more nodes or after
     a restart keeps its hash, and its learning rate decays to the new end from where it
     stopped (checkpoint.load_trainer); a checkpoint of another model or schedule shape (lr,
-    warm-up, optimizer, batch) is refused.
+    warm-up, optimizer, batch) is refused. legacy: the hash as it was with max_steps in it.
     """
     model: dict[str, int | None] = {
         k: cfg.model.size(k)
@@ -395,7 +399,8 @@ def config_hash(cfg: JobConfig) -> str:
             "warmup_steps": t.warmup_steps,
             "seed": t.seed,
             "precision": t.precision,
-        },
+        }
+        | ({"max_steps": t.max_steps} if legacy else {}),
     }
     blob = json.dumps(identity, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

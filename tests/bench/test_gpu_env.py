@@ -38,7 +38,10 @@ def test_what_does_not_fit_is_named_with_the_spec_it_needs() -> None:
 
 def test_without_a_gpu_the_machine_python_is_not_used() -> None:
     r = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_env.py")], capture_output=True, text=True
+        [sys.executable, str(ROOT / "bench" / "gpu_env.py")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},  # no GPU, even on a machine with one
     )
     assert r.returncode == gpu_env.NO_TORCH and "sees no GPU" in r.stderr
 

@@ -74,10 +74,13 @@ def latest(folder: Path) -> Checkpoint | None:
     return found[-1] if found else None
 
 
-def check_owner(ckpt: Checkpoint, *, config_hash: str, job: str, folder: Path) -> None:
-    """Refuse a checkpoint that another configuration wrote: resuming would mix two jobs."""
+def check_owner(
+    ckpt: Checkpoint, *, config_hash: str, job: str, folder: Path, legacy: str | None = None
+) -> None:
+    """Refuse a checkpoint that another configuration wrote: resuming would mix two jobs.
+    legacy: the job's hash as computed before max_steps left it (config.Derived)."""
     theirs = ckpt.meta.get("config_hash")
-    if theirs == config_hash:
+    if theirs in (config_hash, legacy):
         return
     who = ckpt.meta.get("job", "?")
     raise UserError(

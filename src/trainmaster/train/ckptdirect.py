@@ -64,6 +64,13 @@ def unavailable() -> str | None:
     """Why this torch cannot write the direct way (None: it can). Probed once per process: the
     serialization options of the first pass exist from torch 2.7 on (skip_data from 2.6)."""
     try:
+        return _probe()
+    except Exception as why:  # whatever the probe meets, the answer is "the plain way"
+        return f"torch {torch.__version__}: probing the save options failed: {why!r}"
+
+
+def _probe() -> str | None:
+    try:
         from torch.utils.serialization import config
     except ImportError:
         return f"torch {torch.__version__} has no torch.utils.serialization.config"

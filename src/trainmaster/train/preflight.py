@@ -206,7 +206,11 @@ def make_plan(
     position = Position()
     if resume is not None:
         ckptdir.check_owner(
-            resume, config_hash=cfg.derived.config_hash, job=cfg.job.name, folder=run.checkpoints
+            resume,
+            config_hash=cfg.derived.config_hash,
+            job=cfg.job.name,
+            folder=run.checkpoints,
+            legacy=cfg.derived.legacy_config_hash,
         )
         if resume.meta.get("vocab_size") != vocab:
             raise UserError(

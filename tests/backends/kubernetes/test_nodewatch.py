@@ -16,8 +16,8 @@ from kubernetes.client import (
     V1ObjectMeta,
     V1Pod,
     V1PodSpec,
+    V1PodStatus,
     V1Taint,
-    V1Toleration,
 )
 
 from trainmaster import jobfile
@@ -25,15 +25,17 @@ from trainmaster.backends.kubernetes import nodewatch, podspec
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 OOS = V1Taint(key="node.kubernetes.io/out-of-service", value="nodeshutdown", effect="NoExecute")
+UNREACHABLE = V1Taint(key="node.kubernetes.io/unreachable", effect="NoExecute")
+NOT_READY = V1Taint(key="node.kubernetes.io/not-ready", effect="NoExecute")
+NO_SCHEDULE = V1Taint(key="node.kubernetes.io/unreachable", effect="NoSchedule")
 
 
-def node(name: str, ready: str = "True", for_s: float = 0, taints=(), ours: bool = False) -> V1Node:  # type: ignore[no-untyped-def]
+def node(name: str, ready: str = "True", taints: tuple[V1Taint, ...] = (), ours: bool = False) -> V1Node:  # fmt: skip
     cond = V1NodeCondition(
         type="Ready",
         status=ready,
         reason="NodeStatusUnknown" if ready == "Unknown" else "KubeletReady",
         message="Kubelet stopped posting node status." if ready == "Unknown" else None,
-        last_transition_time=NOW - timedelta(seconds=for_s),
     )
     annotations = {nodewatch.OURS: "2026-12-04T11:58:00Z"} if ours else {}
     return V1Node(
@@ -43,42 +45,45 @@ def node(name: str, ready: str = "True", for_s: float = 0, taints=(), ours: bool
     )
 
 
-def pod(name: str, on: str, tolerate_s: int | None = 60, job: str = "bert") -> V1Pod:
-    cfg = jobfile.preset("trn1-bert-large", [f"kubernetes.node_lost_after_s={tolerate_s or 1}"])
-    tols = [V1Toleration(**{("toleration_seconds" if k == "tolerationSeconds" else k): v for k, v in t.items()}) for t in podspec.node_lost_tolerations(cfg)]  # fmt: skip
-    return V1Pod(
-        metadata=V1ObjectMeta(name=name, namespace="ml", labels={nodewatch.JOB_LABEL: job}),
-        spec=V1PodSpec(containers=[V1Container(name="c")], node_name=on, tolerations=tols if tolerate_s else None),
-    )  # fmt: skip
+def pod(name: str, on: str, evicted_s: float | None = None, phase: str = "Running") -> V1Pod:
+    """A trainmaster pod; evicted_s: its deletion time relative to NOW (None: not evicted)."""
+    gone = None if evicted_s is None else NOW + timedelta(seconds=evicted_s)
+    meta = V1ObjectMeta(name=name, namespace="ml", labels={nodewatch.JOB_LABEL: "bert"})
+    meta.deletion_timestamp = gone
+    spec = V1PodSpec(containers=[V1Container(name="c")], node_name=on)
+    return V1Pod(metadata=meta, spec=spec, status=V1PodStatus(phase=phase))
 
 
-def test_a_node_lost_for_its_pods_toleration_is_taken_out_naming_the_job() -> None:
-    lost = node("n0", "Unknown", for_s=61)
-    (action,) = nodewatch.decide([lost, node("n1")], [pod("bert-worker-0", "n0"), pod("bert-worker-1", "n1")], NOW)  # fmt: skip
+def test_an_unreachable_node_holding_an_evicted_pod_is_taken_out_naming_the_job() -> None:
+    lost = node("n0", "Unknown", (NO_SCHEDULE, UNREACHABLE))
+    pods = [pod("bert-worker-0", "n0", evicted_s=25), pod("bert-worker-1", "n1")]
+    (action,) = nodewatch.decide([lost, node("n1")], pods, NOW)
     assert (action.node, action.kind, action.job) == ("n0", "take-out", "ml/bert")
     assert "Ready=Unknown" in action.detail and "ml/bert-worker-0" in action.detail
 
 
 @pytest.mark.parametrize(
-    ("tolerations", "lost_for", "taken"),
-    [((60,), 59, False), ((60,), 60, True), ((120, 30), 31, True), ((None,), 299, False), ((None,), 300, True)],
-    ids=["before", "at", "shortest", "default-before", "default-at"],
-)  # fmt: skip
-def test_the_shortest_toleration_of_the_nodes_pods_decides(
-    tolerations: tuple[int | None, ...], lost_for: float, taken: bool
+    ("ready", "taints", "pods", "taken"),
+    [
+        ("Unknown", (UNREACHABLE,), [pod("p", "n0")], False),  # not evicted (a zone outage)
+        ("Unknown", (NO_SCHEDULE,), [pod("p", "n0", -5)], False),  # no NoExecute taint
+        ("Unknown", (UNREACHABLE,), [pod("p", "n0", -5, "Succeeded")], False),  # finished
+        ("False", (NOT_READY,), [pod("p", "n0", 10)], False),  # its kubelet may still end it
+        ("False", (NOT_READY,), [pod("p", "n0", -1)], True),  # grace over, still bound
+        ("Unknown", (UNREACHABLE, OOS), [pod("p", "n0", -5)], False),  # out already
+        ("Unknown", (UNREACHABLE,), [], False),  # none of ours there
+    ],
+    ids=["not-evicted", "no-noexecute", "finished", "in-grace", "grace-over", "out", "idle"],
+)
+def test_only_pods_kubernetes_gave_up_on_take_a_node_out(
+    ready: str, taints: tuple[V1Taint, ...], pods: list[V1Pod], taken: bool
 ) -> None:
-    pods = [pod(f"p{i}", "n0", t) for i, t in enumerate(tolerations)]
-    assert bool(nodewatch.decide([node("n0", "False", for_s=lost_for)], pods, NOW)) is taken
-
-
-def test_nodes_without_our_pods_or_already_out_are_left_alone() -> None:
-    nodes = [node("idle", "Unknown", for_s=900), node("out", "Unknown", for_s=900, taints=[OOS], ours=True)]  # fmt: skip
-    assert nodewatch.decide(nodes, [pod("p", "out")], NOW) == []
+    assert bool(nodewatch.decide([node("n0", ready, taints)], pods, NOW)) is taken
 
 
 def test_a_node_ready_again_is_given_back_only_if_the_watcher_took_it_out() -> None:
-    back = node("back", taints=[OOS], ours=True)
-    theirs = node("theirs", taints=[OOS])  # someone else's taint: theirs to remove
+    back = node("back", taints=(OOS,), ours=True)
+    theirs = node("theirs", taints=(OOS,))  # someone else's taint: theirs to remove
     (action,) = nodewatch.decide([back, theirs], [], NOW)
     assert (action.node, action.kind) == ("back", "bring-back")
 

@@ -161,6 +161,9 @@ def test_checkpoints_of_other_settings_are_refused_before_anything_starts(
     (step / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(UserError, match="config hash feedfacefeedface"):
         local.plan(cfg, store, resume=True)
+    # written before max_steps left the hash: still this job's, with its max_steps
+    (step / "meta.json").write_text(json.dumps({**meta, "config_hash": cfg.derived.legacy_config_hash}))  # fmt: skip
+    assert local.plan(cfg, store, resume=True).run.dir == step.parents[1]
     (step / "meta.json").write_text(json.dumps({**meta, "config_hash": cfg.derived.config_hash}))
     longer = jobfile.preset(
         "local-cpu", ['job.name="refused-early"', "job.nnodes=1", "train.max_steps=999"]

@@ -14,12 +14,15 @@ name cannot be created, Volcano keeps the job Running, and the gang is stuck unt
 Kubernetes' own answer for a node that is really gone is the `node.kubernetes.io/out-of-service`
 taint (non-graceful node shutdown, GA in 1.28): the pod garbage collector force-deletes the
 node's terminating pods and their volumes are detached. The watcher sets it, with nobody at
-hand:
+hand, only where Kubernetes itself has already given up on the pods:
 
-- a node NotReady (Ready False or Unknown) for at least the shortest node-lost toleration of
-  the trainmaster pods bound to it is marked (trainmaster's taint, reason node-not-ready, the
-  same as nodemark's: the restarted gang avoids it until `trainmaster node clear`) and taken
-  out of service; Volcano's PodEvicted policy then restarts the gang on the other nodes;
+- a node NotReady and tainted NoExecute by the node controller, on which a live trainmaster pod
+  was evicted and is still there (Ready=Unknown: no kubelet will confirm it; Ready=False: its
+  grace period has passed too), is marked (trainmaster's taint, reason node-not-ready, naming
+  the pod's job: the restarted gang avoids it until `trainmaster node clear`) and taken out of
+  service; Volcano's PodEvicted policy then restarts the gang on the other nodes. Eviction is
+  the node controller's, so its own safeguards hold: a zone or cluster that lost touch as a
+  whole is not evicted, and then the watcher does nothing either;
 - a node it took out of service that is Ready again gets that taint back off (Kubernetes
   leaves it to whoever set it); trainmaster's mark stays until someone clears it.
 
@@ -33,7 +36,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from trainmaster.backends.kubernetes import nodemark
@@ -44,7 +47,7 @@ from trainmaster.errors import JobFailed, UserError
 OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown"}
 OURS = "trainmaster.io/out-of-service-since"  # annotation: the watcher set the taint, when
 JOB_LABEL = "trainmaster.io/job"
-DEFAULT_TOLERATION_S = 300  # what Kubernetes gives a pod that says nothing
+FINISHED = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
@@ -55,28 +58,25 @@ class Action:
     job: str = ""  # NAMESPACE/JOB the node's mark names: `status` of that job shows it
 
 
-def toleration_s(pod: Any) -> int:
-    """How long the pod stays on a lost node: its shortest NoExecute toleration of the node
-    controller's not-ready/unreachable taints."""
-    found = [
-        t.toleration_seconds
-        for t in pod.spec.tolerations or []
-        if t.key in NODE_LOST_TAINTS
-        and t.effect == "NoExecute"
-        and t.toleration_seconds is not None
-    ]
-    return min(found, default=DEFAULT_TOLERATION_S)
-
-
-def _not_ready_since(node: Any) -> datetime | None:
+def _ready(node: Any) -> str:
+    """The node's Ready condition: "True", "False" or "Unknown" (no condition: Unknown)."""
     for c in (node.status.conditions if node.status else None) or []:
         if c.type == "Ready":
-            return None if c.status == "True" else c.last_transition_time
-    return None
+            return str(c.status)
+    return "Unknown"
 
 
-def _has_out_of_service(node: Any) -> bool:
-    return any(t.key == OUT_OF_SERVICE["key"] for t in node.spec.taints or [])
+def _tainted(node: Any, keys: tuple[str, ...], effect: str) -> bool:
+    return any(t.key in keys and t.effect == effect for t in node.spec.taints or [])
+
+
+def _stuck(pod: Any, ready: str, now: datetime) -> bool:
+    """Evicted (a deletion requested) and still there: for good on a node that does not answer
+    (Unknown); once its grace period has passed (the deletion time) on one that says NotReady."""
+    gone_at = pod.metadata.deletion_timestamp
+    if gone_at is None or pod.status is None or pod.status.phase in FINISHED:
+        return False
+    return ready == "Unknown" or gone_at <= now
 
 
 def decide(nodes: list[Any], pods: list[Any], now: datetime) -> list[Action]:
@@ -87,23 +87,20 @@ def decide(nodes: list[Any], pods: list[Any], now: datetime) -> list[Action]:
             by_node.setdefault(pod.spec.node_name, []).append(pod)
     actions = []
     for node in nodes:
-        name, since = node.metadata.name, _not_ready_since(node)
-        ours = OURS in (node.metadata.annotations or {})
-        if since is None:
-            if ours and _has_out_of_service(node):
+        name, ready = node.metadata.name, _ready(node)
+        out = _tainted(node, (OUT_OF_SERVICE["key"],), "NoExecute")
+        if ready == "True":
+            if out and OURS in (node.metadata.annotations or {}):
                 actions.append(Action(name, "bring-back", "Ready again"))
             continue
-        mine = by_node.get(name, [])
-        if not mine or _has_out_of_service(node):
+        stuck = [p for p in by_node.get(name, []) if _stuck(p, ready, now)]
+        if out or not stuck or not _tainted(node, NODE_LOST_TAINTS, "NoExecute"):
             continue
-        waited, limit = (now - since).total_seconds(), min(map(toleration_s, mine))
-        if waited >= limit:
-            names = sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in mine)
-            first = min(mine, key=lambda p: (p.metadata.namespace, p.metadata.name))
-            job = f"{first.metadata.namespace}/{(first.metadata.labels or {}).get(JOB_LABEL, '')}"
-            why = nodemark.not_ready(node) or "not ready"
-            detail = f"{why} for {waited:.0f} s; pods {', '.join(names)}"
-            actions.append(Action(name, "take-out", detail, job))
+        first = min(stuck, key=lambda p: (p.metadata.namespace, p.metadata.name))
+        job = f"{first.metadata.namespace}/{(first.metadata.labels or {}).get(JOB_LABEL, '')}"
+        names = ", ".join(sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in stuck))
+        why = nodemark.not_ready(node) or f"Ready={ready}"
+        actions.append(Action(name, "take-out", f"{why}; evicted, still bound: {names}", job))
     return actions
 
 
@@ -122,10 +119,17 @@ def apply(cluster: Cluster, action: Action, now: str) -> None:
             with call(cluster, "get", "nodes", action.node):
                 node = cluster.core.read_node(action.node)
         taints = [*_taints(node), {**OUT_OF_SERVICE, "effect": "NoExecute"}]
-        patch = {"metadata": {"annotations": {OURS: now}}, "spec": {"taints": taints}}
+        annotations: dict[str, str | None] = {OURS: now}
     else:
-        kept = [t for t in _taints(node) if t["key"] != OUT_OF_SERVICE["key"]]
-        patch = {"metadata": {"annotations": {OURS: None}}, "spec": {"taints": kept}}
+        taints = [t for t in _taints(node) if t["key"] != OUT_OF_SERVICE["key"]]
+        annotations = {OURS: None}
+    # The whole taint list is replaced: the resourceVersion makes the patch fail (409, tried
+    # again at the next look) if the node controller changed the node since it was read.
+    version = node.metadata.resource_version
+    patch = {
+        "metadata": {"annotations": annotations, "resourceVersion": version},
+        "spec": {"taints": taints},
+    }
     with call(cluster, "patch", "nodes", action.node):
         cluster.core.patch_node(action.node, patch)
 
@@ -136,7 +140,7 @@ def once(cluster: Cluster, now: datetime) -> list[Action]:
     with call(cluster, "list", "pods", ""):
         pods = list(cluster.core.list_pod_for_all_namespaces(label_selector=JOB_LABEL).items)
     actions = decide(nodes, pods, now)
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for action in actions:
         apply(cluster, action, stamp)
         verb = "out of service" if action.kind == "take-out" else "back in service"
@@ -156,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     while True:
         try:
-            once(cluster, datetime.now().astimezone())
+            once(cluster, datetime.now(UTC))
         except (UserError, JobFailed, ApiError, TransportError) as exc:  # the next look tries again
             print(f"node watcher: {exc}", file=sys.stderr, flush=True)
         if a.once:

@@ -145,10 +145,16 @@ def plan(cfg: JobConfig, store: Storage, *, resume: bool = False, precompile: bo
     if entry.is_builtin(cfg):  # a custom entrypoint reads what it likes (docs/architecture.md 3.8)
         check_shards(cfg, store)
         # Checkpoints of other settings: refused here, before any process starts (every worker
-        # would refuse them too, each after its start-up).
-        if (last := ckptdir.latest(run.checkpoints)) is not None:
+        # would refuse them too, each after its start-up). Not a precompile's: its run starts
+        # afresh, its old folder removed first (local backend.py, runner.remove_previous).
+        last = None if precompile else ckptdir.latest(run.checkpoints)
+        if last is not None:
             ckptdir.check_owner(
-                last, config_hash=cfg.derived.config_hash, job=cfg.job.name, folder=run.checkpoints
+                last,
+                config_hash=cfg.derived.config_hash,
+                job=cfg.job.name,
+                folder=run.checkpoints,
+                legacy=cfg.derived.legacy_config_hash,
             )
     entry.check_local(cfg, Path.cwd())
     note = None
