@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.backends.local.test_local import diagnosis, summary, wait_final
+from tests.backends.local.test_local import job_file as local_job_file
 from tests.conftest import run_cli, wait_for
 from trainmaster import jobfile
 from trainmaster.monitor import runinfo
@@ -37,24 +38,10 @@ FAULT_ENV = {"TRAINMASTER_DIST_TIMEOUT_S": "180"}
 
 
 def job_file(tmp_path: Path, name: str, *extra: str) -> Path:
-    """The local-cpu preset (bert-tiny on pydoc), 20 steps, a checkpoint every 5."""
-    path = tmp_path / f"{name}.toml"
-    sets = [
-        f'job.name="{name}"',
-        "train.max_steps=20",
-        "train.warmup_steps=5",
-        "train.checkpoint_every=5",
-        "train.keep_checkpoints=2",
-        "job.max_restarts=3",
-        "rendezvous.timeout=180",
-        *extra,
-    ]
-    args = ["init", "--preset", "local-cpu", "--out", str(path)]
-    for s in sets:
-        args += ["--set", s]
-    result = run_cli(*args)
-    assert result.returncode == 0, result.stderr
-    return path
+    """test_local's job file (the local-cpu preset, bert-tiny on pydoc), 20 steps, a checkpoint
+    every 5 (later --set values win)."""
+    steps = ["train.max_steps=20", "train.checkpoint_every=5", "train.keep_checkpoints=2"]
+    return local_job_file(tmp_path, name, *steps, "job.max_restarts=3", *extra)
 
 
 def launch(store: Path, *args: str, env: dict[str, str] | None = None) -> None:

@@ -64,3 +64,25 @@ def test_a_device_registered_as_neuron_is_found() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["neuron", "neuron"]
+
+
+def test_the_private_privateuse1_name_is_guarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch._C._get_privateuse1_backend_name (private): read where it exists (no "neuron"
+    device here), and a torch without it is taken as having no such device, not an error."""
+    from trainmaster.train import device
+
+    assert device._registered("neuron") is False
+    monkeypatch.delattr(torch._C, "_get_privateuse1_backend_name")
+    assert device._registered("neuron") is False
+
+
+def test_the_compilers_private_counters_are_guarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch._dynamo.utils.counters (private): read on this torch, and a torch without it
+    gives no counts (no proof either way) instead of an error."""
+    from trainmaster.compile import counters
+
+    now = counters.snapshot()
+    assert set(now) == {k for keys in counters.KEYS.values() for k in keys}
+    assert all(isinstance(v, int) and v >= 0 for v in now.values())
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", None)  # import fails
+    assert counters.snapshot() == {}

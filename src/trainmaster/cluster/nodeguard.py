@@ -63,31 +63,37 @@ _OURS_ONLY = [
 ]
 
 
+def _cluster_role(
+    meta: dict[str, Any], rules: list[dict[str, Any]], service_account: str, namespace: str
+) -> list[dict[str, Any]]:
+    """A ClusterRole named meta["name"] and its binding to one service account."""
+    rbac_v1 = "rbac.authorization.k8s.io"
+    return [
+        {"apiVersion": f"{rbac_v1}/v1", "kind": "ClusterRole", "metadata": meta, "rules": rules},
+        {
+            "apiVersion": f"{rbac_v1}/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": rbac_v1, "kind": "ClusterRole", "name": meta["name"]},
+            "subjects": [
+                {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+            ],
+        },
+    ]
+
+
 def rbac(namespace: str, service_account: str) -> list[dict[str, Any]]:
     """The ClusterRole and its binding to the job's service account, and the admission policy
     that narrows them (module docstring). k8s/node-marker.yaml of the plan."""
     user = f"system:serviceaccount:{namespace}:{service_account}"
     meta = {"name": NAME, "labels": dict(MANAGED)}
     return [
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": meta,
-            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": meta,
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": NAME,
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
-            ],
-        },
+        *_cluster_role(
+            meta,
+            [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}],
+            service_account,
+            namespace,
+        ),
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingAdmissionPolicy",
@@ -154,26 +160,15 @@ def watcher(image: str, node_selector: dict[str, str]) -> list[dict[str, Any]]:
             "metadata": {"name": ns, "labels": dict(MANAGED)},
         },
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {**meta, "namespace": ns}},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": meta,
-            "rules": [
+        *_cluster_role(
+            meta,
+            [
                 {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
             ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": meta,
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": WATCHER,
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": WATCHER, "namespace": ns}],
-        },
+            WATCHER,
+            ns,
+        ),
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
