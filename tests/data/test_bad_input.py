@@ -85,6 +85,11 @@ CASES: list[tuple[str, Setup, str]] = [
     ("dupe_factor 0", lambda t, v: {"builtin": "pydoc", "dupe_factor": 0}, "--dupe-factor"),
     ("shards 0", lambda t, v: {"builtin": "pydoc", "shards": 0}, "--shards: must be at least 1"),
     ("workers 0", lambda t, v: {"builtin": "pydoc", "workers": 0}, "--workers: must be at least 1"),
+    (
+        "stall 0",
+        lambda t, v: {"builtin": "pydoc", "stall_timeout": 0},
+        "--stall-timeout: must be more than 0",
+    ),
     ("tiny vocab", lambda t, v: {"builtin": "pydoc", "vocab_size": 10}, "--vocab-size"),
     (
         "only control characters",

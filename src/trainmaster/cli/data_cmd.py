@@ -110,6 +110,12 @@ def prepare(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No progress, only the summary")
     ] = False,
+    stall_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds a worker may send nothing before the run ends as hung (default 600)"
+        ),
+    ] = None,
 ) -> None:
     """Turn text into shuffled, masked BERT pretraining shards (+ vocab.txt, dataset.json)."""
     storage = target(ctx).storage
@@ -135,6 +141,7 @@ def prepare(
             seed=seed,
             overwrite=overwrite,
             quiet=quiet,
+            stall_timeout=stall_timeout,
         )
     except KeyboardInterrupt as exc:
         # typer turns Ctrl-C into a silent exit 130; say what became of the output.

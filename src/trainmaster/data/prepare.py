@@ -89,6 +89,7 @@ def prepare(
     overwrite: bool = False,
     quiet: bool = True,
     reporter: Reporter | None = None,
+    stall_timeout: float | None = None,
 ) -> PrepareResult:
     """Make BERT pretraining shards from text; the same inputs and seed give the same bytes."""
     t0 = time.monotonic()
@@ -101,6 +102,11 @@ def prepare(
     n_workers = default_workers() if workers is None else workers
     if n_workers < 1:
         raise DataError(f"must be at least 1 (got {workers})", where="--workers")
+    stall_s = share.STALL_S if stall_timeout is None else stall_timeout
+    if stall_s <= 0:
+        raise DataError(
+            f"must be more than 0 seconds (got {stall_timeout:g})", where="--stall-timeout"
+        )
     if vocab is not None and vocab_size is not None:
         raise UserError("give --vocab FILE or --vocab-size N, not both")
     if vocab is None and (vocab_size or DEFAULT_VOCAB_SIZE) < MIN_VOCAB_SIZE:
@@ -119,7 +125,7 @@ def prepare(
             voc = known or _train(inputs, builtin, vocab_size, lower_case)
         n_workers = min(n_workers, len(pieces))
         # The forked workers stop (killed) before the output is cleaned after a failure.
-        with out.writing(), share.workers(n_workers, voc, lower_case, settings) as run:
+        with out.writing(), share.workers(n_workers, voc, lower_case, settings, stall_s) as run:
             scratch = out.scratch()
             report.stage("making examples", len(pieces))
             with _timed(timings, "examples"):

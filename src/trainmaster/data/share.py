@@ -11,7 +11,9 @@ Plain processes, not a multiprocessing Pool: a worker killed by the OOM killer o
 C extension never sends the result of the task it claimed, and a Pool, which quietly starts a
 replacement, left this process waiting for it forever. Whenever this process waits, it waits
 on the results and on the workers' exits together: a worker that exits before it has left the
-stage ends the run at once, with an error that says which one died and how.
+stage ends the run at once, with an error that says which one died and how. One that stays
+alive but sends nothing for stall_s (stopped, deadlocked, stuck in a C call) ends it the same
+way, saying so: a task takes seconds, so silence that long is no slow task.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
@@ -35,6 +38,7 @@ from trainmaster.errors import DataError
 Runner = Callable[..., Iterator[Any]]
 
 _HINTS = {"SIGKILL": " (out of memory?)", "SIGSEGV": " (a crash in a C extension?)"}
+STALL_S = 600.0  # a forked worker silent this long in a stage is hung (--stall-timeout)
 
 
 def _claim(counter: Any, stalled: Callable[[], None] = lambda: None) -> int:
@@ -82,8 +86,9 @@ def _serve(me: int, team: _Forked, local: tasks.Worker, stages: Connection) -> N
 class _Forked:
     """The forked workers, from this process's side."""
 
-    def __init__(self, counter: Any) -> None:
-        self.counter = counter
+    def __init__(self, counter: Any, stall_s: float = STALL_S) -> None:
+        self.counter, self.stall_s = counter, stall_s
+        self.heard: dict[int, float] = {}  # worker -> when it last sent something (monotonic)
         self.procs: dict[int, BaseProcess] = {}
         self.stages: dict[int, Connection] = {}
         self.busy: dict[int, BaseProcess] = {}  # the workers not yet out of the current stage
@@ -110,6 +115,7 @@ class _Forked:
         self.counter.value = 0  # every forked worker has left the last stage
         self.stage = getattr(fn, "__name__", "a").removesuffix("_task")
         self.busy = dict(self.procs)
+        self.heard = dict.fromkeys(self.procs, time.monotonic())
         for me, conn in self.stages.items():
             try:
                 conn.send((fn, items))
@@ -119,21 +125,30 @@ class _Forked:
                 raise self._death(me) from None
 
     def check(self) -> None:
-        """While the counter's lock stays taken: did its holder die? (A worker exits by
-        itself only after it has left the stage, with code 0.)"""
+        """While the counter's lock stays taken: did its holder die or hang? (A worker exits
+        by itself only after it has left the stage, with code 0.)"""
         for me, p in self.busy.items():
             if p.exitcode not in (None, 0):
                 raise self._death(me)
+        self._stalled()
+
+    def _stalled(self) -> None:
+        now = time.monotonic()
+        for me in self.busy:
+            if now - self.heard[me] > self.stall_s:
+                raise self._hung(me, now - self.heard[me])
 
     def collect(self, block: bool) -> list[Any]:
         """The results sent so far (block: at least one, or a worker leaving the stage); a
         worker that exits before it has left the stage raises."""
-        ready = wait(
-            [self.results, *(p.sentinel for p in self.busy.values())], None if block else 0
-        )
+        # Blocking, it wakes at the latest when the quietest worker's silence runs out.
+        quietest = min((self.heard[me] for me in self.busy), default=time.monotonic())
+        timeout = max(0.0, quietest + self.stall_s - time.monotonic()) + 0.05 if block else 0
+        ready = wait([self.results, *(p.sentinel for p in self.busy.values())], timeout)
         got = []
         while self.results.poll():  # all a worker sent is here before its exit is seen
             me, kind, value = self.results.recv()
+            self.heard[me] = time.monotonic()
             if kind == "failed":
                 raise value
             if kind == "left":
@@ -143,6 +158,7 @@ class _Forked:
         for me, p in self.busy.items():
             if p.sentinel in ready:
                 raise self._death(me)
+        self._stalled()
         return got
 
     def _death(self, me: int) -> DataError:
@@ -158,6 +174,15 @@ class _Forked:
             where="data prepare",
         )
 
+    def _hung(self, me: int, silent: float) -> DataError:
+        p = self.procs[me]
+        return DataError(
+            f"worker {me} (pid {p.pid}) sent nothing for {silent:.0f} s during the {self.stage} "
+            f"stage (hung or stopped; --stall-timeout {self.stall_s:g}); the output is "
+            "unchanged; rerun",
+            where="data prepare",
+        )
+
     def stop(self) -> None:
         """Kill whatever still runs (after the final stage, nothing does) and reap them all."""
         for p in self.procs.values():
@@ -168,8 +193,11 @@ class _Forked:
 
 
 @contextmanager
-def workers(n: int, vocab: Vocab, lower_case: bool, settings: ExampleSettings) -> Iterator[Runner]:
-    """A runner over this process and n-1 forked workers (none forked for n == 1).
+def workers(
+    n: int, vocab: Vocab, lower_case: bool, settings: ExampleSettings, stall_s: float = STALL_S
+) -> Iterator[Runner]:
+    """A runner over this process and n-1 forked workers (none forked for n == 1); a forked
+    worker that sends nothing for stall_s seconds in a stage ends the run (DataError).
 
     Forked workers ignore SIGINT (Ctrl-C reaches the whole process group): this process alone
     decides to stop, kills them and cleans up. tokenizers must not use its own threads in a
@@ -188,7 +216,7 @@ def workers(n: int, vocab: Vocab, lower_case: bool, settings: ExampleSettings) -
             return
         # Forked, the workers inherit this process's Worker (its encoder built), the counter
         # and the result pipe: nothing of them is pickled and nothing is built again.
-        team = _Forked(mp.get_context("fork").Value("q", 0))
+        team = _Forked(mp.get_context("fork").Value("q", 0), stall_s)
         try:
             team.start(n, local)
 
