@@ -1,7 +1,7 @@
 """A worker that aborts at exit: does a 2-node job whose work is done end succeeded, and soon?
 (backends/local/completion.py)
 
-    python bench/exit_abort.py [--trials 3] [--kinds at_exit,mid_run] [--steps 6]
+    python bench/exit_abort.py [--trials 3] [--kinds at_exit,mid_run,rank0_at_end] [--steps 6]
                                [--rendezvous-timeout 600] [--baseline WORKTREE] [--out FILE]
 
 The job: a small gloo script (custom entrypoint, 2 nodes x 1 worker, c10d, no preflight) whose
@@ -12,6 +12,9 @@ rank 1 calls os.abort() once, as torch 2.13 does to gloo workers at exit at time
            succeeded with the warning, instead of the agents waiting out the exit barrier
            (300 s) and the join timeout (rendezvous.timeout) and the job failing
   mid_run  after step 2: torchrun must restart the workers as before (no warning)
+  rank0_at_end  rank 0 instead, at the end of the script once rank 1's process has exited: no
+           summary, and rank 1's agent does not exit (it waits in the exit barrier): the
+           shim's RUN/finished markers must end the job, instead of the barrier's 300 s
 
 Per kind: succeeded/N, warned/N (the at-exit warning in status), the median seconds from
 torchrun's line for the aborted worker to the job's recorded end, and from launch to the end.
@@ -42,7 +45,8 @@ from trainmaster.backends.local import completion
 from trainmaster.run import goodput, state
 from trainmaster.storage import RunPaths, Storage
 
-KINDS = {"at_exit": 0, "mid_run": 2}  # kind -> ABORT_AT (0: after the last step)
+# kind -> (ABORT_AT (0: after the last step), ABORT_RANK)
+KINDS = {"at_exit": (0, 1), "mid_run": (2, 1), "rank0_at_end": (0, 0)}
 SCRIPT = Path(__file__).with_name("abort_script.py")
 
 
@@ -55,7 +59,8 @@ def trial(
             "abort.py", "--nnodes", "2", "--name", name]  # fmt: skip
     for s in sets:
         args += ["--set", s]
-    env = {**os.environ, "ABORT_AT": str(KINDS[kind]), "STEPS": str(steps)}
+    at, rank = KINDS[kind]
+    env = {**os.environ, "ABORT_AT": str(at), "ABORT_RANK": str(rank), "STEPS": str(steps)}
     if tree is not None:  # the CLI, and the supervisor it forks, import that tree's trainmaster
         env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), env.get("PYTHONPATH", "")])
     t0 = time.time()
@@ -123,8 +128,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
-    if set(kinds) - set(KINDS) or args.trials < 1 or args.steps <= max(KINDS.values()):
-        ap.error(f"--kinds from {','.join(KINDS)}, --trials >= 1, --steps > {max(KINDS.values())}")
+    latest = max(at for at, _ in KINDS.values())
+    if set(kinds) - set(KINDS) or args.trials < 1 or args.steps <= latest:
+        ap.error(f"--kinds from {','.join(KINDS)}, --trials >= 1, --steps > {latest}")
     report: dict[str, Any] = {"bench": "exit_abort", "machine": machine(), "load_before": load()}
     with tempfile.TemporaryDirectory(prefix="tm-exit-abort-") as tmp:
         root = Path(tmp)

@@ -112,6 +112,12 @@ class RunPaths:
         return self.dir / "summary.json"
 
     @property
+    def finished(self) -> Path:
+        """Locally, a custom script's workers whose script returned: one file per node and
+        local rank, nodeN.L (launch/entry.py), for the supervisor (backends/local/completion.py)."""
+        return self.dir / "finished"
+
+    @property
     def rank0(self) -> Path:
         return self.dir / "rank0.json"
 

@@ -58,6 +58,7 @@ ENV_RUN_DIR = runlog.RUN_DIR_ENV  # TRAINMASTER_RUN_DIR: log_metrics writes ther
 ENV_CHECKPOINTS = "TRAINMASTER_CHECKPOINT_DIR"
 ENV_TENSORBOARD = "TRAINMASTER_TENSORBOARD_DIR"
 ENV_JOB = "TRAINMASTER_JOB"
+ENV_NODE_INDEX = "TRAINMASTER_NODE_INDEX"  # the local supervisor's index of this worker's agent
 
 
 def is_builtin(cfg: JobConfig) -> bool:
@@ -121,6 +122,21 @@ def check_local(cfg: JobConfig, cwd: Path) -> None:
 
 
 # --- the shim, on every worker -----------------------------------------------------------------
+
+
+def _finished(run: RunPaths, environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """Locally, say that this worker's script returned (RUN/finished/nodeN.LOCAL_RANK): once
+    every worker of a node did, the script has ended, even if a peer then dies before its
+    own end and its agent waits for a round that never comes (backends/local/completion.py).
+    Replaced, not rewritten: the folder's time tells the supervisor something new is there."""
+    node = environ.get(ENV_NODE_INDEX)
+    if node is None:
+        return
+    run.finished.mkdir(exist_ok=True)
+    name = f"node{node}.{environ.get('LOCAL_RANK', '0')}"
+    tmp = run.finished / f".{name}.{os.getpid()}.tmp"
+    tmp.write_text(environ.get("TORCHELASTIC_RUN_ID", ""), encoding="utf-8")
+    os.replace(tmp, run.finished / name)
 
 
 def _write_json(path: Path, data: dict[str, object]) -> None:
@@ -256,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         code = exc.code
     code = net.finish(code)
     if code in (0, None):
+        _finished(run)
         if rank == 0:
             _summary(run, target, net.summary_fields())
         return 0

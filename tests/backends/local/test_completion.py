@@ -98,3 +98,25 @@ def test_worker_failure_reads_the_time_and_code_after_the_offset(tmp_path: Path)
     assert abs(at - t) < 1e-3 and code == -11
     assert completion.Stuck(1, -11).why == "SIGSEGV"
     assert completion.worker_failure(log, log.stat().st_size) is None  # none since the offset
+
+
+def test_a_node_whose_workers_all_said_their_script_returned_counts_as_finished(
+    tmp_path: Path,
+) -> None:
+    """A custom script: node 0's agent still waits in its exit barrier (no exit code yet),
+    but the shim said for each of its workers that the script returned (RUN/finished)."""
+    run = folder(tmp_path, started=LAUNCHED + 1, failed=LAUNCHED + 30, summary=False)
+    assert watch(run, builtin=False).check([None, None], set()) == []  # nobody said so yet
+    run.finished.mkdir()
+    (run.finished / "node0.0").write_text("")
+    assert watch(run, builtin=False).check([None, None], set()) == [completion.Stuck(1, -6)]
+    two = completion.EndWatch(run, False, [0, 0], LAUNCHED, nproc=2)
+    assert two.check([None, None], set()) == []  # one of node 0's two workers said so
+    (run.finished / "node0.1").write_text("")
+    assert two.check([None, None], set()) == [completion.Stuck(1, -6)]
+    assert watch(run, builtin=True).check([None, None], set()) == []  # the trainer: summary only
+    for marker in run.finished.iterdir():  # said before this attempt's last start: stale
+        os.utime(marker, (LAUNCHED, LAUNCHED))
+    assert (
+        completion.EndWatch(run, False, [0, 0], LAUNCHED, nproc=2).check([None, None], set()) == []
+    )

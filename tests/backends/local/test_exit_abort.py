@@ -28,15 +28,18 @@ STEPS = 6
 SCRIPT = Path(__file__).parents[3] / "bench" / "abort_script.py"
 
 
-def launch(tmp_path: Path, name: str, abort_at: int, *sets: str) -> tuple[int, RunPaths]:
-    """Launch the script on 2 nodes and follow it to its end; (CLI exit code, run folder)."""
+def launch(
+    tmp_path: Path, name: str, abort_at: int, *sets: str, rank: int = 1
+) -> tuple[int, RunPaths]:
+    """Launch the script on 2 nodes, RANK aborting, and follow it to its end; (CLI exit code,
+    run folder)."""
     (tmp_path / "abort.py").write_text(SCRIPT.read_text())
     store = tmp_path / "store"
     args = ["--storage", str(store), "launch", "abort.py", "--nnodes", "2", "--name", name,
             "--follow", "--set", "train.preflight=false", "--set", "rendezvous.timeout=240"]  # fmt: skip
     for s in sets:
         args += ["--set", s]
-    env = {"ABORT_AT": str(abort_at), "STEPS": str(STEPS)}
+    env = {"ABORT_AT": str(abort_at), "STEPS": str(STEPS), "ABORT_RANK": str(rank)}
     result = run_cli(*args, cwd=tmp_path, env=env, timeout=200)
     return result.returncode, RunPaths(Storage(store).run_dir(name))
 
@@ -71,6 +74,25 @@ def test_a_worker_aborted_at_exit_after_the_last_step_ends_the_job_succeeded(
     assert final.job_retries == 0 and no_processes_left(final)
     shown = run_cli("status", "abort-at-exit", "--json", "--storage", str(run.dir.parents[1]))
     assert json.loads(shown.stdout)["message"] == warning
+
+
+@pytest.mark.stacks  # torchrun's failure line and exit barrier on every torch we ship
+def test_rank_0_dying_at_the_end_of_a_script_after_the_others_finished_ends_the_job_at_once(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 writes no summary, and the other node's agent does not exit: it waits in
+    torchrun's exit barrier (300 s), which only the shim's word that its workers' script
+    returned (RUN/finished) can cut short. The CLI's timeout is well under 300 s."""
+    code, run = launch(tmp_path, "abort0-at-end", 0, rank=0)
+    final = wait_final(run.dir.parents[1], "abort0-at-end", timeout=30)
+    assert final.phase == "succeeded" and code == 0, diagnosis(run.dir.parents[1], run.dir.name)
+    assert not run.summary.exists()  # rank 0 never got there
+    stuck = [n for n in final.nodes if n.note.startswith("a worker aborted at exit")]
+    assert len(stuck) == 1 and final.nodes[1 - stuck[0].index].note == completion.BARRIER_NOTE
+    assert final.message.startswith(f"node {stuck[0].index}: a worker aborted at exit (SIGABRT)")
+    assert sorted(p.name for p in run.finished.iterdir()) == [f"node{1 - stuck[0].index}.0"]
+    assert steps(run) == list(range(1, STEPS + 1)) and final.job_retries == 0
+    assert no_processes_left(final)
 
 
 def test_a_worker_aborted_mid_run_is_restarted_as_before(tmp_path: Path) -> None:

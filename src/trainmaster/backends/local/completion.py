@@ -10,10 +10,14 @@ although every step ran.
 
 The run is done, and the waiting agents are stopped, when all of this holds:
 - the work finished: rank 0's summary.json of this launch (written only at a normal end: by the
-  trainer, or by the entry shim when the script returned 0), or, for a custom script, an agent
-  that exited 0: torchrun exits 0 only when all its workers did, and a gang's workers cannot
-  all finish while a peer's are missing, unless the script had ended. Not for the trainer:
-  there an agent at 0 with no summary may mean rank 0 died writing the final checkpoint;
+  trainer, or by the entry shim when the script returned 0), or, for a custom script, a node
+  whose workers all finished: its agent exited 0 (torchrun exits 0 only when all its workers
+  did), or, while that agent still waits in the exit barrier, the shim said so for each of its
+  workers (RUN/finished/nodeN.L, written after this attempt's last start). A gang's workers
+  cannot all finish while a peer's are missing, unless the script had ended; so a rank 0 that
+  dies at the end of a custom script after the other nodes finished ends the job at once, not
+  after the barrier's 300 s. Not for the trainer: there an agent at 0 with no summary may mean
+  rank 0 died writing the final checkpoint;
 - no worker of the run is alive: nothing is still computing;
 - some node lost a worker (torchrun's `failed (exitcode: N)` line in its log) after the last
   start of rank 0 (timeline.jsonl), and has ended or waits with no worker (the restart
@@ -91,11 +95,21 @@ def worker_failure(log: Path, offset: int) -> tuple[float, int] | None:
     return at, int(code)
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 class EndWatch:
     """Polled by the supervisor with every look at its agents; says when the run is done."""
 
-    def __init__(self, run: RunPaths, builtin: bool, offsets: list[int], launched: float) -> None:
+    def __init__(
+        self, run: RunPaths, builtin: bool, offsets: list[int], launched: float, nproc: int = 1
+    ) -> None:
         self.run, self.builtin, self.offsets, self.launched = run, builtin, offsets, launched
+        self.nproc = nproc  # workers per node: a node finished when each of them said so
         self.stuck: list[Stuck] = []  # the verdict, once given
         self.barrier: list[int] = []  # with it: nodes whose workers finished, agent waiting
         # node -> (log size, its last failure): a log that did not grow is not read again
@@ -116,28 +130,37 @@ class EndWatch:
         others = [i for i in nodes if codes[i] != 0]
         if not others:
             return []
-        try:  # a stat: the cheap test on every poll (state.json grows with the nodes)
-            summary = self.run.summary.stat().st_mtime >= self.launched
-        except OSError:
-            summary = False
-        if not summary and (self.builtin or not zero):
+        # stats: the cheap test on every poll (state.json grows with the nodes)
+        summary = _mtime(self.run.summary) >= self.launched
+        said = not self.builtin and _mtime(self.run.finished) >= self.launched
+        if not summary and (self.builtin or not (zero or said)):
             return []
         st = state.read(self.run.state)
         if st.cancel_requested or processes.workers(st):
             return []
-        if not (state.summary_of_attempt(self.run.state, st) or (zero and not self.builtin)):
-            return []
         starts = [e["t"] for e in goodput.read(self.run.timeline) if e["event"] == "start"]
         if not starts:
+            return []
+        last = max(starts)
+        ended = zero or (said and self._finished(nodes, last))
+        if not (state.summary_of_attempt(self.run.state, st) or (ended and not self.builtin)):
             return []
         found = []
         for i in others:
             failure = self._failure(i)
-            if failure is not None and failure[0] > max(starts):
+            if failure is not None and failure[0] > last:
                 found.append(Stuck(i, failure[1]))
             elif codes[i] is not None:  # ended for another reason (lost): not ours to judge
                 return []
         return found
+
+    def _finished(self, nodes: list[int], since: float) -> list[int]:
+        """The nodes each of whose workers said its script returned after `since`."""
+        return [
+            i
+            for i in nodes
+            if all(_mtime(self.run.finished / f"node{i}.{r}") >= since for r in range(self.nproc))
+        ]
 
     def _failure(self, node: int) -> tuple[float, int] | None:
         log = self.run.logs / f"node{node}.log"

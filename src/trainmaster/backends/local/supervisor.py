@@ -210,7 +210,10 @@ def _end_stuck(
     for s in stuck:
         print(f"trainmaster supervisor: {s.warning()}", flush=True)
         goodput.record(run.timeline, "worker_died_at_exit", t=time.time(), node=s.node, why=s.why)
-    _stop_nodes(agents, state.read(run.state), grace_s=10.0)
+    # An agent in the exit barrier sits in a C++ store wait that its SIGTERM handler cannot
+    # interrupt: only the SIGKILL after the grace ends it, and nothing of it is lost (its
+    # workers finished). A short grace, then.
+    _stop_nodes(agents, state.read(run.state), grace_s=1.0)
     return [a.wait() for a in agents]
 
 
@@ -337,7 +340,7 @@ def supervise(run_dir: Path) -> int:
                         cwd=workdir,
                         stdin=subprocess.DEVNULL,
                         start_new_session=True,
-                        env={**env, "TRAINMASTER_NODE_INDEX": str(i)},
+                        env={**env, entry.ENV_NODE_INDEX: str(i)},
                     )
                 if held is not None:  # a killed supervisor must not free the cache its workers use
                     held.also_held_by([a.pid for a in agents] + [agent.pid])
@@ -364,7 +367,9 @@ def supervise(run_dir: Path) -> int:
                 last = functools.partial(_last_step, run)
                 rejoins = rejoin.Rejoins(run.state, cfg.job.max_retries, start, last, rejoins_used)
             store_lost = functools.partial(rejoin.store_lost, cfg, rdzv)
-            end = completion.EndWatch(run, entry.is_builtin(cfg), offsets, launched)
+            end = completion.EndWatch(
+                run, entry.is_builtin(cfg), offsets, launched, cfg.job.nproc_per_node
+            )
             codes, lost = _wait(agents, run, offsets, cancelled, rejoins, store_lost, end)
             rejoins_used = rejoins.used if rejoins is not None else 0
             if lost is None:
