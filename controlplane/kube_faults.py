@@ -5,9 +5,10 @@ its pods' deletion. lose() takes the node's Lease from kwok (held by "lost", for
 nothing renews it and the node controller sees the node go silent, as on EKS, and takes kwok's
 annotation off the node and marks its pods (kube_objects.LOST_POD), so kwok no longer plays
 their kubelet (it would otherwise complete the deletion of an evicted pod, which no real lost
-node does). revive() gives both back: kwok takes
-a new Lease, and the node's addresses are put back (kwok does not set them again on a node it
-takes back, and without them the API server cannot reach the node for pod logs).
+node does). revive() gives all of it back: kwok takes
+a new Lease, the node's addresses are put back (kwok does not set them again on a node it
+takes back, and without them the API server cannot reach the node for pod logs), and its pods
+are kwok's to play again.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def revive(core: Any, coordination: Any, node: str, addresses: list[dict[str, st
     core.patch_node(node, {"metadata": {"annotations": dict([KWOK_ANNOTATION])}})
     coordination.delete_namespaced_lease(node, LEASES)
     core.patch_node_status(node, {"status": {"addresses": addresses}})
+    for pod in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items:
+        body = {"metadata": {"annotations": {LOST_POD: None}}}  # its kubelet is back
+        core.patch_namespaced_pod(pod.metadata.name, pod.metadata.namespace, body)
 
 
 def addresses(core: Any, node: str) -> list[dict[str, str]]:

@@ -121,3 +121,98 @@ def test_a_lost_node_lets_go_of_its_gang_by_itself(
             "the watcher to give the node back",
         )
         kj.ok(kj.tm(real_kube, ns, "node", "clear", lost))
+
+
+def healed(kube: RealKube, node: str, addresses: list[dict[str, str]]) -> None:
+    """The node answers again (if it does not yet) and the watcher gave it back to Kubernetes."""
+    if not faults.ready(kube.core.read_node(node)):
+        faults.revive(kube.core, kube.coordination, node, addresses)
+    kube.wait_for(
+        lambda: (
+            faults.ready(kube.core.read_node(node))
+            and not any(k.startswith("node.kubernetes.io/") for k in taint_keys(kube, node))
+        ),
+        120,
+        f"{node} Ready, its not-ready and out-of-service taints gone",
+    )
+
+
+def test_a_node_that_went_not_ready_under_a_gang_is_not_trusted_with_its_restart(
+    real_kube: RealKube, job_ns: str, watcher: Path
+) -> None:
+    """The node under pod 1 stops answering for less than the pods' toleration and comes back:
+    nothing was evicted, but the watcher marked it while it was gone, so when the gang restarts
+    (its pod 0 failed on the lost peer), it lands on the other node and the spare."""
+    ns = job_ns
+    handle = kj.launch(real_kube, ns, kj.TRN1, "kubernetes.node_lost_after_s=600")
+    job = handle.rsplit("/", 1)[1]
+    first = kj.bound(real_kube, ns, job, 2, "0")
+    blinked = first[1].spec.node_name
+    addresses = faults.addresses(real_kube.core, blinked)
+    faults.lose(real_kube.core, real_kube.coordination, blinked)
+    try:
+        real_kube.wait_for(
+            lambda: nodeguard.TAINT_KEY in taint_keys(real_kube, blinked), 120, "the watcher's mark"
+        )
+        assert f"node {blinked} marked unhealthy" in watcher.read_text()
+        ann = real_kube.core.read_node(blinked).metadata.annotations
+        assert (
+            ann[nodeguard.ANN_JOB] == f"{ns}/{job}"
+            and first[1].metadata.name in ann[nodeguard.ANN_DETAIL]
+        )
+        healed(real_kube, blinked, addresses)
+        assert nodeguard.TAINT_KEY in taint_keys(real_kube, blinked)  # until `node clear`
+        assert [p.metadata.name for p in kj.bound(real_kube, ns, job, 2, "0")] == [
+            p.metadata.name for p in first
+        ]  # the blink evicted nothing
+
+        kj.fail_pod(real_kube, ns, first[0].metadata.name, exit_code=1)
+        second = kj.bound(real_kube, ns, job, 2, "1")
+        assert {p.spec.node_name for p in second} == set(real_kube.node_names) - {blinked}
+        st = kj.status(real_kube, ns, handle)
+        assert any(f"node {blinked} marked unhealthy (node-not-ready)" in n for n in st["notes"])
+    finally:
+        healed(real_kube, blinked, addresses)
+        kj.ok(kj.tm(real_kube, ns, "node", "clear", blinked))
+
+
+def test_with_no_spare_the_gang_waits_saying_why_and_runs_again_once_the_node_is_cleared(
+    real_kube: RealKube, job_ns: str, watcher: Path
+) -> None:
+    ns = job_ns
+    handle = kj.launch(real_kube, ns, kj.TRN1, "kubernetes.node_lost_after_s=30")
+    job = handle.rsplit("/", 1)[1]
+    first = kj.bound(real_kube, ns, job, 2, "0")
+    lost = first[0].spec.node_name
+    (spare,) = set(real_kube.node_names) - {p.spec.node_name for p in first}
+    real_kube.core.patch_node(spare, {"spec": {"unschedulable": True}})  # cordoned: no spare
+    addresses = faults.addresses(real_kube.core, lost)
+    faults.lose(real_kube.core, real_kube.coordination, lost)
+    try:
+        st = real_kube.wait_for(
+            lambda: (
+                (s := kj.status(real_kube, ns, handle))["message"].startswith("waiting")
+                and s["restarts"] == 1
+                and s
+            ),
+            RECOVERY_S,
+            "the restarted gang waiting",
+        )
+        print("no spare:", st["message"])
+        assert any(f"node {lost} marked unhealthy (node-not-ready)" in n for n in st["notes"])
+        healed(real_kube, lost, addresses)  # back, but marked: still nowhere to go
+        st = kj.status(real_kube, ns, handle)
+        print("back, marked:", st["message"])
+        assert st["message"].startswith("waiting") and st["message"].endswith(
+            f"; marked unhealthy, so not used: {lost} (node-not-ready); "
+            f"`trainmaster node clear {lost}` once it is sound"
+        )
+        assert not any(p.spec.node_name for p in kj.pods(real_kube, ns, job))
+
+        kj.ok(kj.tm(real_kube, ns, "node", "clear", lost))
+        second = kj.bound(real_kube, ns, job, 2, "1", timeout=120)
+        assert {p.spec.node_name for p in second} == set(real_kube.node_names) - {spare}
+    finally:
+        real_kube.core.patch_node(spare, {"spec": {"unschedulable": None}})
+        healed(real_kube, lost, addresses)
+        kj.ok(kj.tm(real_kube, ns, "node", "clear", lost))

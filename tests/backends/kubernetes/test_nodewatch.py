@@ -1,5 +1,6 @@
-"""The node watcher's decision (backends/kubernetes/nodewatch.decide): when a lost node is taken
-out of service and when it is given back, from the nodes and pods as the API returns them.
+"""The node watcher's decision (backends/kubernetes/nodewatch.decide): when a node under a gang
+is marked, when a lost node is taken out of service and when it is given back, from the nodes
+and pods as the API returns them.
 The whole loop runs on the real control plane in tests/controlplane/test_node_loss.py."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ OOS = V1Taint(key="node.kubernetes.io/out-of-service", value="nodeshutdown", eff
 UNREACHABLE = V1Taint(key="node.kubernetes.io/unreachable", effect="NoExecute")
 NOT_READY = V1Taint(key="node.kubernetes.io/not-ready", effect="NoExecute")
 NO_SCHEDULE = V1Taint(key="node.kubernetes.io/unreachable", effect="NoSchedule")
+MARKED = V1Taint(key="trainmaster.io/unhealthy", value="node-not-ready", effect="NoSchedule")
 
 
 def node(name: str, ready: str = "True", taints: tuple[V1Taint, ...] = (), ours: bool = False) -> V1Node:  # fmt: skip
@@ -63,22 +65,36 @@ def test_an_unreachable_node_holding_an_evicted_pod_is_taken_out_naming_the_job(
 
 
 @pytest.mark.parametrize(
-    ("ready", "taints", "pods", "taken"),
+    ("ready", "taints", "pods", "kind"),
     [
-        ("Unknown", (UNREACHABLE,), [pod("p", "n0")], False),  # not evicted (a zone outage)
-        ("Unknown", (NO_SCHEDULE,), [pod("p", "n0", -5)], False),  # no NoExecute taint
-        ("Unknown", (UNREACHABLE,), [pod("p", "n0", -5, "Succeeded")], False),  # finished
-        ("False", (NOT_READY,), [pod("p", "n0", 10)], False),  # its kubelet may still end it
-        ("False", (NOT_READY,), [pod("p", "n0", -1)], True),  # grace over, still bound
-        ("Unknown", (UNREACHABLE, OOS), [pod("p", "n0", -5)], False),  # out already
-        ("Unknown", (UNREACHABLE,), [], False),  # none of ours there
+        ("Unknown", (UNREACHABLE,), [pod("p", "n0")], "mark"),  # not evicted (yet, or a zone)
+        ("Unknown", (UNREACHABLE, MARKED), [pod("p", "n0")], None),  # marked already
+        ("Unknown", (NO_SCHEDULE,), [pod("p", "n0", -5)], None),  # no NoExecute taint
+        ("Unknown", (UNREACHABLE,), [pod("p", "n0", -5, "Succeeded")], None),  # finished
+        ("False", (NOT_READY,), [pod("p", "n0", 10)], "mark"),  # its kubelet may still end it
+        ("False", (NOT_READY,), [pod("p", "n0", -1)], "take-out"),  # grace over, still bound
+        ("Unknown", (UNREACHABLE, MARKED), [pod("p", "n0", -5)], "take-out"),
+        ("Unknown", (UNREACHABLE, OOS), [pod("p", "n0", -5)], None),  # out already
+        ("Unknown", (UNREACHABLE,), [], None),  # none of ours there
     ],
-    ids=["not-evicted", "no-noexecute", "finished", "in-grace", "grace-over", "out", "idle"],
+    ids=[
+        "not-evicted",
+        "marked",
+        "no-noexecute",
+        "finished",
+        "in-grace",
+        "grace-over",
+        "marked-evicted",
+        "out",
+        "idle",
+    ],  # fmt: skip
 )
-def test_only_pods_kubernetes_gave_up_on_take_a_node_out(
-    ready: str, taints: tuple[V1Taint, ...], pods: list[V1Pod], taken: bool
+def test_a_node_gone_under_a_gang_is_marked_and_taken_out_once_kubernetes_gave_up(
+    ready: str, taints: tuple[V1Taint, ...], pods: list[V1Pod], kind: str | None
 ) -> None:
-    assert bool(nodewatch.decide([node("n0", ready, taints)], pods, NOW)) is taken
+    actions = nodewatch.decide([node("n0", ready, taints)], pods, NOW)
+    assert [a.kind for a in actions] == ([kind] if kind else [])
+    assert all(a.job == "ml/bert" and "ml/p" in a.detail for a in actions)
 
 
 def test_a_node_ready_again_is_given_back_only_if_the_watcher_took_it_out() -> None:

@@ -132,7 +132,7 @@ class KubernetesBackend:
         )
 
     def status(self, job: str) -> base.JobStatus:
-        from trainmaster.backends.kubernetes import jobs, nodemark
+        from trainmaster.backends.kubernetes import jobs, nodemark, waiting
 
         cluster = self._cluster()
         st = jobs.status(cluster, job)
@@ -145,7 +145,11 @@ class KubernetesBackend:
             on = {p.node: p.name for p in st.pods if p.node and p.phase in ("Running", "Unknown")}
             problems, changed = nodemark.mark_not_ready(cluster, all_nodes, on, ours)
             all_nodes = nodemark.list_nodes(cluster) if changed else all_nodes
-        marked = [m for m in nodemark.marks(cluster, all_nodes) if m.job == ours]
+        every_mark = nodemark.marks(cluster, all_nodes)
+        marked = [m for m in every_mark if m.job == ours]
+        message = st.message
+        if message.startswith(waiting.PREFIX) and every_mark:  # the scheduler does not name them
+            message = f"{message}; {nodemark.held_back(every_mark)}"
         nodes = tuple(
             base.NodeStatus(
                 index=p.index,
@@ -164,7 +168,7 @@ class KubernetesBackend:
             backend=self.name,
             handle=self.handle(st.name, st.namespace),
             phase=base.Phase(st.phase),
-            message=st.message,
+            message=message,
             nnodes=st.replicas,
             created=st.created,
             nodes=nodes,

@@ -160,6 +160,16 @@ def marks(cluster: Cluster, nodes: list[Any] | None = None) -> list[NodeMark]:
     return out
 
 
+def held_back(found: list[NodeMark]) -> str:
+    """For a gang that waits: the nodes trainmaster's marks keep from it (the scheduler's
+    message counts "untolerated taint(s)" without naming them) and how to give one back."""
+    names = ", ".join(f"{m.node} ({m.reason})" for m in found)
+    return (
+        f"marked unhealthy, so not used: {names}; `trainmaster node clear {found[0].node}` "
+        "once it is sound"
+    )
+
+
 def clear(cluster: Cluster, node: str) -> bool:
     """Remove the mark; False when the node had none."""
     with call(cluster, "get", "nodes", node):

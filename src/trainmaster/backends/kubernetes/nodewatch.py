@@ -16,11 +16,13 @@ taint (non-graceful node shutdown, GA in 1.28): the pod garbage collector force-
 node's terminating pods and their volumes are detached. The watcher sets it, with nobody at
 hand, only where Kubernetes itself has already given up on the pods:
 
-- a node NotReady and tainted NoExecute by the node controller, on which a live trainmaster pod
-  was evicted and is still there (Ready=Unknown: no kubelet will confirm it; Ready=False: its
-  grace period has passed too), is marked (trainmaster's taint, reason node-not-ready, naming
-  the pod's job: the restarted gang avoids it until `trainmaster node clear`) and taken out of
-  service; Volcano's PodEvicted policy then restarts the gang on the other nodes. Eviction is
+- a node NotReady and tainted NoExecute by the node controller (its grace period passed) under
+  a live trainmaster pod is marked at once (trainmaster's taint, reason node-not-ready, naming
+  the pod's job), whether or not it comes back: a node that blinked out during a job is not
+  trusted with the next restart until `trainmaster node clear` (Kubernetes' own taints go with
+  the NotReady condition, so a flapping node would take the restarted gang back);
+- such a node on which a live trainmaster pod was evicted and is still there (Ready=Unknown: no kubelet will confirm it; Ready=False: its
+  grace period has passed too), is taken out of service (marked first if it was not); Volcano's PodEvicted policy then restarts the gang on the other nodes. Eviction is
   the node controller's, so its own safeguards hold: a zone or cluster that lost touch as a
   whole is not evicted, and then the watcher does nothing either;
 - a node it took out of service that is Ready again gets that taint back off (Kubernetes
@@ -48,12 +50,13 @@ OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshut
 OURS = "trainmaster.io/out-of-service-since"  # annotation: the watcher set the taint, when
 JOB_LABEL = "trainmaster.io/job"
 FINISHED = ("Succeeded", "Failed")
+VERBS = {"mark": "marked unhealthy", "take-out": "out of service", "bring-back": "back in service"}
 
 
 @dataclass(frozen=True)
 class Action:
     node: str
-    kind: Literal["take-out", "bring-back"]
+    kind: Literal["mark", "take-out", "bring-back"]
     detail: str
     job: str = ""  # NAMESPACE/JOB the node's mark names: `status` of that job shows it
 
@@ -79,6 +82,16 @@ def _stuck(pod: Any, ready: str, now: datetime) -> bool:
     return ready == "Unknown" or gone_at <= now
 
 
+def _job(pods: list[Any]) -> str:
+    """NAMESPACE/JOB of the first of these pods (by namespace and name)."""
+    first = min(pods, key=lambda p: (p.metadata.namespace, p.metadata.name))
+    return f"{first.metadata.namespace}/{(first.metadata.labels or {}).get(JOB_LABEL, '')}"
+
+
+def _names(pods: list[Any]) -> str:
+    return ", ".join(sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in pods))
+
+
 def decide(nodes: list[Any], pods: list[Any], now: datetime) -> list[Action]:
     """What to do now, from the cluster's nodes and trainmaster's pods (label JOB_LABEL)."""
     by_node: dict[str, list[Any]] = {}
@@ -93,14 +106,17 @@ def decide(nodes: list[Any], pods: list[Any], now: datetime) -> list[Action]:
             if out and OURS in (node.metadata.annotations or {}):
                 actions.append(Action(name, "bring-back", "Ready again"))
             continue
-        stuck = [p for p in by_node.get(name, []) if _stuck(p, ready, now)]
-        if out or not stuck or not _tainted(node, NODE_LOST_TAINTS, "NoExecute"):
+        if out or not _tainted(node, NODE_LOST_TAINTS, "NoExecute"):
             continue
-        first = min(stuck, key=lambda p: (p.metadata.namespace, p.metadata.name))
-        job = f"{first.metadata.namespace}/{(first.metadata.labels or {}).get(JOB_LABEL, '')}"
-        names = ", ".join(sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in stuck))
         why = nodemark.not_ready(node) or f"Ready={ready}"
-        actions.append(Action(name, "take-out", f"{why}; evicted, still bound: {names}", job))
+        stuck = [p for p in by_node.get(name, []) if _stuck(p, ready, now)]
+        if stuck:
+            detail = f"{why}; evicted, still bound: {_names(stuck)}"
+            actions.append(Action(name, "take-out", detail, _job(stuck)))
+            continue
+        live = [p for p in by_node.get(name, []) if p.status and p.status.phase not in FINISHED]
+        if live and not _tainted(node, (nodemark.TAINT_KEY,), "NoSchedule"):
+            actions.append(Action(name, "mark", f"{why}; pods {_names(live)}", _job(live)))
     return actions
 
 
@@ -111,6 +127,9 @@ def _taints(node: Any) -> list[dict[str, Any]]:
 
 def apply(cluster: Cluster, action: Action, now: str) -> None:
     """Patch the node as the action says (the mark first: it is what keeps a gang away)."""
+    if action.kind == "mark":
+        nodemark.mark(cluster, action.node, nodemark.NOT_READY, action.detail, action.job)
+        return
     with call(cluster, "get", "nodes", action.node):
         node = cluster.core.read_node(action.node)
     if action.kind == "take-out":
@@ -143,7 +162,7 @@ def once(cluster: Cluster, now: datetime) -> list[Action]:
     stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for action in actions:
         apply(cluster, action, stamp)
-        verb = "out of service" if action.kind == "take-out" else "back in service"
+        verb = VERBS[action.kind]
         print(f"{stamp} node {action.node} {verb}: {action.detail}", flush=True)
     return actions
 

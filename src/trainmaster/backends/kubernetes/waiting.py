@@ -25,6 +25,7 @@ from trainmaster import catalog
 from trainmaster.backends.kubernetes.client import ApiError, Cluster, TransportError
 
 SCHEDULING = ("scheduling.volcano.sh", "v1beta1", "podgroups")
+PREFIX = "waiting:"  # every reason explain() gives starts so
 OVERUSED = re.compile(r"overused ([A-Za-z0-9./_-]+)")
 ORIGIN = re.compile(r"Origin reason is [^:]+: (.*)$", re.S)
 
@@ -45,13 +46,13 @@ def explain(message: str, gang: int) -> str:
             key=lambda r: 0 if r in (catalog.NEURON, catalog.NVIDIA_GPU) else 2 - ("/" in r)
         )
         return (
-            f"waiting: the gang of {gang} pods does not fit in the cluster: insufficient "
+            f"{PREFIX} the gang of {gang} pods does not fit in the cluster: insufficient "
             f"{', '.join(lacking)} (Volcano: {message})"
         )
     origin = ORIGIN.search(message)
     if origin:
-        return f"waiting: not scheduled: {origin.group(1).strip()} (Volcano: {message})"
-    return f"waiting: not scheduled (Volcano: {message})"
+        return f"{PREFIX} not scheduled: {origin.group(1).strip()} (Volcano: {message})"
+    return f"{PREFIX} not scheduled (Volcano: {message})"
 
 
 def _stamp(event: dict[str, Any]) -> str:
