@@ -26,6 +26,7 @@ from tests.controlplane import kubejobs as kj
 from tests.controlplane.conftest import RealKube
 from trainmaster.backends.kubernetes import nodemark
 from trainmaster.cluster import nodeguard
+from trainmaster.train import nodefault
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(3600)]
 
@@ -148,6 +149,58 @@ def test_restart_avoids_the_marked_node(
         t.key == nodeguard.TAINT_KEY for t in real_kube.core.read_node(bad).spec.taints or []
     )
     assert not kj.status(real_kube, ns, handle)["notes"]
+
+
+# What a rank's hang watchdog runs (train/nodefault.hang_action), with the probe's timeout
+# given: argv DEVICE TIMEOUT_S.
+HANG = """
+import sys
+from trainmaster.train import nodefault
+probe = lambda device: nodefault.probe_device(device, timeout=float(sys.argv[2]))
+nodefault.hang_action(sys.argv[1], probe=probe)("rank 1: no step for 30 s after step 7")
+"""
+
+
+def test_a_hang_marks_the_node_only_where_the_device_probe_fails(
+    real_kube: RealKube, job_ns: str, marker_rbac: None, tmp_path: Path
+) -> None:
+    """Both pods' watchdogs fire on a hang; each probes its own device. Pod 0's answers (a
+    real matmul on the cpu): no mark. Pod 1's never answers (a wedged device: the probe
+    process hangs): its node gets the preflight's taint and annotations, reason hang-device,
+    through the same nodemark process and the pod's own token."""
+    ns = job_ns
+    handle = kj.launch(real_kube, ns, kj.TRN1)
+    job = handle.rsplit("/", 1)[1]
+    first = kj.bound(real_kube, ns, job, 2, "0")
+    term = tmp_path / "termination-log"
+    env = {**os.environ, "KUBERNETES_SERVICE_HOST": "10.0.0.1", "TRAINMASTER_JOB": job,
+           "TRAINMASTER_TERMINATION_LOG": str(term)}  # fmt: skip
+    for i, (wedged, timeout) in enumerate([(False, "120"), (True, "3")]):
+        kubeconfig = pod_kubeconfig(real_kube, first[i], tmp_path / f"pod{i}.kubeconfig")
+        extra = {nodefault.PROBE_HANG_ENV: "1"} if wedged else {}
+        done = subprocess.run(
+            [sys.executable, "-c", HANG, "cpu", timeout],
+            env={**env, "KUBECONFIG": str(kubeconfig), **extra},
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=True,
+        )
+        node = first[i].spec.node_name
+        taints = real_kube.core.read_node(node).spec.taints or []
+        ours = [(t.value, t.effect) for t in taints if t.key == nodeguard.TAINT_KEY]
+        if not wedged:
+            assert ours == [] and done.stdout == "" and not term.exists(), done.stdout
+            continue
+        assert "cpu did not answer a probe in 3 s: marking this node (hang-device)" in done.stdout
+        assert ours == [(nodefault.HANG_REASON, "NoSchedule")]
+        ann = real_kube.core.read_node(node).metadata.annotations
+        assert ann[nodeguard.ANN_REASON] == nodefault.HANG_REASON
+        assert ann[nodeguard.ANN_JOB] == f"{ns}/{job}"
+        assert ann[nodeguard.ANN_DETAIL].startswith("rank 1: no step for 30 s after step 7; cpu")
+        assert term.read_text().startswith(f"trainmaster: node fault: hang-device on {node}: ")
+        st = kj.status(real_kube, ns, handle)
+        assert any(f"node {node} marked unhealthy (hang-device)" in n for n in st["notes"])
 
 
 KWOK = "kwok.x-k8s.io/node"  # kwok keeps a node Ready only while it carries this (controlplane/)
