@@ -3,6 +3,7 @@ time does each cost? (docs/architecture.md 5: 14.6)
 
     python bench/faults.py [--trials 10] [--kinds kill,kill_in_checkpoint,hang] [--steps 30]
                            [--seed 0] [--out FILE]
+    python bench/faults.py --trials 3 --kinds k8s_node_loss     # on the local control plane
 
 The job: bert-tiny, 2 nodes x 1 worker on loopback (c10d), `--steps` steps, a checkpoint every
 10, dropout off (so that an exact resume is decidable: the final parameters of a run that was
@@ -25,7 +26,15 @@ step drawn from --seed:
                       after a random step for --cut seconds (both nodes live on): the hang
                       watchdog must notice and the job complete once the link is back
 
-The faults are the trainer's test hooks (trainmaster/train/faults.py), each fires once per job.
+One kind runs on Kubernetes instead (`make kube-build` first; not in the default --kinds):
+
+  k8s_node_loss       the tutorial's 2-node trn1 job on the local control plane (3 kwok nodes,
+                      the real kube-apiserver, controller manager and Volcano) with the node
+                      watcher; the heartbeat of the node under pod 0 stops: the seconds to the
+                      node NotReady, out of service, and the gang Running again, and where it
+                      landed (bench/k8s_node_loss.py, which also runs it at scale)
+
+The local faults are the trainer's test hooks (trainmaster/train/faults.py), each fires once per job.
 Per kind it reports completed/N (phase succeeded with every step done), exact/N (the summary's
 parameter checksum equals the reference's), the median time to resume (goodput's restart
 seconds: from the dead attempt's last event to the next attempt's first step), the median
@@ -57,6 +66,7 @@ from trainmaster.train import faults
 from trainmaster.train.model import DROPOUT_ENV
 
 KINDS = ("kill", "kill_in_checkpoint", "hang", "node_loss", "elastic_node_loss", "partition")
+K8S_KINDS = ("k8s_node_loss",)  # on the local control plane: bench/k8s_node_loss.py
 CHECKPOINT_EVERY = 10
 NODE_LOSS = "_BENCH_NODE_LOSS"  # node:step, read by run_job (not by the trainer)
 PARTITION = "_BENCH_PARTITION"  # node:step
@@ -235,20 +245,30 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
-    unknown = sorted(set(kinds) - set(KINDS))
+    unknown = sorted(set(kinds) - set(KINDS) - set(K8S_KINDS))
     if unknown or args.trials < 1 or args.steps <= CHECKPOINT_EVERY + 2:
-        ap.error(f"--kinds from {','.join(KINDS)}, --trials >= 1, --steps > {CHECKPOINT_EVERY + 2}")
+        ap.error(f"--kinds from {','.join(KINDS + K8S_KINDS)}, --trials >= 1, "
+                 f"--steps > {CHECKPOINT_EVERY + 2}")  # fmt: skip
     rng = random.Random(args.seed)
     started, load_before = time.time(), load()
+    results: dict[str, Any] = {}
+    if "k8s_node_loss" in kinds:
+        import k8s_node_loss  # bench/, beside this file
+
+        say(f"k8s_node_loss: {args.trials} trial(s) on the local control plane")
+        results["k8s_node_loss"] = k8s_node_loss.measure(args.trials, 60, nodes=3, nnodes=2)
+    local = [k for k in kinds if k in KINDS]
+    ref: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
-        say("preparing the built-in corpus")
-        prepare_corpus(root, shards=4)
-        say("reference run (no fault)")
-        ref = run_job(root, "reference", args.steps, args.hang_timeout, {})
-        say(f"  {ref['phase']} in {ref['wall_s']} s, goodput {ref['goodput']}")
-        results: dict[str, Any] = {}
-        for kind in kinds:
+        if local:
+            say("preparing the built-in corpus")
+            prepare_corpus(root, shards=4)
+            say("reference run (no fault)")
+            ref = run_job(root, "reference", args.steps, args.hang_timeout, {})
+            say(f"  {ref['phase']} in {ref['wall_s']} s, goodput {ref['goodput']}")
+        for kind in local:
+            assert ref is not None
             trials = []
             for i in range(args.trials):
                 env, what = fault_env(kind, rng, args.steps)
@@ -280,7 +300,14 @@ def main() -> None:
             "seed": args.seed,
             "hang_timeout_s": args.hang_timeout,
             "reference": ref,
-            "summary": {k: {x: v for x, v in r.items() if x != "runs"} for k, r in results.items()},
+            "summary": {
+                k: {
+                    x: v
+                    for x, v in r.items()
+                    if x != "runs" and not (x == "trials" and isinstance(v, list))
+                }
+                for k, r in results.items()
+            },
             "results": results,
         },
         args.out,
