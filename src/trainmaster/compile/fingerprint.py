@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import platform
 import socket
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainmaster import files
 from trainmaster.compile import cache
 from trainmaster.config import DEFAULT_VOCAB, JobConfig
 from trainmaster.errors import UserError
@@ -182,11 +182,5 @@ def write(cache_dir: Path, fields: dict[str, Value], job: str) -> Saved:
     saved = Saved(fields=dict(fields), job=job, written_at=time.time(), host=socket.gethostname())
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = path_of(cache_dir)
-    tmp = path.with_name(f".{FILE}.{socket.gethostname()}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        json.dump(saved.to_json(), fh, indent=2, sort_keys=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    files.write_json(path, saved.to_json())
     return saved

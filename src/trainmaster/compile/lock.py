@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainmaster import files
 from trainmaster.errors import UserError
 from trainmaster.run.pids import pid_alive, start_time
 
@@ -134,9 +135,7 @@ class CacheLock:
 
     def _rewrite(self, holder: Holder) -> None:
         self.holder = holder
-        tmp = self.path.with_name(f"{FILE}.{self.holder.token}.tmp")
-        tmp.write_text(json.dumps(asdict(self.holder)), encoding="utf-8")
-        os.replace(tmp, self.path)
+        files.write_json(self.path, asdict(self.holder), indent=None)
 
     def start_heartbeat(self, every_s: float = HEARTBEAT_S) -> None:
         def beat() -> None:

@@ -22,6 +22,7 @@ import h5py
 import numpy as np
 from isal.isal_zlib import compress as _compress
 
+from trainmaster import files
 from trainmaster.storage import SHARD_GLOB
 
 FORMAT = "trainmaster-bert-shards"
@@ -148,13 +149,7 @@ def read_arrays(path: Path, rows: slice | None = None) -> dict[str, np.ndarray]:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(temp_name(path.name))
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        json.dump(data, f, indent=2, sort_keys=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    files.write_json(path, data)
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
+from trainmaster import files
 from trainmaster.errors import DataError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -75,12 +76,7 @@ class Vocab:
 
     def write(self, path: Path) -> None:
         """Atomically: a reader never sees half a vocabulary next to complete shards."""
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.write(self.text())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        files.write_atomic(path, self.text())
 
 
 def parse_vocab(text: str, source: str) -> Vocab:

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainmaster import files
 from trainmaster.errors import EXIT_BAD_INPUT, ConfigError, UserError
 from trainmaster.run import goodput, ranklog
 from trainmaster.run import metrics as runlog
@@ -134,15 +135,7 @@ def _finished(run: RunPaths, environ: dict[str, str] | os._Environ[str] = os.env
         return
     run.finished.mkdir(exist_ok=True)
     name = f"node{node}.{environ.get('LOCAL_RANK', '0')}"
-    tmp = run.finished / f".{name}.{os.getpid()}.tmp"
-    tmp.write_text(environ.get("TORCHELASTIC_RUN_ID", ""), encoding="utf-8")
-    os.replace(tmp, run.finished / name)
-
-
-def _write_json(path: Path, data: dict[str, object]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    files.write_atomic(run.finished / name, environ.get("TORCHELASTIC_RUN_ID", ""))
 
 
 def _starts(run: RunPaths, run_id: str) -> int:
@@ -182,7 +175,7 @@ def prepare(
     if rank == 0:
         pod = environ.get("POD_NAME") or environ.get("HOSTNAME") or socket.gethostname()
         starts = _starts(run, environ.get("TORCHELASTIC_RUN_ID", ""))
-        _write_json(
+        files.write_json(
             run.rank0,
             {
                 "host": socket.gethostname(),
@@ -220,7 +213,7 @@ def _summary(run: RunPaths, target: list[str], extra: dict[str, object]) -> None
     with contextlib.suppress(OSError, ValueError):
         rank0 = json.loads(run.rank0.read_text(encoding="utf-8"))
     restarts = rank0.get("restarts", 0) if isinstance(rank0, dict) else 0
-    _write_json(
+    files.write_json(
         run.summary,
         {
             "status": "completed",

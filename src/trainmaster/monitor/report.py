@@ -13,12 +13,12 @@ only, inside `plot`, with the Agg canvas (no display needed, nothing global swit
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainmaster import files
 from trainmaster.config import BUILTIN_ENTRYPOINT
 from trainmaster.monitor import cost, history, runinfo
 from trainmaster.run import goodput
@@ -262,9 +262,8 @@ def plot(
     for ax in every:
         b = ax.get_window_extent()
         boxes.append((int(b.x0), int(height - b.y1), int(b.x1), int(height - b.y0)))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=fig.dpi, facecolor="white")
-    os.replace(tmp, path)
+    with files.replacing(path) as tmp:
+        fig.savefig(tmp, dpi=fig.dpi, facecolor="white", format="png")
     return tuple(boxes)
 
 

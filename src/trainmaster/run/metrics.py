@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trainmaster import files
+
 RUN_DIR_ENV = "TRAINMASTER_RUN_DIR"
 METRICS_FILE = "metrics.jsonl"
 _STARTED = time.time()
@@ -99,9 +101,7 @@ def truncate_after(path: Path, step: int) -> int:
         else:
             dropped += 1
     if dropped:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, path)
+        files.write_atomic(path, "".join(f"{line}\n" for line in kept))
     return dropped
 
 

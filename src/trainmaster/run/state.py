@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from trainmaster import files
 from trainmaster.run.pids import pid_alive as pid_alive  # re-exported: callers use state.pid_alive
 from trainmaster.run.pids import start_time as start_time
 
@@ -92,22 +93,13 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def read(path: Path) -> RunState:
     return RunState.model_validate_json(path.read_text(encoding="utf-8"))
 
 
 def write(path: Path, state: RunState) -> None:
     with locked(path):
-        write_atomic(path, state.model_dump_json(indent=2))
+        files.write_atomic(path, state.model_dump_json(indent=2))
 
 
 def update(path: Path, **changes: Any) -> RunState:
@@ -118,7 +110,7 @@ def update(path: Path, **changes: Any) -> RunState:
             changes.pop("phase")
         data = current.model_dump() | changes
         new = RunState.model_validate(data)
-        write_atomic(path, new.model_dump_json(indent=2))
+        files.write_atomic(path, new.model_dump_json(indent=2))
         return new
 
 

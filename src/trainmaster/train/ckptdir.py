@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainmaster import files
 from trainmaster.errors import UserError
 
 META = "meta.json"
@@ -103,14 +104,8 @@ def fsync_dir(folder: Path) -> None:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write a JSON file durably under a temporary name, then rename it into place."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """A checkpoint's small JSON files (meta.json, summary): durably, in one piece."""
+    files.write_json(path, data, indent=1)
 
 
 def publish(tmp: Path, folder: Path, step: int) -> Path:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmaster import jobfile
+from trainmaster import files, jobfile
 from trainmaster.backends.local import detach, netns, rendezvous
 from trainmaster.compile import cache, lock
 from trainmaster.compile import precompile as compile_precompile
@@ -246,7 +246,7 @@ def _start(cfg: JobConfig, store: Storage, p: Plan, held: lock.CacheLock | None)
             for i in range(cfg.job.nnodes)
         ],
     )
-    state.write_atomic(run.state, st.model_dump_json(indent=2))
+    files.write_atomic(run.state, st.model_dump_json(indent=2))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if held is not None:
         env[cache.LOCK_ENV] = held.holder.token
