@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from trainmaster import __version__
+from trainmaster import __version__, yamltext
 from trainmaster.cluster import (
     addons,
     cloudformation,
@@ -51,26 +49,8 @@ PLACEHOLDER_NOTE = (
 )
 
 
-class _Dumper(yaml.SafeDumper):
-    """Block style for multi-line strings (user data reads as it runs), no anchors."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _str)
-
-
 def to_yaml(docs: list[dict[str, Any]] | dict[str, Any], comment: str = "") -> str:
-    items = docs if isinstance(docs, list) else [docs]
-    body = "---\n".join(yaml.dump(d, Dumper=_Dumper, sort_keys=False, width=110) for d in items)
-    head = "".join(f"# {line}\n" for line in comment.splitlines())
-    return head + body
+    return yamltext.dump(docs, width=110, comment=comment)
 
 
 def build(spec: ClusterSpec) -> dict[str, str]:

@@ -14,9 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from trainmaster import catalog, config, jobfile
+from trainmaster import catalog, config, jobfile, yamltext
 from trainmaster.backends.kubernetes import names as k8s_names
 from trainmaster.backends.kubernetes import podspec
 from trainmaster.backends.kubernetes.names import API_VERSION
@@ -331,18 +329,6 @@ def objects(
     return [build_config_map(cfg), build_job(cfg, image=image, priority_class=priority_class)]
 
 
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _str)
-
-
 def render_yaml(objs: list[dict[str, Any]]) -> str:
     """Every object as one YAML document (`launch --dry-run`; `kubectl apply -f -` takes it)."""
-    return yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
+    return yamltext.dump(objs, width=100)
