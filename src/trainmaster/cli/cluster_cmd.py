@@ -65,7 +65,7 @@ def plan_cmd(
         out.print(f"note: {versions.FROZEN_XLA_NOTE}", markup=False)
     elif s.instance.device_kind == "neuron":
         out.print(f"note: {versions.TORCHNEURON_BETA}: the torchneuron image", markup=False)
-    # how `data stage` gets S3 credentials (pods cannot reach the node's IMDS; issue 30.8)
+    # how `data stage` gets S3 credentials (IRSA: pods cannot reach the node's IMDS)
     from trainmaster.config import S3_READER
 
     if s.data_buckets:
@@ -81,14 +81,15 @@ def plan_cmd(
             "kubernetes.service_account names a service account that has (or --no-sign-request)",
             markup=False,
         )
-    if s.endpoint_note:  # who can reach the API endpoint (12.9): the user must know before `up`
+    if s.endpoint_note:  # who can reach the API endpoint: the user must know before `up`
         out.print(f"note: {s.endpoint_note}", markup=False)
     out.print(
         f"next: review them, then `trainmaster cluster up --plan {written.dir}` "
         "(`--dry-run` prints every command first)",
         markup=False,
     )
-    # the tag is pushed again by every build; jobs should name the image by digest (17.10)
+    # the tag is pushed again by every build; jobs should name the image by digest
+    # (docs/architecture.md 5: 17.10)
     out.print(
         f"the training image is tagged {s.image_repository}:{s.image_tag} and rebuilt under that "
         "tag; launch with the digest that `cluster up` and `cluster status` print "

@@ -114,7 +114,7 @@ def show(
 
 
 def _stack_row(accelerator: str, device: str) -> list[tuple[str, str]]:
-    """Trainium's training stack: trn1's frozen PyTorch/XLA, or TorchNeuron's beta (issue 27)."""
+    """Trainium's training stack: trn1's frozen PyTorch/XLA, or TorchNeuron's beta."""
     from trainmaster.cluster import versions
 
     if accelerator == "trainium1" or device == "xla":

@@ -308,7 +308,7 @@ def wait_file_systems_deleted(
 # --- S3 reads of `data stage` ------------------------------------------------------------------
 # The stage pod runs `python3 -m trainmaster.cluster.aws s3 cp|sync ...` (backends/kubernetes/
 # stage.py): boto3 comes with trainmaster, so every training image has it, while only the
-# Neuron image has the AWS CLI (issue 30.3). Credentials: boto3's default chain, i.e. the web
+# Neuron image has the AWS CLI. Credentials: boto3's default chain, i.e. the web
 # identity token that IRSA puts into the pod (AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE).
 
 

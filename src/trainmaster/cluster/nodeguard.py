@@ -1,4 +1,4 @@
-"""The node mark (issue 25.4): a restarted gang must not land on the node that failed it.
+"""The node mark: a restarted gang must not land on the node that failed it.
 
 A training pod whose node fails a check marks that node itself, before it exits, with a taint of
 trainmaster's own, `trainmaster.io/unhealthy=<reason>:NoSchedule`, and annotations saying why,

@@ -88,7 +88,7 @@ def build(spec: ClusterSpec) -> dict[str, str]:
             fsx.csi_values(spec), f"{made} {versions.FSX_CHART} {versions.FSX_CHART_VERSION}"
         ),
     }
-    if spec.data_buckets:  # `data stage`'s S3 reader through IRSA (issue 30.8)
+    if spec.data_buckets:  # `data stage`'s S3 reader through IRSA
         files["eksctl/s3-irsa.yaml"] = to_yaml(
             eksctl.s3_irsa_config(spec), f"{made} eksctl create iamserviceaccount -f"
         )

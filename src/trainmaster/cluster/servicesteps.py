@@ -173,7 +173,7 @@ def service_steps(spec: ClusterSpec) -> list[Step]:
             echo=True,
         ),
     ]
-    if spec.data_buckets:  # `data stage`'s S3 reader (eksctl.s3_irsa_config; issue 30.8)
+    if spec.data_buckets:  # `data stage`'s S3 reader (eksctl.s3_irsa_config)
         steps.insert(
             next(i for i, st in enumerate(steps) if st.id == "fsx-irsa") + 1,
             Step(

@@ -84,7 +84,7 @@ def worker_env(kind: Mechanism, cache_dir: PurePath, rank: int) -> dict[str, str
 
 
 # Set in every precompile job: its trial run's values are not checked (train/health.py), since
-# under neuron_parallel_compile the outputs are invalid (issue 30.2).
+# under neuron_parallel_compile the outputs are invalid.
 PRECOMPILE_MARK = "TRAINMASTER_PRECOMPILE"
 
 

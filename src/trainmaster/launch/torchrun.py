@@ -76,7 +76,7 @@ def rdzv_conf(cfg: JobConfig) -> str:
         # distributed/elastic/rendezvous/c10d_rendezvous_backend.py _create_tcp_store;
         # pytorch#107021). On Kubernetes the other pods start as soon as pod 0's name resolves,
         # before pod 0 (still pulling its image, or waiting for a cacheset's lock) hosts the
-        # store: give them as long as the rendezvous itself (issue 30.5).
+        # store: give them as long as the rendezvous itself.
         conf["read_timeout"] = cfg.rendezvous.timeout
     if cfg.job.min_nnodes and cfg.job.min_nnodes != cfg.job.nnodes:
         # Wait a little for late nodes after the minimum has joined, so that a full start

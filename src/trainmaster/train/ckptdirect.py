@@ -2,7 +2,7 @@
 
 torch.save of 1.1 GB (bert-base and its Adam state) copies every byte into the kernel's page
 cache: 0.9-6.9 s of system CPU in the writer process on the 2-core machine, a core taken from
-training (issue 28). The same bytes written with O_DIRECT from the page-aligned block cost
+training. The same bytes written with O_DIRECT from the page-aligned block cost
 0.06 s of CPU. So a file is written in two passes, and stays the same torch-loadable zip:
 
 1. torch.save under skip_data, every record aligned to 4096 bytes and no crc32: the zip's

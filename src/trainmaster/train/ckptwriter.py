@@ -1,5 +1,5 @@
 """Checkpoint writes in a separate process, so that a save stalls training for one memory copy
-(docs/architecture.md 5: 14.5, issue 28).
+(docs/architecture.md 5: 14.5).
 
 A writer thread in the trainer still competed with training for the GIL (torch.save pickles
 and writes in Python): 1.60x the time per step of a run without checkpoints, with bert-base.

@@ -82,7 +82,7 @@ def values_unchecked(environ: Mapping[str, str] = os.environ) -> str | None:
     graphs: "the output from the model is invalid" then (aws-neuron-sdk frameworks/torch/
     torch-neuronx/api-reference-guide/training/pytorch-neuron-parallel-compile.rst), so an exact
     matmul or all-reduce fails on every rank and stops the precompile before step 1 with the
-    cache cold (issue 30.2). AWS's BERT script skips its checks there too. The precompile job
+    cache cold. AWS's BERT script skips its checks there too. The precompile job
     (compile.cache.PRECOMPILE_MARK) never checks them: it is a compile run, not the job. The ops
     still run, so their graphs are compiled with the others."""
     if environ.get("NEURON_EXTRACT_GRAPHS_ONLY"):

@@ -1,4 +1,5 @@
-"""The built-in trainer's safety net for your own script (issue 26), run by the entry shim.
+"""The built-in trainer's safety net for your own script, run by the entry shim
+(docs/architecture.md 5: 26).
 
 launch/entry.py runs the script in its own process (runpy); before that it calls start(), which
 

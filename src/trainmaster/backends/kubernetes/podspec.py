@@ -37,7 +37,7 @@ def cpu_limit(inst: catalog.InstanceType) -> int:
 # prov/efa/docs/overview.md), and AWS's EKS EFA manifests request them: hugepages-2Mi 5120Mi
 # (aws-samples/awsome-distributed-training micro-benchmarks/nccl-tests/kubernetes/
 # nccl-tests.yaml). Pre-allocated huge pages leave the node's allocatable memory, so the pod's
-# memory shrinks by as much (issue 30.7).
+# memory shrinks by as much.
 HUGEPAGES = "hugepages-2Mi"
 HUGEPAGES_GIB = 5
 

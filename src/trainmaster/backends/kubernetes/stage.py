@@ -11,7 +11,7 @@ nothing written twice), or a local folder, streamed as a tar through the API (po
 stdin, like `kubectl cp`): meant for small and medium datasets, since every byte crosses the
 API server; put large ones on S3. The image needs GNU `tar` and `trainmaster`. S3 is read with
 boto3 (`python3 -m trainmaster.cluster.aws s3 ...`), which trainmaster depends on, so every
-training image has it; only the Neuron image has the AWS CLI (issue 30.3). The credentials come
+training image has it; only the Neuron image has the AWS CLI. The credentials come
 through IRSA: kubernetes.service_account, else the plan's read-only service account for the
 buckets in cluster.data_buckets (config.S3_READER), since pods cannot reach the node's
 instance metadata.
@@ -228,7 +228,7 @@ def build_stage_pod(
         "tolerations": podspec.tolerations(cfg, None),
     }
     # The S3 credentials (IRSA) come with the service account: the job's own, else the plan's
-    # read-only one when it reads this bucket (cluster.data_buckets; issue 30.8).
+    # read-only one when it reads this bucket (cluster.data_buckets).
     account = k.service_account
     bucket = src[5:].partition("/")[0] if source.kind != "local" else None
     if account is None and not no_sign_request and bucket in cfg.cluster.data_buckets:

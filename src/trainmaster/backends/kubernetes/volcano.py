@@ -259,7 +259,7 @@ def _build(
         "minAvailable": gang,
         # Volcano fails the job once RetryCount >= maxRetry, and RestartJob counts the restart it
         # asks for first (pkg/controllers/job/state/running.go RetryCount++, restarting.go): so
-        # maxRetry N allows N - 1 restarts; + 1 makes job.max_restarts mean restarts (30.9).
+        # maxRetry N allows N - 1 restarts; + 1 makes job.max_restarts mean restarts.
         "maxRetry": job.max_restarts + 1,
         "plugins": {"svc": ["--publish-not-ready-addresses"], "env": []},
         "policies": [

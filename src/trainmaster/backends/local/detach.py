@@ -3,7 +3,8 @@
 A fresh `python -m trainmaster.backends.local.supervisor RUN_DIR` spends 0.2-0.3 s (more on a
 busy machine) starting an interpreter and importing pydantic, the config and this backend before
 it starts the first agent: the CLI has all of that loaded already, so a fork of it starts the
-agents that much sooner (issue 28.2: a custom script launched as fast as TorchX's local_cwd).
+agents that much sooner: a custom script starts as fast as with TorchX's local_cwd
+(bench/launch_overhead.py).
 
 The fork is what the program would be: a session of its own, stdin from /dev/null, stdout and
 stderr into supervisor.log, the environment given, supervise(RUN_DIR), and an exit that runs
