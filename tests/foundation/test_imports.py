@@ -67,3 +67,35 @@ def test_a_script_importing_the_worker_helpers_pays_for_nothing_heavy() -> None:
     assert not [
         m for m in new if m.split(".")[0] in ("torch", "pydantic", "numpy", "typer", "rich")
     ]
+
+
+def test_no_import_circle_anywhere_in_src() -> None:
+    """Modules importing each other, directly or around a loop (imports inside functions
+    included), are one module in disguise: the layers contracts catch most, this the rest."""
+    import grimp
+
+    graph = grimp.build_graph("trainmaster")
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for other in graph.find_modules_directly_imported_by(module):
+            if other not in order:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], order[other])
+        if low[module] == order[module]:
+            part = stack[stack.index(module) :]
+            del stack[stack.index(module) :]
+            if len(part) > 1:
+                circles.append(sorted(part))
+
+    for module in sorted(graph.modules):
+        if module not in order:
+            visit(module)
+    assert len(order) > 100 and circles == []

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import run_cli, wait_for
 from trainmaster import api
-from trainmaster.backends.local import launcher
+from trainmaster.backends.local import agents
 from trainmaster.launch import agent
 from trainmaster.launch.torchrun import AGENT_MODULES, TORCHRUN_MODULE, Rendezvous, command
 from trainmaster.run import state
@@ -33,7 +33,7 @@ def test_local_backend_runs_the_wrapper_with_torchruns_arguments(tmp_path: Path)
     cfg = api.preset_job("local-cpu")
     rdzv = Rendezvous("c10d", "127.0.0.1:29400", run_id="r")
     run = RunPaths(tmp_path / "runs" / "j")
-    cmds = launcher.agent_commands(cfg, rdzv, run, tmp_path, workdir="/w")
+    cmds = agents.agent_commands(cfg, rdzv, run, tmp_path, workdir="/w")
     plain = command(cfg, rdzv, job_file=str(run.job_toml.resolve()),
                     storage=str(tmp_path.resolve()), python=sys.executable, workdir="/w")  # fmt: skip
     assert len(cmds) == cfg.job.nnodes

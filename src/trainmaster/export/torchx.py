@@ -8,7 +8,7 @@ launch/torchrun.py, with the pod's environment and resources. Where TorchX diffe
   macro) leaves `$TORCHX_RANK0_HOST`-style text for bash to expand, as TorchX's own dist.ddp
   does (pytorch/torchx torchx/components/dist.py, `rdzv_endpoint` default);
 - --rdzv-id the TorchX app id (`${app_id}`), new per submission, so a relaunch never meets the
-  rendezvous its previous run closed (backends/local/launcher.py rdzv_id says why that matters);
+  rendezvous its previous run closed (backends/local/agents.py rdzv_id says why that matters);
 - macros are substituted by string.Template (pytorch/torchx torchx/specs/api.py,
   macros.Values.substitute), so every other `$` in the script is written `$$`.
 The rendezvous is always c10d (TorchX publishes rank 0's host; no etcd needed).

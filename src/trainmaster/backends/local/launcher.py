@@ -11,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import secrets
 import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,12 +19,13 @@ from pathlib import Path
 
 from trainmaster import files, jobfile
 from trainmaster.backends.local import detach, netns, rendezvous
+from trainmaster.backends.local.agents import agent_commands, rdzv_id
 from trainmaster.compile import cache, lock
 from trainmaster.compile import precompile as compile_precompile
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
-from trainmaster.launch import agent, entry
-from trainmaster.launch.torchrun import Rendezvous, command
+from trainmaster.launch import entry
+from trainmaster.launch.torchrun import Rendezvous
 from trainmaster.run import processes as procs
 from trainmaster.run import state
 from trainmaster.storage import SHARD_GLOB, RunPaths, Storage, dataset_path
@@ -75,24 +74,6 @@ def _rendezvous(cfg: JobConfig, run: RunPaths) -> tuple[Rendezvous, bool]:
     rendezvous.split_endpoint(r.endpoint, "rendezvous.endpoint")
     rendezvous.check_etcd(r.endpoint, deadline_s=min(float(r.timeout), 30.0))
     return Rendezvous(r.backend, r.endpoint), False
-
-
-def agent_commands(
-    cfg: JobConfig, rdzv: Rendezvous, run: RunPaths, storage: Path, workdir: str | None = None
-) -> list[list[str]]:
-    cmd = command(
-        cfg,
-        rdzv,
-        job_file=str(run.job_toml.resolve()),
-        storage=str(storage.resolve()),
-        python=sys.executable,
-        workdir=workdir or str(Path.cwd()),
-        module=agent.MODULE,  # torchrun, its imports without the collector (launch/agent.py)
-    )
-    if cfg.job.network == "netns":  # each node in its own network namespace (netns.py)
-        net = netns.plan(run.dir, cfg.job.nnodes)
-        return [net.wrap(i, cmd) for i in range(cfg.job.nnodes)]
-    return [cmd for _ in range(cfg.job.nnodes)]
 
 
 def check_shards(cfg: JobConfig, store: Storage) -> None:
@@ -211,15 +192,6 @@ def start(
         if held is not None:
             held.release()
         raise
-
-
-def rdzv_id(job: str) -> str:
-    """--rdzv-id of one launch: torch's etcd handler closes a rendezvous when its agents exit
-    and keeps the closed key for 2 h (CONST_RUNID_SUBROOT_TTL = 7200 and EtcdRendezvousHandler
-    .shutdown -> set_closed in torch/distributed/elastic/rendezvous/etcd_rendezvous.py), so a
-    relaunch under the same id fails with RendezvousClosedError. Unique per launch, the same
-    for every node of it (the supervisor hands this one value to every agent)."""
-    return f"{job}-{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
 
 
 def _start(cfg: JobConfig, store: Storage, p: Plan, held: lock.CacheLock | None) -> state.RunState:

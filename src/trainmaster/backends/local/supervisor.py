@@ -35,7 +35,7 @@ from pathlib import Path
 
 from trainmaster import jobfile
 from trainmaster.backends.local import completion, netns, rejoin, rendezvous
-from trainmaster.backends.local.launcher import agent_commands, rdzv_id
+from trainmaster.backends.local.agents import agent_commands, rdzv_id
 from trainmaster.compile import cache, lock
 from trainmaster.config import JobConfig
 from trainmaster.launch import entry
