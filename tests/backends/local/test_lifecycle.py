@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from trainmaster import jobfile
+from trainmaster.backends.local import ending
 from trainmaster.backends.local import launcher as local
 from trainmaster.backends.local import supervisor as supervise
 from trainmaster.errors import UserError
@@ -182,9 +183,13 @@ def test_stale_summary_does_not_make_an_elastic_run_succeed(tmp_path: Path) -> N
     os.utime(run.summary, (old, old))  # written by an earlier launch of the job
     _state(run.state, phase="running", started_at=time.time() - 60)
     st = state.read(run.state)
-    assert supervise._final_phase(run, st, [0, 1], elastic=True) == "failed"
+    assert not state.summary_of_attempt(run.state, st)
+    assert (
+        ending.phase(st, [0, 1], True, False, state.summary_of_attempt(run.state, st)) == "failed"
+    )
     run.summary.write_text(json.dumps({"status": "completed"}))  # this attempt's
-    assert supervise._final_phase(run, st, [0, 1], elastic=True) == "succeeded"
+    assert state.summary_of_attempt(run.state, st)
+    assert ending.phase(st, [0, 1], True, False, True) == "succeeded"
 
 
 # --- 17.7: a supervisor that died ------------------------------------------------------------------
