@@ -57,3 +57,18 @@ def test_no_comment_cites_a_ticket_number() -> None:
             if not re.search(r"([\w.-]+/[\w.-]+|optimum-neuron|aws-neuron-sdk)\s+$", before):
                 bad.append(f"{name}: {text[m.start() - 30 : m.end() + 10]!r}")
     assert not bad, bad
+
+
+def test_every_package_face_maps_its_modules() -> None:
+    """A newcomer opens a package's __init__ and finds each module of it with a line on what
+    it does (as cluster/ and train/ did first)."""
+    import ast
+
+    missing = []
+    inits = sorted(SRC.rglob("__init__.py"))
+    for init in inits:
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        here = [p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"]
+        here += [p.name for p in init.parent.iterdir() if (p / "__init__.py").exists()]
+        missing += [f"{init.parent.name}/{m}" for m in here if not re.search(rf"\b{m}\b", doc)]
+    assert len(inits) > 10 and not missing, missing

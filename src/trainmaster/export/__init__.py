@@ -1,1 +1,3 @@
-"""Exports of a job to other tools' formats (not backends)."""
+"""Exports of a job to other tools' formats (not backends): torchx, the job as a TorchX
+component.
+"""

@@ -1,1 +1,11 @@
-"""Looking at runs: status, logs, list (from the run folder and the backend)."""
+"""Looking at runs: status, logs, list (from the run folder and the backend).
+
+Modules:
+  runinfo      what a run left in its folder: state, metrics, summary, rank 0, workers
+  history      how a run went: metrics, timing, price basis
+  cost         progress, ETA and money: the line `status` prints under a running job
+  report       `report`: a run as a table and as report.png
+  top          `top`: a live table, one row per rank
+  tensorboard  `tensorboard`: TensorBoard on a run's events, or on every run's
+  estimate     `estimate`: time, node-hours and cost of a job before launch
+"""

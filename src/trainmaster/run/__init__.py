@@ -1,1 +1,11 @@
-"""The run folder (STORAGE/runs/JOB/): its files, their writers and readers."""
+"""The run folder (STORAGE/runs/JOB/): its files, their writers and readers.
+
+Modules:
+  state      state.json: what was started, where, and how it ended (local)
+  metrics    metrics.jsonl: log_metrics() and its readers
+  goodput    timeline.jsonl: where a run's wall time went
+  ranklog    logs/rankR.log, one per rank
+  processes  a local run's agents and workers, found through /proc
+  pids       whether a process is alive (standard library only)
+  export     `export checkpoint`: the newest checkpoint, copied out and verified
+"""

@@ -23,4 +23,15 @@ Modules, in the order a run uses them:
   metrics     metrics.jsonl, TensorBoard, log lines, rank0.json and summary.json
   trainsetup  the run's start-up: model, optimizer, data and writer, resumed exactly
   loop        the training loop: steps, checkpoints, preemption, the summary
+And beside them:
+  env         what torchrun tells a worker, from its environment
+  devices     the device table: precision, attention, compile per device kind
+  ckptproc    the checkpoint writer process
+  ckptdirect  a checkpoint file written past the page cache from the staging block
+  ckptzip     the CRC-32 fields of a zip that ckptdirect wrote without them
+  netplugin   which NCCL network plugin a CUDA worker really uses
+  nodefault   the node mark a restart avoids, and the device probe after a hang
+  scriptnet   the trainer's safety net for your own script, run by the entry shim
+  faults      fault injection for the end-to-end tests
+  __main__    `python -m trainmaster.train --job ...`
 """
