@@ -122,7 +122,9 @@ def test_eksctl_files_match_the_published_schema(
     case: tuple[str, JobConfig, dict[str, str]],
 ) -> None:
     _, _, files = case
-    for rel in [r for r in files if r.startswith("eksctl/")]:  # s3-irsa.yaml with data_buckets
+    eksctl = [r for r in files if r.startswith("eksctl/")]  # s3-irsa.yaml with data_buckets
+    assert {"eksctl/cluster.yaml", "eksctl/nodegroup.yaml"} <= set(eksctl)
+    for rel in eksctl:
         schemas.validate_eksctl(yaml.safe_load(files[rel]))
 
 
