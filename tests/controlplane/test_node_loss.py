@@ -17,8 +17,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -76,17 +78,43 @@ def taint_keys(kube: RealKube, node: str) -> set[str]:
     return {t.key for t in kube.core.read_node(node).spec.taints or []}
 
 
+@dataclass(frozen=True)
+class Loss:
+    handle: str
+    job: str
+    first: list[Any]  # the gang's pods of attempt 0, by name
+    node: str  # the node that stopped answering
+    addresses: list[dict[str, str]]  # its addresses, for faults.revive
+    at: float  # when its heartbeat stopped (time.monotonic)
+
+
+def launch_and_lose(
+    kube: RealKube,
+    ns: str,
+    tolerate_s: int,
+    pod: int,
+    before: Callable[[list[Any]], None] = lambda _: None,
+) -> Loss:
+    """Launch README's trn1 job tolerating a lost node for tolerate_s, wait for its gang, call
+    before(pods), then stop the heartbeat of the node under pod POD."""
+    handle = kj.launch(kube, ns, kj.TRN1, f"kubernetes.node_lost_after_s={tolerate_s}")
+    job = handle.rsplit("/", 1)[1]
+    first = kj.bound(kube, ns, job, 2, "0")
+    node = first[pod].spec.node_name
+    addresses = faults.addresses(kube.core, node)
+    before(first)
+    at = time.monotonic()
+    faults.lose(kube.core, kube.coordination, node)
+    return Loss(handle, job, first, node, addresses, at)
+
+
 def test_a_lost_node_lets_go_of_its_gang_by_itself(
     real_kube: RealKube, job_ns: str, watcher: Path
 ) -> None:
     ns = job_ns
-    handle = kj.launch(real_kube, ns, kj.TRN1, "kubernetes.node_lost_after_s=30")
-    job = handle.rsplit("/", 1)[1]
-    first = kj.bound(real_kube, ns, job, 2, "0")
-    lost = first[0].spec.node_name
-    addresses = faults.addresses(real_kube.core, lost)
-    lost_at = time.monotonic()
-    faults.lose(real_kube.core, real_kube.coordination, lost)
+    loss = launch_and_lose(real_kube, ns, 30, 0)
+    lost_at = loss.at
+    handle, job, lost, addresses = loss.handle, loss.job, loss.node, loss.addresses
     try:
         second = kj.bound(real_kube, ns, job, 2, "1", timeout=RECOVERY_S)
         recovered_s = time.monotonic() - lost_at
@@ -144,12 +172,14 @@ def test_a_node_that_went_not_ready_under_a_gang_is_not_trusted_with_its_restart
     nothing was evicted, but the watcher marked it while it was gone, so when the gang restarts
     (its pod 0 failed on the lost peer), it lands on the other node and the spare."""
     ns = job_ns
-    handle = kj.launch(real_kube, ns, kj.TRN1, "kubernetes.node_lost_after_s=600")
-    job = handle.rsplit("/", 1)[1]
-    first = kj.bound(real_kube, ns, job, 2, "0")
-    blinked = first[1].spec.node_name
-    addresses = faults.addresses(real_kube.core, blinked)
-    faults.lose(real_kube.core, real_kube.coordination, blinked)
+    loss = launch_and_lose(real_kube, ns, 600, 1)
+    handle, job, first, blinked, addresses = (
+        loss.handle,
+        loss.job,
+        loss.first,
+        loss.node,
+        loss.addresses,
+    )
     try:
         real_kube.wait_for(
             lambda: nodeguard.TAINT_KEY in taint_keys(real_kube, blinked), 120, "the watcher's mark"
@@ -180,14 +210,20 @@ def test_with_no_spare_the_gang_waits_saying_why_and_runs_again_once_the_node_is
     real_kube: RealKube, job_ns: str, watcher: Path
 ) -> None:
     ns = job_ns
-    handle = kj.launch(real_kube, ns, kj.TRN1, "kubernetes.node_lost_after_s=30")
-    job = handle.rsplit("/", 1)[1]
-    first = kj.bound(real_kube, ns, job, 2, "0")
-    lost = first[0].spec.node_name
-    (spare,) = set(real_kube.node_names) - {p.spec.node_name for p in first}
-    real_kube.core.patch_node(spare, {"spec": {"unschedulable": True}})  # cordoned: no spare
-    addresses = faults.addresses(real_kube.core, lost)
-    faults.lose(real_kube.core, real_kube.coordination, lost)
+    spares: list[str] = []
+
+    def cordon_the_spare(first: list[Any]) -> None:  # no spare left
+        spares.extend(set(real_kube.node_names) - {p.spec.node_name for p in first})
+        real_kube.core.patch_node(spares[0], {"spec": {"unschedulable": True}})
+
+    loss = launch_and_lose(real_kube, ns, 30, 0, before=cordon_the_spare)
+    handle, job, lost, addresses, spare = (
+        loss.handle,
+        loss.job,
+        loss.node,
+        loss.addresses,
+        spares[0],
+    )
     try:
         st = real_kube.wait_for(
             lambda: (
