@@ -23,6 +23,7 @@ def test_the_data_commands_are_wired() -> None:
 
     assert any(g.name == "data" for g in full().registered_groups)
 
+
 SMALL = ["--seq-len", "32", "--max-pred", "5", "--dupe-factor", "1", "--shards", "2"]
 
 
