@@ -75,7 +75,7 @@ def _serve(me: int, team: _Forked, local: tasks.Worker, stages: Connection) -> N
             while (k := _claim(team.counter)) < len(items):
                 try:
                     send("result", fn(items[k]))
-                except Exception as exc:  # noqa: BLE001 (any error is the parent's to report)
+                except Exception as exc:  # any error is the parent's to report
                     send("failed", exc)
                     break
             send("left", None)

@@ -85,7 +85,7 @@ def _serve(requests: queue.Queue[Any], results: Connection, arena_fd: int, train
             path, nbytes = checkpoint.write(Path(folder), staged, keep, trainer_alive, arena)
             seconds = time.perf_counter() - t0
             answer: tuple[Any, ...] = ("ok", step, str(path), started, seconds, nbytes)
-        except BaseException as exc:  # noqa: BLE001 - the trainer raises it at its next wait
+        except BaseException as exc:  # the trainer raises it at its next wait
             answer = ("error", _picklable(exc), traceback.format_exc())
         results.send_bytes(pickle.dumps(answer))
 
@@ -96,7 +96,7 @@ def _picklable(exc: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(exc))
         return exc
-    except Exception:  # noqa: BLE001
+    except Exception:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 

@@ -171,7 +171,7 @@ class BackgroundWriter:
                 _, step, path, started, seconds, nbytes = answer
                 try:
                     self.on_written(Written(step, Path(path), started, seconds, nbytes))
-                except Exception as exc:  # noqa: BLE001 - wait() raises it, as the thread did
+                except Exception as exc:  # wait() raises it, as the thread did
                     answer = ("error", exc, traceback.format_exc())
             into.put(answer)
 

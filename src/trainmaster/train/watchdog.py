@@ -163,6 +163,6 @@ class Watchdog:
         if self.on_hang is not None:
             try:
                 self.on_hang(hang.describe())
-            except Exception as e:  # noqa: BLE001 - nothing may keep a hung worker alive
+            except Exception as e:  # nothing may keep a hung worker alive
                 print(f"trainmaster: hang: node check failed: {e}", flush=True)
         self.exit_fn(EXIT_HUNG)

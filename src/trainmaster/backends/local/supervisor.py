@@ -103,7 +103,7 @@ def _stop(etcd: subprocess.Popen[bytes] | None) -> None:
     try:
         etcd.terminate()
         etcd.wait(timeout=30)
-    except Exception:  # noqa: BLE001 - still running after 30 s, or already gone: kill it
+    except Exception:  # still running after 30 s, or already gone: kill it
         with contextlib.suppress(Exception):
             etcd.kill()
             etcd.wait(timeout=5)
