@@ -47,6 +47,7 @@ COMMON = [
     "image/Dockerfile.torchneuron",
     "k8s/claim.yaml",
     "k8s/node-marker.yaml",
+    "k8s/job-progress.yaml",
     "k8s/node-watcher.yaml",
     "k8s/etcd.yaml",
     "k8s/queue.yaml",

@@ -72,7 +72,7 @@ def _neuron_precompile_text() -> str:
         "# compile/cache.py: the command of one node",
         " ".join(cache.precompile_command("neuron", torchrun)),
     ]
-    _, job = volcano.objects(TRN1, precompile=True, steps=10)
+    *_, job = volcano.objects(TRN1, precompile=True, steps=10)
     container = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
     lines += ["# the Volcano precompile job's pod: environment"]
     lines += [f"{e['name']}={e['value']}" for e in container["env"] if "value" in e]
@@ -101,7 +101,7 @@ def test_golden_neuron_precompile_command_and_environment() -> None:
 
 
 def test_kubernetes_precompile_job_is_valid_and_compiles() -> None:
-    cm, job = volcano.objects(jobfile.preset("p5-bert-large"), precompile=True, steps=5)
+    cm, _, job = volcano.objects(jobfile.preset("p5-bert-large"), precompile=True, steps=5)
     validate_k8s(cm)
     validate_volcano_job(job)
     validate_pod_templates(job)
@@ -156,7 +156,7 @@ def test_cli_dry_run_of_the_kubernetes_precompile() -> None:
         "--dry-run",
     )
     assert result.returncode == 0, result.stderr
-    cm, job = list(yaml.safe_load_all(result.stdout))
+    cm, _, job = list(yaml.safe_load_all(result.stdout))
     assert job["metadata"]["name"] == "bert-large-trn1-precompile"
     assert (
         "neuron_parallel_compile python3 -m torch.distributed.run"

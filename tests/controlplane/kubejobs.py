@@ -103,15 +103,17 @@ def bound(
 
 
 def fail_pod(kube: RealKube, ns: str, pod: str, message: str = "", exit_code: int = 1) -> None:
-    """What the kubelet reports when the pod's container ends: phase Failed, the container
-    terminated with its exit code and the termination message the pod script wrote."""
+    """What the kubelet reports when the pod's container ends: phase Failed (Succeeded for exit
+    code 0), the container terminated with its exit code and the termination message the pod
+    script wrote."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    terminated = {"exitCode": exit_code, "reason": "Error", "startedAt": now, "finishedAt": now}
+    reason = "Error" if exit_code else "Completed"
+    terminated = {"exitCode": exit_code, "reason": reason, "startedAt": now, "finishedAt": now}
     if message:
         terminated["message"] = message
     body = {
         "status": {
-            "phase": "Failed",
+            "phase": "Failed" if exit_code else "Succeeded",
             "containerStatuses": [
                 {
                     "name": "trainer",
@@ -228,3 +230,34 @@ def job_ns(
     )
     yield ns
     real_kube.core.delete_persistent_volume(f"fsx-{ns}")  # goes once its claim has gone
+
+
+def pod_kubeconfig(kube: RealKube, pod: Any, out: Path) -> Path:
+    """A kubeconfig holding a token of the pod's service account bound to the pod: the
+    identity the pod's own processes have (its node in the token's claims)."""
+    token = kube.core.create_namespaced_service_account_token(
+        pod.spec.service_account_name or "default",
+        pod.metadata.namespace,
+        {
+            "spec": {
+                "expirationSeconds": 600,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod.metadata.name,
+                    "uid": pod.metadata.uid,
+                },
+            }
+        },
+    ).status.token
+    admin = yaml.safe_load(kube.kubeconfig.read_text())
+    admin["users"] = [{"name": "pod", "user": {"token": token}}]
+    for ctx in admin["contexts"]:
+        ctx["context"]["user"] = "pod"
+    out.write_text(yaml.safe_dump(admin))
+    return out
+
+
+def statuses(kube: RealKube, ns: str) -> list[dict[str, Any]]:
+    """`list --json`: every job of the namespace as `status --json` shows it, less the details."""
+    return list(json.loads(ok(tm(kube, ns, "list", "--json"))))

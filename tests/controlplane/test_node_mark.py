@@ -17,10 +17,8 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from tests.controlplane import kubejobs as kj
 from tests.controlplane.conftest import RealKube
@@ -48,32 +46,6 @@ def marker_rbac(real_kube: RealKube, job_ns: str) -> Iterator[None]:
         kj.ok(kj.tm(real_kube, job_ns, "node", "clear", node))
 
 
-def pod_kubeconfig(kube: RealKube, pod: Any, out: Path) -> Path:
-    """A kubeconfig holding a token of the pod's service account bound to the pod: the
-    identity the pod's own processes have (its node in the token's claims)."""
-    token = kube.core.create_namespaced_service_account_token(
-        pod.spec.service_account_name or "default",
-        pod.metadata.namespace,
-        {
-            "spec": {
-                "expirationSeconds": 600,
-                "boundObjectRef": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": pod.metadata.name,
-                    "uid": pod.metadata.uid,
-                },
-            }
-        },
-    ).status.token
-    admin = yaml.safe_load(kube.kubeconfig.read_text())
-    admin["users"] = [{"name": "pod", "user": {"token": token}}]
-    for ctx in admin["contexts"]:
-        ctx["context"]["user"] = "pod"
-    out.write_text(yaml.safe_dump(admin))
-    return out
-
-
 def test_restart_avoids_the_marked_node(
     real_kube: RealKube, job_ns: str, marker_rbac: None, tmp_path: Path
 ) -> None:
@@ -84,7 +56,7 @@ def test_restart_avoids_the_marked_node(
     first = kj.bound(real_kube, ns, job, 2, "0")
     bad = first[1].spec.node_name
     healthy = first[0].spec.node_name
-    kubeconfig = pod_kubeconfig(real_kube, first[1], tmp_path / "pod.kubeconfig")
+    kubeconfig = kj.pod_kubeconfig(real_kube, first[1], tmp_path / "pod.kubeconfig")
     term = tmp_path / "termination-log"
     env = {
         **os.environ,
@@ -176,7 +148,7 @@ def test_a_hang_marks_the_node_only_where_the_device_probe_fails(
     env = {**os.environ, "KUBERNETES_SERVICE_HOST": "10.0.0.1", "TRAINMASTER_JOB": job,
            "TRAINMASTER_TERMINATION_LOG": str(term)}  # fmt: skip
     for i, (wedged, timeout) in enumerate([(False, "120"), (True, "3")]):
-        kubeconfig = pod_kubeconfig(real_kube, first[i], tmp_path / f"pod{i}.kubeconfig")
+        kubeconfig = kj.pod_kubeconfig(real_kube, first[i], tmp_path / f"pod{i}.kubeconfig")
         extra = {nodefault.PROBE_HANG_ENV: "1"} if wedged else {}
         done = subprocess.run(
             [sys.executable, "-c", HANG, "cpu", timeout],

@@ -31,6 +31,7 @@ from trainmaster.cluster import (
     fsx,
     image,
     nodeguard,
+    progressguard,
     runbook,
     steps,
     upsteps,
@@ -77,6 +78,10 @@ def build(spec: ClusterSpec) -> dict[str, str]:
         "k8s/node-marker.yaml": to_yaml(
             nodeguard.rbac(spec.namespace, spec.service_account),
             f"{made} Lets a training pod mark only its own node unhealthy (nodeguard.py).",
+        ),
+        "k8s/job-progress.yaml": to_yaml(
+            progressguard.rbac(spec.namespace, spec.service_account),
+            f"{made} Lets rank 0's pod publish its own job's progress (progressguard.py).",
         ),
         "k8s/node-watcher.yaml": to_yaml(
             nodeguard.watcher(addons.IMAGE, addons.SYSTEM_SELECTOR),

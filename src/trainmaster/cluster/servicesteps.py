@@ -1,8 +1,8 @@
 """`cluster up`'s steps once the nodes offer their devices: what the jobs need on the cluster.
 
-etcd for the rendezvous, Volcano and its queue for gang scheduling, the node-marker policy, FSx
-for Lustre (IRSA, CSI driver, the claim, runs/ exported to S3), `data stage`'s S3 reader, the
-training image and TensorBoard. With the waits the tutorial's users needed: Volcano's admission
+etcd for the rendezvous, Volcano and its queue for gang scheduling, the node-marker and
+job-progress policies, FSx for Lustre (IRSA, CSI driver, the claim, runs/ exported to S3),
+`data stage`'s S3 reader, the training image and TensorBoard. With the waits the tutorial's users needed: Volcano's admission
 webhook answering before the queue is created, the claim Bound before a job mounts it.
 """
 
@@ -59,6 +59,13 @@ def service_steps(spec: ClusterSpec) -> list[Step]:
             "RBAC and admission policy: a training pod may mark its own node unhealthy",
             ('kubectl apply --server-side -f "$PLAN_DIR/k8s/node-marker.yaml"',),
             check="kubectl get validatingadmissionpolicy trainmaster-node-marker >/dev/null 2>&1",
+            tools=("kubectl",),
+        ),
+        Step(
+            "job-progress",
+            "RBAC and admission policy: rank 0's pod may publish its own job's progress",
+            ('kubectl apply --server-side -f "$PLAN_DIR/k8s/job-progress.yaml"',),
+            check="kubectl get validatingadmissionpolicy trainmaster-job-progress >/dev/null 2>&1",
             tools=("kubectl",),
         ),
         Step(

@@ -93,7 +93,11 @@ class Status:
 
 def status(store: Storage, job: str) -> Status:
     run = run_paths(store, job)
-    st = state.observed(run.state)
+    return status_of(run, state.observed(run.state))
+
+
+def status_of(run: RunPaths, st: state.RunState) -> Status:
+    """A run folder's story given its state (state.json, or a Kubernetes pod's own view)."""
     rows = read_metrics(run.metrics)
     last = rows[-1] if rows else None
     cfg = None

@@ -29,7 +29,7 @@ def test_tutorial_example_dry_run_validates() -> None:
         "--dry-run",
     )
     assert result.returncode == 0, result.stderr
-    cm, job = list(yaml.safe_load_all(result.stdout))
+    cm, _, job = list(yaml.safe_load_all(result.stdout))
     validate_k8s(cm)
     validate_volcano_job(job)
     validate_pod_templates(job)

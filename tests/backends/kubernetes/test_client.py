@@ -55,22 +55,24 @@ def test_unreachable_api_server(fake: FakeCluster) -> None:
 
 # --- submit -----------------------------------------------------------------------------------
 def test_submit_creates_configmap_then_job(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
-    cm, job = objs()
-    created = kubernetes.submit(cluster, [cm, job])
+    cm, progress, job = objs()
+    created = kubernetes.submit(cluster, [cm, progress, job])
     stored = fake.jobs[(NS, "bert-large-trn1")]
     assert stored["spec"] == job["spec"] and created["metadata"]["uid"] == stored["metadata"]["uid"]
     assert fake.configmaps[(NS, "bert-large-trn1-config")]["data"] == cm["data"]
+    assert fake.configmaps[(NS, "bert-large-trn1-progress")]["data"] == {"progress.json": ""}
     order = [r[1].rsplit("/", 1)[-1] for r in fake.requests if r[0] == "POST"]
-    assert order == ["configmaps", "jobs"]
+    assert order == ["configmaps", "configmaps", "jobs"]
     assert all(r[2].get("fieldValidation") == ["Strict"] for r in fake.requests if r[0] == "POST")
-    owner = fake.configmaps[(NS, "bert-large-trn1-config")]["metadata"]["ownerReferences"][0]
-    assert owner["kind"] == "Job" and owner["uid"] == stored["metadata"]["uid"]
+    for name in ("bert-large-trn1-config", "bert-large-trn1-progress"):  # both go with the job
+        owner = fake.configmaps[(NS, name)]["metadata"]["ownerReferences"][0]
+        assert owner["kind"] == "Job" and owner["uid"] == stored["metadata"]["uid"]
 
 
 def test_server_dry_run_persists_nothing(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
     kubernetes.submit(cluster, objs(), dry_run=True)
     posts = [r for r in fake.requests if r[0] == "POST"]
-    assert len(posts) == 2 and all(r[2].get("dryRun") == ["All"] for r in posts)
+    assert len(posts) == 3 and all(r[2].get("dryRun") == ["All"] for r in posts)
     assert not fake.jobs and not fake.configmaps and not calls(fake, "PATCH", "")
 
 
@@ -89,11 +91,11 @@ def test_name_clash_is_a_clear_error(fake: FakeCluster, cluster: kubernetes.Clus
 
 
 def test_leftover_configmap_is_replaced(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:
-    cm, job = objs()
+    cm, progress, job = objs()
     stale = json.loads(json.dumps(cm))
     stale["data"]["job.toml"] = "# stale\n"
     fake.configmaps[(NS, cm["metadata"]["name"])] = stale
-    kubernetes.submit(cluster, [cm, job])
+    kubernetes.submit(cluster, [cm, progress, job])
     assert fake.configmaps[(NS, cm["metadata"]["name"])]["data"] == cm["data"]
     assert (NS, "bert-large-trn1") in fake.jobs
 
@@ -119,6 +121,7 @@ def test_403_names_verb_and_resource_and_cleans_up(
         and "grants create on jobs.batch.volcano.sh" in msg
     )
     assert not fake.configmaps and calls(fake, "DELETE", "configmaps/bert-large-trn1-config")
+    assert calls(fake, "DELETE", "configmaps/bert-large-trn1-progress")
 
 
 def test_403_on_logs(fake: FakeCluster, cluster: kubernetes.Cluster) -> None:

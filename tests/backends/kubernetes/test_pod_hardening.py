@@ -310,7 +310,7 @@ def precompile_pod(
     (bin_dir / "torchrun-stub").write_text(report)
     script = script_of(job).replace("/etc/trainmaster", str(tmp))
     if build is volcano.build_job:  # no wrapper: the trainer itself is the command
-        script = script.replace('exec "$@" python3 ', f'exec "$@" sh {bin_dir / "torchrun-stub"} ')
+        script = script.replace('-- "$@" python3 ', f'-- "$@" sh {bin_dir / "torchrun-stub"} ')
     return sh(
         script,
         bin_dir,

@@ -47,7 +47,7 @@ def scale_objects(nodes: int) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("nodes", [512, 1024])
 def test_the_job_for_512_and_1024_nodes_is_valid_and_small(nodes: int) -> None:
-    cm, job = scale_objects(nodes)
+    cm, _, job = scale_objects(nodes)
     validate_volcano_job(job)
     validate_pod_templates(job)
     validate_k8s(cm)
@@ -56,7 +56,7 @@ def test_the_job_for_512_and_1024_nodes_is_valid_and_small(nodes: int) -> None:
         job["spec"]["minAvailable"] == job["spec"]["tasks"][0]["replicas"] == nodes
     )  # the whole gang
     # One pod template for all nodes: the size does not grow with the node count.
-    small_cm, small_job = scale_objects(2)
+    small_cm, _, small_job = scale_objects(2)
     for big, small in ((cm, small_cm), (job, small_job)):
         size = len(json.dumps(big).encode())
         assert size < ETCD_REQUEST_LIMIT and size - len(json.dumps(small).encode()) < 16
@@ -68,9 +68,9 @@ def test_the_1024_node_job_is_accepted(fake: FakeCluster, cluster: kubernetes.Cl
     objs = scale_objects(1024)
     kubernetes.submit(cluster, objs, dry_run=True)
     sent = [r for r in fake.requests if r[0] == "POST"]
-    assert [r[2]["dryRun"] for r in sent] == [["All"], ["All"]]
+    assert [r[2]["dryRun"] for r in sent] == [["All"], ["All"], ["All"]]
     assert sent[-1][3]["spec"]["tasks"][0]["replicas"] == 1024
-    assert yaml.safe_load(volcano.render_yaml(objs[1:]))["spec"] == objs[1]["spec"]
+    assert yaml.safe_load(volcano.render_yaml(objs[2:]))["spec"] == objs[2]["spec"]
 
 
 def add_pods(fake: FakeCluster, job: str, n: int, rank0: int | None = None) -> None:
@@ -161,7 +161,7 @@ def test_list_jobs_is_paged(
     fake: FakeCluster, cluster: kubernetes.Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(k8s_client, "PAGE", 5)
-    _, job = scale_objects(2)
+    *_, job = scale_objects(2)
     for i in range(12):
         ns = NS if i % 3 else "ml"
         fake.jobs[(ns, f"job-{i:02d}")] = job | {

@@ -77,7 +77,7 @@ def test_golden_precompile() -> None:
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("precompile", [False, True])
 def test_validates_against_the_published_schemas(case: str, precompile: bool) -> None:
-    cm, job = volcano.objects(job_cfg(case), precompile=precompile)
+    cm, _, job = volcano.objects(job_cfg(case), precompile=precompile)
     validate_volcano_job(job)
     validate_pod_templates(job)
     validate_k8s(cm)
@@ -86,11 +86,11 @@ def test_validates_against_the_published_schemas(case: str, precompile: bool) ->
 
 def test_the_schema_checks_can_fail() -> None:
     """The validators are not vacuous: misspelt fields are caught by both."""
-    _, job = volcano.objects(job_cfg("trn1-32xl"))
+    *_, job = volcano.objects(job_cfg("trn1-32xl"))
     job["spec"]["minAvailible"] = 2
     with pytest.raises(AssertionError, match="minAvailible"):
         validate_volcano_job(job)
-    _, job = volcano.objects(job_cfg("trn1-32xl"))
+    *_, job = volcano.objects(job_cfg("trn1-32xl"))
     pod_spec(job)["containers"][0]["volumeMount"] = []
     with pytest.raises(Exception, match="volumeMount"):
         validate_pod_templates(job)
@@ -102,7 +102,7 @@ def test_round_trips_through_yaml() -> None:
 
 
 def test_tutorial_job_with_our_corrections() -> None:
-    _, job = volcano.objects(job_cfg("trn1-32xl"))
+    *_, job = volcano.objects(job_cfg("trn1-32xl"))
     spec, pod = job["spec"], pod_spec(job)
     assert spec["schedulerName"] == "volcano" and spec["queue"] == "trainmaster"
     assert spec["minAvailable"] == 2 and spec["tasks"][0]["replicas"] == 2
@@ -154,11 +154,14 @@ def test_tutorial_job_with_our_corrections() -> None:
 
 def test_every_pod_runs_the_local_backends_command_line() -> None:
     cfg = job_cfg("p5-48xl")
-    _, job = volcano.objects(cfg)
+    *_, job = volcano.objects(cfg)
     rdzv = Rendezvous("c10d", "bert-large-p5-worker-0.bert-large-p5:29400", run_id="$rdzv_id")
     expected = command(cfg, rdzv, job_file="/data/runs/bert-large-p5/job.toml", storage="/data")
     last = script_of(job).strip().splitlines()[-1]
-    assert shlex.split(last) == ["exec", "$@", *expected]  # "$@": pod 0's cache lock holder, if any
+    publisher = ["python3", "-m", volcano.PUBLISH, "--run", "/data/runs/bert-large-p5"]
+    publisher += ["--job", "bert-large-p5", "--namespace", "default", "--"]
+    # "$@": pod 0's cache lock holder, if any
+    assert shlex.split(last) == ["exec", *publisher, "$@", *expected]
 
 
 def test_resources_per_node_type() -> None:
@@ -185,7 +188,7 @@ def test_resources_per_node_type() -> None:
 
 
 def test_c10d_goes_through_the_jobs_own_service() -> None:
-    _, job = volcano.objects(job_cfg("p5-48xl"))
+    *_, job = volcano.objects(job_cfg("p5-48xl"))
     assert job["spec"]["plugins"]["svc"] == ["--publish-not-ready-addresses"]
     script = script_of(job)
     assert "getent hosts bert-large-p5-worker-0.bert-large-p5" in script
@@ -194,7 +197,7 @@ def test_c10d_goes_through_the_jobs_own_service() -> None:
 
 
 def test_elastic_and_no_restarts() -> None:
-    _, job = volcano.objects(job_cfg("cpu", ["job.min_nnodes=1", "job.max_restarts=0"]))
+    *_, job = volcano.objects(job_cfg("cpu", ["job.min_nnodes=1", "job.max_restarts=0"]))
     assert job["spec"]["minAvailable"] == 1 and job["spec"]["tasks"][0]["minAvailable"] == 1
     assert job["spec"]["tasks"][0]["replicas"] == 2 and "--nnodes=1:2" in script_of(job)
     # Volcano turns maxRetry 0 into 3: without restarts a failure terminates the job.
@@ -203,16 +206,16 @@ def test_elastic_and_no_restarts() -> None:
 
 
 def test_precompile_job() -> None:
-    cm, job = volcano.objects(job_cfg("trn1-32xl"), precompile=True)
+    cm, _, job = volcano.objects(job_cfg("trn1-32xl"), precompile=True)
     assert job["metadata"]["name"] == "bert-large-trn1-precompile"
     assert job["metadata"]["labels"]["trainmaster.io/kind"] == "precompile"
-    assert 'exec "$@" neuron_parallel_compile python3 -m torch.distributed.run' in script_of(job)
+    assert '-- "$@" neuron_parallel_compile python3 -m torch.distributed.run' in script_of(job)
     assert "--job /data/runs/bert-large-trn1-precompile/job.toml" in script_of(job)
     assert "steps_this_run = 10" in cm["data"]["job.toml"]
     train = volcano.build_job(job_cfg("trn1-32xl"))
     assert env_of(job)["NEURON_CC_FLAGS"] == env_of(train)["NEURON_CC_FLAGS"]  # one cache
     gpu = volcano.build_precompile_job(job_cfg("p5-48xl"))
-    assert 'exec "$@" python3 -m torch.distributed.run' in script_of(gpu)
+    assert '-- "$@" python3 -m torch.distributed.run' in script_of(gpu)
 
 
 def test_options_reach_the_pod() -> None:
@@ -282,8 +285,10 @@ def test_script_writes_the_job_file_and_execs_torchrun(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert (mount / "runs" / "demo" / "job.toml").read_text() == "# resolved\n"
     assert not list((mount / "runs" / "demo").glob(".job.toml.*"))  # the temporary file was renamed
+    # the pod's first process publishes the progress (publish.py) and runs torchrun under it
     assert result.stdout.startswith(
-        "torchrun -m torch.distributed.run --nnodes=1 --nproc-per-node=1"
+        f"torchrun -m {volcano.PUBLISH} --run {mount}/runs/demo --job demo --namespace default "
+        "-- python3 -m torch.distributed.run --nnodes=1 --nproc-per-node=1"
     )
     assert f"--job {mount}/runs/demo/job.toml --storage {mount}" in result.stdout
 
@@ -308,7 +313,7 @@ def test_max_restarts_counts_restarts() -> None:
     """30.9: Volcano fails the job once RetryCount >= maxRetry, RetryCount counting the restart
     being asked for (pkg/controllers/job/state/running.go, restarting.go)."""
     for restarts in (1, 3):
-        _, job = volcano.objects(job_cfg("trn1-32xl", [f"job.max_restarts={restarts}"]))
+        *_, job = volcano.objects(job_cfg("trn1-32xl", [f"job.max_restarts={restarts}"]))
         assert job["spec"]["maxRetry"] == restarts + 1
 
 

@@ -257,7 +257,7 @@ def test_kubernetes_plan_renders_checked_yaml_without_a_cluster() -> None:
     dry = api.backend(
         api.Target(kubeconfig="/nonexistent"), cfg, api.LaunchOptions(image=IMAGE)
     ).plan(cfg)
-    cm, job = yaml.safe_load_all(dry.render())
+    cm, _, job = yaml.safe_load_all(dry.render())
     assert (cm["kind"], job["kind"], job["metadata"]["name"]) == (
         "ConfigMap",
         "Job",

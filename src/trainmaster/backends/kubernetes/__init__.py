@@ -12,6 +12,8 @@ Modules, from the commands down to the client:
   volcano      the job config as a Volcano Job and its ConfigMap (pure)
   waiting      why a job waits: the gang scheduler's answer, from the PodGroup
   nodemark     mark, list and clear unhealthy nodes
+  publish      in every pod: run the command; rank 0's pod publishes the run's progress
+  progressmap  the job's progress ConfigMap: read by `status`, written by publish
   pod_script   the pod script's parts that identify the attempt (rendezvous id, cache lock)
   podspec      what a training pod takes from the node type: resources, env, placement
   client       the connection to a cluster and the errors its API answers

@@ -7,13 +7,16 @@ when a command really talks to a cluster; `--dry-run` needs none.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainmaster.backends import base
+from trainmaster.cluster.progressguard import PUBLISH_S
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
+from trainmaster.monitor.progress import RunProgress
 from trainmaster.presets import EXAMPLE_ACCOUNT
 
 if TYPE_CHECKING:
@@ -132,10 +135,11 @@ class KubernetesBackend:
         )
 
     def status(self, job: str) -> base.JobStatus:
-        from trainmaster.backends.kubernetes import jobs, nodemark, waiting
+        from trainmaster.backends.kubernetes import jobs, nodemark, progressmap, waiting
 
         cluster = self._cluster()
         st = jobs.status(cluster, job)
+        record = progressmap.read(cluster, job)
         # nodes a pod of this job marked unhealthy (cluster/nodeguard.py): the restart avoids them;
         # a running pod's node gone NotReady is marked here (nodemark.mark_not_ready)
         ours = f"{st.namespace}/{st.name}"
@@ -180,7 +184,10 @@ class KubernetesBackend:
                 "restarts": str(st.retries),
                 "attempt": str(st.attempt),
             },
-            notes=tuple(m.line() for m in marked) + tuple(problems),
+            **_progress_fields(record, st.phase, time.time()),
+            notes=_progress_notes(record, st.phase, time.time())
+            + tuple(m.line() for m in marked)
+            + tuple(problems),
         )
 
     def logs(self, job: str, *, rank: int | None, node: int | None, follow: bool) -> base.LogStream:
@@ -201,8 +208,11 @@ class KubernetesBackend:
         return f"{job}: cancelled (Volcano job and its pods deleted)"
 
     def list(self) -> list[base.JobStatus]:
-        from trainmaster.backends.kubernetes import jobs
+        from trainmaster.backends.kubernetes import jobs, progressmap
 
+        cluster = self._cluster()
+        records = progressmap.read_all(cluster)  # one list call, not one read per job
+        now = time.time()
         return [
             base.JobStatus(
                 job=j.name,
@@ -216,15 +226,14 @@ class KubernetesBackend:
                     "Volcano": j.volcano_phase,
                     "running": str(j.running),
                 },
+                **_progress_fields(records.get(j.name), j.phase, now),
             )
-            for j in jobs.list_jobs(self._cluster())
+            for j in jobs.list_jobs(cluster)
         ]
 
     def top(
         self, job: str, *, interval_s: float, say: Callable[[str], None]
     ) -> tuple[Callable[[], Any], float]:
-        import time
-
         from trainmaster.backends.kubernetes import top as top_k8s
         from trainmaster.monitor import top as top_mod
 
@@ -248,3 +257,44 @@ class KubernetesBackend:
         tensorboard.serve_k8s(
             self._cluster(), port, self.options.kubeconfig, self.options.context, announce, job
         )
+
+
+STALE_S = 60.0  # a record older than this, of a running job, is said to be old
+
+
+def _progress_fields(record: RunProgress | None, phase: str, now: float) -> dict[str, Any]:
+    """The JobStatus fields a progress record fills (monitor/progress.py), as the local
+    backend fills them; the ETA counts down from when the record was made."""
+    if record is None:
+        return {}
+    eta = record.eta_s
+    if eta is not None and phase == "running":
+        eta = max(0.0, eta - max(0.0, now - record.at))
+    return {
+        "step": record.step,
+        "max_steps": record.max_steps,
+        "loss": record.loss,
+        "seq_per_s": record.seq_per_s,
+        "progress": record.fraction,
+        "eta_s": eta if phase == "running" else None,
+        "cost_so_far_usd": record.cost_so_far_usd,
+        "cost_to_finish_usd": record.cost_to_finish_usd,
+        "preemptions": record.preemptions,
+        "hangs": record.hangs,
+        "metrics": dict(record.metrics),
+        "summary": record.summary,
+    }
+
+
+def _progress_notes(record: RunProgress | None, phase: str, now: float) -> tuple[str, ...]:
+    if record is None:
+        if phase != "running":
+            return ()
+        return (
+            "progress: none published yet by rank 0's pod (it publishes every "
+            f"{PUBLISH_S:g} s; the cluster needs k8s/job-progress.yaml of `trainmaster "
+            "cluster plan`)",
+        )
+    age = now - record.at
+    old = (f"progress as of {age:.0f} s ago (rank 0's pod publishes it)",)
+    return record.notes + (old if phase == "running" and age > STALE_S else ())

@@ -39,6 +39,7 @@ from trainmaster.backends.kubernetes.volcano import (
     config_map_name,
     render_yaml,
 )
+from trainmaster.cluster.progressguard import map_name
 from trainmaster.errors import JobFailed, UserError
 
 __all__ = [
@@ -71,45 +72,47 @@ def _job_exists(cluster: Cluster, name: str, ns: str) -> bool:
 def submit(
     cluster: Cluster, objects: list[dict[str, Any]], *, dry_run: bool = False
 ) -> dict[str, Any]:
-    """Create the ConfigMap, then the Job; `dry_run` has the API server check them, persisting nothing.
+    """Create the ConfigMaps, then the Job; `dry_run` has the API server check them, persisting nothing.
 
     Fields are validated strictly (an unknown field is an error, not silently dropped). When the
-    Job cannot be created, the ConfigMap made for it is removed again; once the Job exists it
-    owns the ConfigMap, so deleting the Job by any means removes both.
+    Job cannot be created, the ConfigMaps made for it are removed again; once the Job exists it
+    owns them, so deleting the Job by any means removes them all.
     """
-    cm, job = objects
-    ns, name, cm_name = (
-        job["metadata"]["namespace"],
-        job["metadata"]["name"],
-        cm["metadata"]["name"],
-    )
+    *maps, job = objects
+    ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
     opts: dict[str, Any] = {"field_validation": "Strict"} | ({"dry_run": "All"} if dry_run else {})
     exists = UserError(
         f"job {name} exists in namespace {ns}; cancel it (`trainmaster cancel {name}`) "
         "or choose another job.name",
         where="job.name",
     )
+    made: list[str] = []
     try:
-        with call(cluster, "create", "configmaps", cm_name, ns):
-            cluster.core.create_namespaced_config_map(ns, as_body(cm), **opts)
-    except Conflict as exc:
-        # The ConfigMap of a live job, or one left by an interrupted submit: replace only the latter.
-        if _job_exists(cluster, name, ns):
-            raise exists from exc
-        with call(cluster, "update", "configmaps", cm_name, ns):
-            cluster.core.replace_namespaced_config_map(cm_name, ns, as_body(cm), **opts)
-    try:
-        with call(cluster, "create", JOBS, name, ns):
-            created = obj(
-                cluster.custom.create_namespaced_custom_object(
-                    GROUP, VERSION, ns, PLURAL, job, **opts
+        for cm in maps:
+            cm_name = cm["metadata"]["name"]
+            try:
+                with call(cluster, "create", "configmaps", cm_name, ns):
+                    cluster.core.create_namespaced_config_map(ns, as_body(cm), **opts)
+            except Conflict as exc:
+                # The map of a live job, or one left by an interrupted submit: replace only the latter.
+                if _job_exists(cluster, name, ns):
+                    raise exists from exc
+                with call(cluster, "update", "configmaps", cm_name, ns):
+                    cluster.core.replace_namespaced_config_map(cm_name, ns, as_body(cm), **opts)
+            made.append(cm_name)
+        try:
+            with call(cluster, "create", JOBS, name, ns):
+                created = obj(
+                    cluster.custom.create_namespaced_custom_object(
+                        GROUP, VERSION, ns, PLURAL, job, **opts
+                    )
                 )
-            )
-    except Conflict as exc:
-        raise exists from exc
+        except Conflict as exc:
+            raise exists from exc
     except (UserError, JobFailed):
         if not dry_run:
-            _delete_config_map(cluster, cm_name, ns)
+            for cm_name in made:
+                _delete_config_map(cluster, cm_name, ns)
         raise
     if not dry_run:
         owner = {
@@ -119,10 +122,11 @@ def submit(
             "uid": created["metadata"]["uid"],
             "blockOwnerDeletion": False,
         }
-        with best_effort():
-            cluster.core.patch_namespaced_config_map(
-                cm_name, ns, {"metadata": {"ownerReferences": [owner]}}
-            )
+        for cm_name in made:
+            with best_effort():
+                cluster.core.patch_namespaced_config_map(
+                    cm_name, ns, {"metadata": {"ownerReferences": [owner]}}
+                )
     return obj(created)
 
 
@@ -132,12 +136,13 @@ def _delete_config_map(cluster: Cluster, name: str, ns: str) -> None:
 
 
 def cancel(cluster: Cluster, name: str) -> None:
-    """Delete the Job (Foreground: its pods go first) and its ConfigMap."""
+    """Delete the Job (Foreground: its pods go first) and its ConfigMaps."""
     with call(cluster, "delete", JOBS, name):
         cluster.custom.delete_namespaced_custom_object(
             GROUP, VERSION, cluster.namespace, PLURAL, name, propagation_policy="Foreground"
         )
-    _delete_config_map(cluster, config_map_name(name), cluster.namespace)
+    for cm_name in (config_map_name(name), map_name(name)):
+        _delete_config_map(cluster, cm_name, cluster.namespace)
 
 
 @dataclass

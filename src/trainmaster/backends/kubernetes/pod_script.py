@@ -31,6 +31,7 @@ TASK = "worker"  # the Volcano job's one task (backends/kubernetes/volcano.py)
 ANN_PODGROUP, ANN_JOB_VERSION = "scheduling.k8s.io/group-name", "volcano.sh/job-version"
 ENV_PODGROUP, ENV_JOB_VERSION = "TRAINMASTER_PODGROUP", "TRAINMASTER_JOB_VERSION"
 CACHE_HOLD = "trainmaster.backends.kubernetes.cache_hold"
+PUBLISH = "trainmaster.backends.kubernetes.publish"  # runs every pod's command (publish.py)
 LOCK_WAIT_S = 600.0  # how long pod 0 waits for another job's cache lock, as the trainer does
 RDZV_ID_BEGIN, RDZV_ID_END = "# rendezvous id: begin", "# rendezvous id: end"
 

@@ -1,4 +1,4 @@
-"""Job config -> a gang-scheduled Volcano Job (batch.volcano.sh/v1alpha1) and its ConfigMap.
+"""Job config -> a gang-scheduled Volcano Job (batch.volcano.sh/v1alpha1) and its ConfigMaps.
 
 A pure builder (docs/architecture.md 2): no API calls, no files. Every pod runs the torchrun
 command line of the local backend (launch/torchrun.py); only where it runs differs. Why the gang,
@@ -25,6 +25,7 @@ from trainmaster.backends.kubernetes.pod_script import (  # noqa: F401 - CACHE_H
     ENV_JOB_VERSION,
     ENV_PODGROUP,
     LOCK_WAIT_S,
+    PUBLISH,
     RDZV_ID_BEGIN,
     RDZV_ID_END,
     TASK,
@@ -32,6 +33,7 @@ from trainmaster.backends.kubernetes.pod_script import (  # noqa: F401 - CACHE_H
     lock_lines,
     rdzv_id_lines,
 )
+from trainmaster.cluster import progressguard
 from trainmaster.compile import cache
 from trainmaster.compile import precompile as pre_mod
 from trainmaster.config import JobConfig
@@ -167,6 +169,8 @@ def container_script(
     if line.count(mark) != 1:  # pragma: no cover - torchrun.py renders --rdzv-id once
         raise AssertionError(f"--rdzv-id not found once in {line!r}")
     line = line.replace(mark, '"--rdzv-id=$rdzv_id"')
+    publisher = ["python3", "-m", PUBLISH, "--run", str(run.dir), "--job", name]
+    publisher += ["--namespace", cfg.kubernetes.namespace]
     late = q(f"trainmaster: {host} did not resolve to the rendezvous host within {timeout} s")
     return (
         "\n".join(
@@ -183,7 +187,7 @@ def container_script(
                 "done",
                 *rdzv_id_lines(name),
                 *lock_lines(cfg, purpose),
-                'exec "$@" ' + line,
+                f"exec {shlex.join(publisher)} -- " + '"$@" ' + line,
             ]
         )
         + "\n"
@@ -203,6 +207,21 @@ def build_config_map(cfg: JobConfig, kind: str = "train") -> dict[str, Any]:
         "data": {
             "job.toml": jobfile.render(cfg, f"resolved job {name} (launch --backend kubernetes)")
         },
+    }
+
+
+def build_progress_map(cfg: JobConfig, kind: str = "train") -> dict[str, Any]:
+    """`<job>-progress`, empty until rank 0's pod publishes into it (progressmap.py)."""
+    name = cfg.job.name
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": progressguard.map_name(name),
+            "namespace": cfg.kubernetes.namespace,
+            "labels": {**labels(name, kind), progressguard.LABEL: name},
+        },
+        "data": {progressguard.KEY: ""},
     }
 
 
@@ -318,15 +337,21 @@ def objects(
     steps: int = pre_mod.DEFAULT_STEPS,
     priority_class: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Everything a launch creates, in creation order: the ConfigMap, then the Job; with
+    """Everything a launch creates, in creation order: the ConfigMaps (job file, progress), then
+    the Job; with
     precompile, those of `<job>-precompile` (`steps` steps)."""
     if precompile:
         pre = pre_mod.precompile_config(cfg, steps)
         return [
             build_config_map(pre, "precompile"),
+            build_progress_map(pre, "precompile"),
             build_precompile_job(cfg, image=image, steps=steps),
         ]
-    return [build_config_map(cfg), build_job(cfg, image=image, priority_class=priority_class)]
+    return [
+        build_config_map(cfg),
+        build_progress_map(cfg),
+        build_job(cfg, image=image, priority_class=priority_class),
+    ]
 
 
 def render_yaml(objs: list[dict[str, Any]]) -> str:

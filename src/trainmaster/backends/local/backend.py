@@ -26,7 +26,7 @@ from trainmaster.backends.local import precompile as runner
 from trainmaster.backends.local.rejoin import Rejoins
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
-from trainmaster.monitor import cost, runinfo
+from trainmaster.monitor import progress, runinfo
 from trainmaster.run import state
 from trainmaster.storage import Storage
 
@@ -198,26 +198,13 @@ def _own(dry_run: DryRun) -> LocalDryRun:
     return dry_run
 
 
-def _number(row: dict[str, Any] | None, key: str) -> float | None:
-    value = (row or {}).get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _job_status(handle: str, s: runinfo.Status, store: Storage, *, detail: bool) -> JobStatus:
     """The run folder's story as a JobStatus; with `detail`, also progress, cost and the lines
     `status` prints (list leaves them out: one cheap row per job)."""
     st = s.state
     run = runinfo.run_paths(store, st.job)
-    notes: list[str] = []
-    progress = line = None
-    if detail:
-        notes.append(runinfo.progress_text(s))
-        progress = cost.progress_of_run(run, st, s.max_steps)
-        line = cost.render(progress) if progress else None
-        notes += [line] if line else []
-        notes += runinfo.hang_lines(s)
-        summary = runinfo.summary_text(s)
-        notes += [summary] if summary else []
+    p = progress.of_status(s, run, detail=detail)
+    notes = list(p.notes)
     # An elastic job goes on without a lost node (torchrun re-forms the group) and takes it back
     # (backends/local/rejoin.py); a restarted agent runs no worker until a round admits it.
     back = [n for n in st.nodes if not n.note.endswith(Rejoins.REJOINING)]
@@ -256,19 +243,17 @@ def _job_status(handle: str, s: runinfo.Status, store: Storage, *, detail: bool)
         restarts=s.restarts,
         job_retries=st.job_retries,
         preemptions=s.preemptions,
-        step=int(s.last["step"]) if s.last else None,
-        max_steps=s.max_steps,
-        loss=_number(s.last, "loss"),
-        seq_per_s=_number(s.last, "seq_per_s"),
-        progress=progress.fraction if progress else None,
-        eta_s=progress.eta_s if progress else s.eta_s,
-        cost_so_far_usd=progress.spent if progress else None,
-        cost_to_finish_usd=progress.to_finish if progress else None,
-        hangs=tuple(
-            f"{h.describe()} (stacks in logs/{h.dump})" for h in s.hangs[-runinfo.HANGS_SHOWN :]
-        ),
+        step=p.step,
+        max_steps=p.max_steps,
+        loss=p.loss,
+        seq_per_s=p.seq_per_s,
+        progress=p.fraction,
+        eta_s=p.eta_s,
+        cost_so_far_usd=p.cost_so_far_usd,
+        cost_to_finish_usd=p.cost_to_finish_usd,
+        hangs=p.hangs,
         details={"rendezvous": f"{st.rendezvous.get('backend')} {st.rendezvous.get('endpoint')}"},
         metrics=dict(s.last or {}),
-        summary=s.summary,
+        summary=p.summary,
         notes=tuple(notes),
     )

@@ -1,0 +1,125 @@
+"""`python3 -m trainmaster.backends.kubernetes.publish --run DIR --job J --namespace NS -- COMMAND`
+
+Every pod of a job runs its command under this (backends/kubernetes/volcano.py). While the
+command runs, the pod that holds rank 0 (rank0.json on the shared storage names its pod; pod 0
+until the first rank 0 wrote it) reads the run folder every PUBLISH_S seconds and publishes
+its progress record (monitor/progress.py) into the job's `<job>-progress` ConfigMap
+(progressmap.py); once more when the command has ended, so a finished job keeps its step,
+loss and summary after its pods are gone. The other pods only pass the command through.
+
+Publishing never changes what the command does: an answer the API server refuses (the
+cluster lacks k8s/job-progress.yaml of `cluster plan`, say) is said once on stderr and
+publishing stops; this process exits with the command's exit code. Kubernetes stops a pod
+with SIGTERM to its first process, which is this one: it passes the signal on and waits for
+the command to end, as cache_hold does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from trainmaster.backends.kubernetes import names as k8s_names
+from trainmaster.backends.kubernetes import progressmap
+from trainmaster.backends.kubernetes.client import Cluster, connect
+from trainmaster.backends.kubernetes.pod_script import PUBLISH, TASK
+from trainmaster.cluster.progressguard import PUBLISH_S
+from trainmaster.errors import JobFailed, UserError
+from trainmaster.monitor import progress
+from trainmaster.run import state
+from trainmaster.storage import RunPaths
+
+PUBLISH_S_ENV = "TRAINMASTER_PUBLISH_S"
+FINAL_WAIT_S = 10.0  # the last publish may hold the pod's end this long, no longer
+
+
+class Publisher:
+    def __init__(self, run: RunPaths, job: str, pod: str, cluster: Callable[[], Cluster]):
+        self.run, self.job, self.pod = run, job, pod
+        self._connect = cluster
+        self._cluster: Cluster | None = None
+        self.off = False
+
+    def holds_rank0(self) -> bool:
+        try:
+            rank0 = json.loads(self.run.rank0.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return self.pod == k8s_names.pod_name(self.job, TASK, 0)
+        return isinstance(rank0, dict) and rank0.get("pod") == self.pod
+
+    def once(self, phase: state.Phase) -> bool:
+        """Publish the run's record if this pod holds rank 0; whether it did."""
+        if self.off or not self.holds_rank0():
+            return False
+        record = progress.of_folder(self.run, self.job, phase)
+        try:
+            self._cluster = self._cluster or self._connect()
+            progressmap.publish(self._cluster, self.job, record)
+        except (UserError, JobFailed) as exc:
+            print(f"trainmaster: progress not published, and no more tries: {exc}", flush=True)
+            self.off = True
+            return False
+        return True
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    if "--" not in argv or argv.index("--") == len(argv) - 1:
+        raise UserError(
+            "usage: publish --run DIR --job NAME --namespace NS -- COMMAND...", where="publish"
+        )
+    cut = argv.index("--")
+    parser = argparse.ArgumentParser(prog=PUBLISH)
+    parser.add_argument("--run", required=True, type=Path)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--namespace", required=True)
+    return parser.parse_args(argv[:cut]), argv[cut + 1 :]
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args, command = parse(sys.argv[1:] if argv is None else argv)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    every = float(os.environ.get(PUBLISH_S_ENV) or PUBLISH_S)
+    pub = Publisher(
+        RunPaths(args.run),
+        args.job,
+        os.environ.get("POD_NAME", ""),
+        lambda: connect(namespace=args.namespace),
+    )
+    try:
+        child = subprocess.Popen(command)
+    except OSError as exc:
+        print(f"error: {command[0]}: {exc}", file=sys.stderr)
+        return 127
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(every):
+            pub.once("running")
+
+    ticker = threading.Thread(target=loop, name="publish", daemon=True)
+    ticker.start()
+    code = child.wait()
+    done.set()
+    ticker.join(FINAL_WAIT_S)
+    final = threading.Thread(
+        target=pub.once, args=("succeeded" if code == 0 else "failed",), daemon=True
+    )
+    final.start()
+    final.join(FINAL_WAIT_S)
+    return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""A run's progress as one small record: what `status` shows under a job, for both backends.
+
+The local backend computes it from the run folder whenever it is asked. On Kubernetes the run
+folder is on the cluster's shared storage, out of the operator's reach: the pod that holds
+rank 0 computes the same record from the same folder and publishes it as JSON in the job's
+progress ConfigMap (backends/kubernetes/publish.py), where `status` reads it. One function
+makes the record, so a job reads the same on a laptop and on a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from trainmaster.monitor import cost, history, runinfo
+from trainmaster.run import state
+from trainmaster.storage import RunPaths
+
+RECORD_VERSION = 1
+MAX_METRICS_BYTES = 16 << 10  # a custom script may log any keys; a ConfigMap holds 1 MiB
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    step: int | None = None
+    max_steps: int | None = None
+    loss: float | None = None
+    seq_per_s: float | None = None
+    fraction: float | None = None  # step / max_steps
+    eta_s: float | None = None
+    cost_so_far_usd: float | None = None
+    cost_to_finish_usd: float | None = None
+    restarts: int = 0  # torchrun restarts of the worker group
+    preemptions: int = 0
+    hangs: tuple[str, ...] = ()
+    metrics: dict[str, Any] = field(default_factory=dict)  # the newest metrics.jsonl row
+    summary: dict[str, Any] | None = None  # summary.json once the workers wrote it
+    notes: tuple[str, ...] = ()  # progress line, cost, hangs, summary: as `status` prints them
+    at: float = 0.0  # when it was computed (Unix time)
+
+    def to_json(self) -> str:
+        record = {"version": RECORD_VERSION, **asdict(self)}
+        if len(json.dumps(record["metrics"])) > MAX_METRICS_BYTES:
+            record["metrics"] = {k: self.metrics[k] for k in ("step", "loss") if k in self.metrics}
+        return json.dumps(record, separators=(",", ":"), allow_nan=False, default=str)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> RunProgress | None:
+        """The record, or None for none yet, another version's, or not JSON (never an error:
+        `status` shows the pods whatever the record says)."""
+        try:
+            data = json.loads(text or "")
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or data.get("version") != RECORD_VERSION:
+            return None
+        known = {f.name for f in fields(cls)}
+        kept = {k: v for k, v in data.items() if k in known}
+        kept["hangs"] = tuple(kept.get("hangs") or ())
+        kept["notes"] = tuple(kept.get("notes") or ())
+        try:
+            return cls(**kept)
+        except TypeError:
+            return None
+
+
+def _number(row: dict[str, Any] | None, key: str) -> float | None:
+    value = (row or {}).get(key)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def of_status(s: runinfo.Status, run: RunPaths, *, detail: bool = True) -> RunProgress:
+    """The record of a run folder read by runinfo; with `detail`, also the progress bar, cost and
+    the lines `status` prints (a `list` row leaves them out: one cheap row per job)."""
+    last = s.last
+    base = RunProgress(
+        step=int(last["step"]) if last else None,
+        max_steps=s.max_steps,
+        loss=_number(last, "loss"),
+        seq_per_s=_number(last, "seq_per_s"),
+        eta_s=s.eta_s,
+        restarts=s.restarts,
+        preemptions=s.preemptions,
+        hangs=tuple(
+            f"{h.describe()} (stacks in logs/{h.dump})" for h in s.hangs[-runinfo.HANGS_SHOWN :]
+        ),
+        metrics={k: v for k, v in (last or {}).items() if _finite(v)},
+        summary=s.summary,
+        at=time.time(),
+    )
+    if not detail:
+        return base
+    notes = [runinfo.progress_text(s)]
+    p = cost.progress_of_run(run, s.state, s.max_steps)
+    notes += [cost.render(p)] if p else []
+    notes += runinfo.hang_lines(s)
+    summary = runinfo.summary_text(s)
+    notes += [summary] if summary else []
+    return RunProgress(
+        **{
+            **asdict(base),
+            "hangs": base.hangs,
+            "fraction": p.fraction if p else None,
+            "eta_s": p.eta_s if p else s.eta_s,
+            "cost_so_far_usd": p.spent if p else None,
+            "cost_to_finish_usd": p.to_finish if p else None,
+            "notes": tuple(notes),
+        }
+    )
+
+
+def _finite(value: object) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def of_folder(run: RunPaths, job: str, phase: state.Phase) -> RunProgress:
+    """The record of a run folder that has no state.json (a Kubernetes job's, read in its pod):
+    the node count and price from its job.toml, the time on the nodes from its metrics."""
+    cfg = history.read_config(run)
+    st = state.RunState(
+        job=job,
+        backend="kubernetes",
+        phase=phase,
+        nnodes=cfg.job.nnodes if cfg else 1,
+        nproc_per_node=cfg.job.nproc_per_node if cfg else 1,
+    )
+    return of_status(runinfo.status_of(run, st), run)
