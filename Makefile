@@ -27,13 +27,14 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 # Debian's etcd (3.4, serves the v2 API that torch's etcd rendezvous needs with --enable-v2).
-# Also openssl (the local control plane's certificates) and iproute2 (job.network = netns).
+# Also openssl (the local control plane's certificates), iproute2 (job.network = netns) and
+# prometheus (2.42: scrapes a real job's /metrics in tests/monitor/test_prometheus.py).
 system-deps:
-	@if command -v etcd >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 && command -v ip >/dev/null 2>&1; then :; \
+	@if command -v etcd >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 && command -v ip >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing etcd-server, openssl, iproute2 (apt)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server openssl iproute2 >/dev/null; \
-	else echo "note: etcd, openssl or ip not found; the tests that need them will be skipped (sudo apt-get install -y etcd-server openssl iproute2)"; fi
+		echo "installing etcd-server, openssl, iproute2, prometheus (apt)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server openssl iproute2 prometheus >/dev/null; \
+	else echo "note: etcd, openssl, ip or prometheus not found; the tests that need them will be skipped (sudo apt-get install -y etcd-server openssl iproute2 prometheus)"; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -1,7 +1,8 @@
 # The local Kubernetes control plane (controlplane/README.md): included by the Makefile, or
 # used alone with `make -f controlplane/controlplane.mk kube-up`.
 #   kube-build  build etcd, kube-apiserver, kube-controller-manager, Volcano and kwok from the
-#               Go module proxy into ~/.cache/trainmaster-kube (TRAINMASTER_KUBE_CACHE); once
+#               Go module proxy into ~/.cache/trainmaster-kube (TRAINMASTER_KUBE_CACHE); once;
+#               and prometheus-operator's PodMonitor/PrometheusRule CRDs (monitoring-crds.sh)
 #   kube-up     start it on 127.0.0.1 (TRAINMASTER_KUBE_DIR, default /tmp/trainmaster-kube;
 #               TRAINMASTER_KUBE_NODES, TRAINMASTER_KUBE_INSTANCE_TYPE, TRAINMASTER_KUBE_PORT)
 #   kube-down   stop it and remove its run dir
@@ -14,6 +15,7 @@ KUBE_PY = $(BIN)/python controlplane/kube.py
 
 kube-build:
 	bash controlplane/build.sh
+	bash controlplane/monitoring-crds.sh >/dev/null
 
 kube-up: kube-build
 	$(KUBE_PY) up

@@ -108,6 +108,11 @@ class ClusterSection(Section):
         description="S3 bucket (in cluster.region) that keeps the runs: `cluster plan` links runs/ on the FSx file system to s3://BUCKET/CLUSTER/runs/ (a data repository association exporting every change), and `cluster down` exports once more before it deletes the file system; unset: `cluster down` needs --discard-data",
     )
 
+    monitoring: bool = Field(
+        False,
+        description="`cluster plan` adds the monitoring stack: kube-prometheus-stack (Prometheus, Grafana, Alertmanager), a PodMonitor for every job's /metrics, alert rules, the job dashboard, and the device exporter (neuron-monitor or NVIDIA's dcgm-exporter)",
+    )
+
     @field_validator("data_buckets")
     @classmethod
     def _buckets(cls, value: list[str]) -> list[str]:

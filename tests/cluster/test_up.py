@@ -48,7 +48,7 @@ def test_up_runs_every_step_in_order(plan_dir: Path, fake_tools: dict[str, str])
     ]
     positions = [index(log, p) for p in order]
     assert positions == sorted(positions)
-    assert "[20/20] summary" in result.stdout
+    assert "[21/21] summary" in result.stdout
     assert "port-forward service/tensorboard 6006:6006" in result.stdout
     # 17.10: what runs is pinned by digest (the tag is pushed again by every build)
     pinned = f"123456789012.dkr.ecr.us-west-2.amazonaws.com/trainmaster@sha256:{7:064d}"
@@ -58,7 +58,7 @@ def test_up_runs_every_step_in_order(plan_dir: Path, fake_tools: dict[str, str])
     storage = (plan_dir / ".rendered/k8s/storageclass.yaml").read_text()
     assert "subnetId: 'subnet-accel'" in storage and "securityGroupIds: 'sg-lustre'" in storage
     state = json.loads((plan_dir / ".state/up.json").read_text())
-    assert state["failed"] is None and len(state["done"]) == 20
+    assert state["failed"] is None and len(state["done"]) == 21
 
 
 def test_up_resumes_after_a_failure(plan_dir: Path, fake_tools: dict[str, str]) -> None:
@@ -70,7 +70,7 @@ def test_up_resumes_after_a_failure(plan_dir: Path, fake_tools: dict[str, str]) 
     assert json.loads((plan_dir / ".state/up.json").read_text())["failed"] == "nodegroup"
     second = tm("cluster", "up", "--plan", str(plan_dir), env=env)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert "resuming: 5 of 20 steps done earlier" in second.stdout
+    assert "resuming: 5 of 21 steps done earlier" in second.stdout
     log = calls(fake_tools)
     assert sum(line.startswith("eksctl create cluster") for line in log) == 1
     assert sum(line.startswith("eksctl create nodegroup") for line in log) == 2
@@ -105,7 +105,7 @@ def test_dry_run_prints_commands_and_runs_nothing(
         "helm upgrade --install aws-fsx-csi-driver aws-fsx-csi-driver/aws-fsx-csi-driver --version 1.17.0"
         in result.stdout
     )
-    assert "# [20/20] summary" in result.stdout
+    assert "# [21/21] summary" in result.stdout
     down = tm("cluster", "down", "--plan", str(plan_dir), "--dry-run", env=fake_tools)
     assert (
         down.returncode == 0 and "eksctl delete cluster" in down.stdout and calls(fake_tools) == []

@@ -5,7 +5,8 @@ half runs here as real processes with the identity the pod has: the publisher
 (backends/kubernetes/publish.py) with a service-account token bound to pod 0, under the plan's
 Role and admission policy (cluster/progressguard.py), wrapping a command that does what a
 custom script's rank 0 does in the run folder (the entry shim's rank0.json, log_metrics rows,
-then summary.json) and waits for the test between its steps and its end.
+then summary.json) and waits for the test between its steps and its end. The publisher's
+/metrics (monitor/exporter.py) is scraped too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import subprocess
 import sys
 import tomllib
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,9 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.controlplane import kubejobs as kj
 from tests.controlplane.conftest import RealKube
+from trainmaster.backends.kubernetes import publish
 from trainmaster.backends.kubernetes.pod_script import PUBLISH
+from trainmaster.backends.local.rendezvous import free_port
 from trainmaster.cluster import progressguard
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(900)]
@@ -70,7 +74,7 @@ def test_status_shows_rank_0s_progress_while_it_runs_and_the_summary_after_the_p
     job = handle.rsplit("/", 1)[1]
     pods = kj.bound(real_kube, ns, job, 2, "0")
     before = kj.status(real_kube, ns, handle)
-    assert before["step"] is None and any("none published yet" in n for n in before["notes"])
+    assert before["step"] is None and before["loss"] is None  # rank 0 has published nothing
 
     # the run folder on the "shared storage", with the job file the pod script copies there
     run = tmp_path / "fsx" / "runs" / job
@@ -85,6 +89,7 @@ def test_status_shows_rank_0s_progress_while_it_runs_and_the_summary_after_the_p
         "POD_NAME": pods[0].metadata.name,
         "RANK": "0",
         "TRAINMASTER_PUBLISH_S": "0.2",
+        publish.METRICS_PORT_ENV: str(port := free_port()),
     }
     command = [sys.executable, str(tmp_path / "rank0.py"), str(run), str(gate)]
     publisher = subprocess.Popen(
@@ -108,6 +113,8 @@ def test_status_shows_rank_0s_progress_while_it_runs_and_the_summary_after_the_p
         assert running["cost_so_far_usd"] > 0  # 2 x trn1.32xlarge at the catalog's price
         line = f"step 3/{steps}  loss 4.5  seq_per_s 103"
         assert any(n.startswith(line) for n in running["notes"]), running["notes"]
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        assert f'trainmaster_step{{job_name="{job}",rank="0"}} 3.0' in scraped.decode()
         listed = {j["job"]: j for j in kj.statuses(real_kube, ns)}
         assert listed[job]["step"] == 3 and listed[job]["loss"] == 4.5
 

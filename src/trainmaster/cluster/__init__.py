@@ -13,6 +13,7 @@
     status.py, aws.py  `cluster status`; boto3 look-ups with errors a user can act on
     nodeguard.py       the node mark's RBAC and admission policy, and the node watcher's objects
     progressguard.py   who may publish a job's progress: RBAC and admission policy
+    monitoring.py      cluster.monitoring: Prometheus, Grafana, the jobs' monitors and alerts
 
 Builders are pure functions of the config (docs/architecture.md 2); AWS and the cluster are touched
 only by aws.py, status.py and the subprocesses up.py starts.

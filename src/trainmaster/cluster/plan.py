@@ -30,6 +30,7 @@ from trainmaster.cluster import (
     eksctl,
     fsx,
     image,
+    monitoring,
     nodeguard,
     progressguard,
     runbook,
@@ -114,6 +115,21 @@ def build(spec: ClusterSpec) -> dict[str, str]:
         files["helm/efa-device-plugin.yaml"] = to_yaml(
             addons.efa_values(spec), f"{made} {versions.EFA_CHART} {versions.EFA_CHART_VERSION}"
         )
+    if spec.monitoring:  # cluster/monitoring.py
+        board = json.dumps(monitoring.dashboard(), indent=2) + "\n"
+        files["grafana/trainmaster-job.json"] = board
+        files["k8s/monitoring.yaml"] = to_yaml(
+            monitoring.objects(spec, board), f"{made} The jobs' PodMonitor, alerts and dashboard."
+        )
+        files["helm/kube-prometheus-stack.yaml"] = to_yaml(
+            monitoring.stack_values(),
+            f"{made} {versions.PROMETHEUS_STACK_CHART} {versions.PROMETHEUS_STACK_CHART_VERSION}",
+        )
+        if spec.instance.device_kind == "cuda":
+            files["helm/dcgm-exporter.yaml"] = to_yaml(
+                monitoring.dcgm_values(),
+                f"{made} {versions.DCGM_CHART} {versions.DCGM_CHART_VERSION}",
+            )
     files |= {f"image/{name}": text for name, text in image.dockerfiles().items()}
     if spec.workspace:  # your code on top of the training image (docs/architecture.md 3.8)
         files |= {

@@ -8,7 +8,7 @@ webhook answering before the queue is created, the claim Bound before a job moun
 
 from __future__ import annotations
 
-from trainmaster.cluster import fsx, versions
+from trainmaster.cluster import fsx, monitoring, versions
 from trainmaster.cluster.addons import ETCD, ETCD_NAMESPACE
 from trainmaster.cluster.eksctl import FSX_NAMESPACE, FSX_SERVICE_ACCOUNT
 from trainmaster.cluster.nodeguard import WATCHER, WATCHER_NAMESPACE
@@ -64,7 +64,10 @@ def service_steps(spec: ClusterSpec) -> list[Step]:
         Step(
             "job-progress",
             "RBAC and admission policy: rank 0's pod may publish its own job's progress",
-            ('kubectl apply --server-side -f "$PLAN_DIR/k8s/job-progress.yaml"',),
+            (
+                "ensure_namespace",
+                'kubectl apply --server-side -f "$PLAN_DIR/k8s/job-progress.yaml"',
+            ),
             check="kubectl get validatingadmissionpolicy trainmaster-job-progress >/dev/null 2>&1",
             tools=("kubectl",),
         ),
@@ -168,6 +171,7 @@ def service_steps(spec: ClusterSpec) -> list[Step]:
             check=f"kubectl -n {WATCHER_NAMESPACE} get deployment {WATCHER} >/dev/null 2>&1",
             tools=k,
         ),
+        *(_monitoring(spec) if spec.monitoring else []),
         Step(
             "summary",
             "What to run next",
@@ -198,3 +202,50 @@ def service_steps(spec: ClusterSpec) -> list[Step]:
             ),
         )
     return steps
+
+
+def _monitoring(spec: ClusterSpec) -> list[Step]:
+    """cluster.monitoring: the stack (its CRDs first), then the jobs' monitors, alerts, dashboard
+    and device exporters (cluster/monitoring.py)."""
+    kh = ("kubectl", "helm")
+    stack = Step(
+        "monitoring-stack",
+        "Prometheus, Grafana and Alertmanager (kube-prometheus-stack)",
+        helm_install(
+            monitoring.RELEASE,
+            versions.PROMETHEUS_STACK_CHART,
+            versions.PROMETHEUS_STACK_CHART_VERSION,
+            "prometheus-community",
+            versions.PROMETHEUS_CHARTS_REPO,
+            "helm/kube-prometheus-stack.yaml",
+            namespace=monitoring.NAMESPACE,
+        ),
+        check=f"helm status {monitoring.RELEASE} --namespace {monitoring.NAMESPACE} >/dev/null 2>&1",
+        tools=kh,
+    )
+    jobs = Step(
+        "monitoring",
+        "The jobs' PodMonitor, alert rules and dashboard; the device exporter",
+        ('kubectl apply --server-side -f "$PLAN_DIR/k8s/monitoring.yaml"',),
+        check="kubectl get podmonitors.monitoring.coreos.com --all-namespaces -l "
+        "app.kubernetes.io/managed-by=trainmaster -o name 2>/dev/null | grep -q .",
+        tools=("kubectl",),
+    )
+    if spec.instance.device_kind != "cuda":
+        return [stack, jobs]
+    dcgm = Step(
+        "dcgm-exporter",
+        "NVIDIA DCGM exporter: GPU utilisation, memory, power, XID errors",
+        helm_install(
+            "dcgm-exporter",
+            versions.DCGM_CHART,
+            versions.DCGM_CHART_VERSION,
+            "gpu-helm-charts",
+            versions.DCGM_CHARTS_REPO,
+            "helm/dcgm-exporter.yaml",
+            namespace=monitoring.NAMESPACE,
+        ),
+        check=f"helm status dcgm-exporter --namespace {monitoring.NAMESPACE} >/dev/null 2>&1",
+        tools=kh,
+    )
+    return [stack, dcgm, jobs]

@@ -76,6 +76,7 @@ class ClusterSpec:
         None  # cluster.results_bucket: runs/ exported to S3 (servicesteps.py)  # cluster.data_buckets: read by `data stage` (IRSA)
     )
     service_account: str = "default"  # the training pods' (kubernetes.service_account): nodeguard
+    monitoring: bool = False  # cluster.monitoring: Prometheus, Grafana, exporters (monitoring.py)
 
     @property
     def accelerator_zone(self) -> str:
@@ -355,6 +356,7 @@ def resolve(
         workspace=k.workspace,
         data_buckets=tuple(c.data_buckets),
         results_bucket=c.results_bucket,
+        monitoring=c.monitoring,
     )
 
 

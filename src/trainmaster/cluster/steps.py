@@ -38,13 +38,20 @@ class Step:
 
 
 def helm_install(
-    release: str, chart: str, version: str, repo_name: str, repo: str, values: str
+    release: str,
+    chart: str,
+    version: str,
+    repo_name: str,
+    repo: str,
+    values: str,
+    namespace: str = "kube-system",
 ) -> tuple[str, ...]:
     """A pinned chart, waited for: the next step needs what it runs."""
+    create = " --create-namespace" if namespace != "kube-system" else ""
     return (
         f"helm repo add {repo_name} {repo} --force-update",
-        f"helm upgrade --install {release} {chart} --version {version} --namespace kube-system "
-        f'--values "$PLAN_DIR/{values}" --wait --timeout 10m',
+        f"helm upgrade --install {release} {chart} --version {version} --namespace {namespace}"
+        f'{create} --values "$PLAN_DIR/{values}" --wait --timeout 10m',
     )
 
 

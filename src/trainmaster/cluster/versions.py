@@ -75,6 +75,23 @@ FSX_CHARTS_REPO: Final = "https://kubernetes-sigs.github.io/aws-fsx-csi-driver"
 FSX_CHART: Final = "aws-fsx-csi-driver/aws-fsx-csi-driver"
 FSX_CHART_VERSION: Final = "1.17.0"
 
+# Monitoring (cluster.monitoring; cluster/monitoring.py). kube-prometheus-stack 88.5.0 deploys
+# prometheus-operator v0.93.1 (its rendered deployment, linode/apl-core PR 3555, 2026); the
+# PodMonitor and PrometheusRule CRDs the control-plane tests check against are that operator's
+# (example/prometheus-operator-crd of its Go module, controlplane/monitoring-crds.sh).
+PROMETHEUS_CHARTS_REPO: Final = "https://prometheus-community.github.io/helm-charts"
+PROMETHEUS_STACK_CHART: Final = "prometheus-community/kube-prometheus-stack"
+PROMETHEUS_STACK_CHART_VERSION: Final = "88.5.0"
+PROMETHEUS_OPERATOR_VERSION: Final = "v0.93.1"
+# aws-neuron/aws-neuron-sdk src/k8/k8s-neuron-monitor-daemonset.yml (containers/tutorials/
+# k8s-neuron-monitor.rst): the image AWS's DaemonSet runs, serving Prometheus on port 8000.
+NEURON_MONITOR_IMAGE: Final = "public.ecr.aws/neuron/neuron-monitor:1.0.0"
+# NVIDIA/dcgm-exporter's chart 4.7.0 (dcgm-exporter 4.4.2-4.7.0, the pair NVIDIA/gpu-operator
+# PR 1926 moved to).
+DCGM_CHARTS_REPO: Final = "https://nvidia.github.io/dcgm-exporter/helm-charts"
+DCGM_CHART: Final = "gpu-helm-charts/dcgm-exporter"
+DCGM_CHART_VERSION: Final = "4.7.0"
+
 # EKS add-on: the node monitoring agent (NodeConditions for kernel, network, storage, runtime
 # and accelerated hardware: NVIDIA XID, Neuron, DCGM) that managed node groups' auto repair acts
 # on (docs.aws.amazon.com/eks/latest/userguide/node-health.html; aws/eks-node-monitoring-agent

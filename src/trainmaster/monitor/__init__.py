@@ -4,6 +4,7 @@ Modules:
   runinfo      what a run left in its folder: state, metrics, summary, rank 0, workers
   history      how a run went: metrics, timing, price basis
   progress     a run's progress as one record, for both backends (status, list)
+  exporter     /metrics for Prometheus, read from the run folder at every scrape
   cost         progress, ETA and money: the line `status` prints under a running job
   report       `report`: a run as a table and as report.png
   top          `top`: a live table, one row per rank

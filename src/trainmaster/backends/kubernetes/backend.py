@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainmaster.backends import base
-from trainmaster.cluster.progressguard import PUBLISH_S
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
 from trainmaster.monitor.progress import RunProgress
@@ -287,14 +286,10 @@ def _progress_fields(record: RunProgress | None, phase: str, now: float) -> dict
 
 
 def _progress_notes(record: RunProgress | None, phase: str, now: float) -> tuple[str, ...]:
+    """The record's lines; a running job's that is more than STALE_S old says so. No record:
+    none (rank 0 has not started, or the cluster lacks k8s/job-progress.yaml: its pod says so)."""
     if record is None:
-        if phase != "running":
-            return ()
-        return (
-            "progress: none published yet by rank 0's pod (it publishes every "
-            f"{PUBLISH_S:g} s; the cluster needs k8s/job-progress.yaml of `trainmaster "
-            "cluster plan`)",
-        )
+        return ()
     age = now - record.at
     old = (f"progress as of {age:.0f} s ago (rank 0's pod publishes it)",)
     return record.notes + (old if phase == "running" and age > STALE_S else ())

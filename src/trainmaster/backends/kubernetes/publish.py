@@ -5,7 +5,9 @@ command runs, the pod that holds rank 0 (rank0.json on the shared storage names 
 until the first rank 0 wrote it) reads the run folder every PUBLISH_S seconds and publishes
 its progress record (monitor/progress.py) into the job's `<job>-progress` ConfigMap
 (progressmap.py); once more when the command has ended, so a finished job keeps its step,
-loss and summary after its pods are gone. The other pods only pass the command through.
+loss and summary after its pods are gone. The other pods only pass the command through. Every
+pod also serves /metrics on port METRICS_PORT (monitor/exporter.py); only the pod holding rank 0
+has series in it.
 
 Publishing never changes what the command does: an answer the API server refuses (the
 cluster lacks k8s/job-progress.yaml of `cluster plan`, say) is said once on stderr and
@@ -32,11 +34,12 @@ from trainmaster.backends.kubernetes.client import Cluster, connect
 from trainmaster.backends.kubernetes.pod_script import PUBLISH, TASK
 from trainmaster.cluster.progressguard import PUBLISH_S
 from trainmaster.errors import JobFailed, UserError
-from trainmaster.monitor import progress
+from trainmaster.monitor import exporter, progress
 from trainmaster.run import state
 from trainmaster.storage import RunPaths
 
 PUBLISH_S_ENV = "TRAINMASTER_PUBLISH_S"
+METRICS_PORT_ENV = "TRAINMASTER_METRICS_PORT"  # tests: several "pods" on one host
 FINAL_WAIT_S = 10.0  # the last publish may hold the pod's end this long, no longer
 
 
@@ -95,6 +98,15 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.get("POD_NAME", ""),
         lambda: connect(namespace=args.namespace),
     )
+    run = RunPaths(args.run)
+    phase: list[state.Phase] = ["running"]
+    port = int(os.environ.get(METRICS_PORT_ENV) or exporter.METRICS_PORT)
+    try:  # /metrics on every pod; the series only where rank 0 is (monitor/exporter.py)
+        collector = exporter.RunCollector(run, args.job, lambda: phase[0], pub.holds_rank0)
+        metrics = exporter.serve(collector, port=port).stop
+    except OSError as exc:  # the port is taken: the job runs without /metrics
+        print(f"trainmaster: no /metrics on port {port}: {exc}", flush=True)
+        metrics = None
     try:
         child = subprocess.Popen(command)
     except OSError as exc:
@@ -111,13 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     ticker = threading.Thread(target=loop, name="publish", daemon=True)
     ticker.start()
     code = child.wait()
+    phase[0] = "succeeded" if code == 0 else "failed"
     done.set()
     ticker.join(FINAL_WAIT_S)
-    final = threading.Thread(
-        target=pub.once, args=("succeeded" if code == 0 else "failed",), daemon=True
-    )
+    final = threading.Thread(target=pub.once, args=(phase[0],), daemon=True)
     final.start()
     final.join(FINAL_WAIT_S)
+    if metrics is not None:
+        metrics()
     return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
 
 

@@ -40,6 +40,7 @@ from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
 from trainmaster.launch import entry
 from trainmaster.launch.torchrun import Rendezvous, command
+from trainmaster.monitor.exporter import METRICS_PORT
 from trainmaster.storage import RunPaths, Storage
 
 C10D_PORT = 29400
@@ -253,6 +254,7 @@ def _build(
                     annotation_env(ENV_PODGROUP, ANN_PODGROUP),
                     annotation_env(ENV_JOB_VERSION, ANN_JOB_VERSION),
                 ],
+                "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],  # publish.py
                 "resources": podspec.resources(inst),
                 "volumeMounts": podspec.volume_mounts(cfg, config_map=True),
                 "securityContext": podspec.security_context(inst),

@@ -46,6 +46,7 @@ from trainmaster.compile import cache, lock
 from trainmaster.config import JobConfig
 from trainmaster.launch import entry
 from trainmaster.launch.torchrun import AGENT_ENV, Rendezvous
+from trainmaster.monitor import exporter
 from trainmaster.run import goodput, state
 from trainmaster.run import metrics as runlog
 from trainmaster.run.goodput import JOB_RETRIES_ENV
@@ -200,6 +201,8 @@ def supervise(run_dir: Path) -> int:
     elastic = bool(cfg.job.min_nnodes and cfg.job.min_nnodes < cfg.job.nnodes)
     codes: list[int] = []
     end: completion.EndWatch | None = None
+    # /metrics for Prometheus while the job lives, on a free port named in the run folder
+    metrics = exporter.serve_in_background(run, st.job, lambda: state.observed(run.state).phase)
     try:
         # `cancel` of a pending run finds no process group to signal: it only records the
         # request, so every step of the start-up looks for it before starting anything more.
@@ -271,6 +274,7 @@ def supervise(run_dir: Path) -> int:
         state.update(run.state, phase="failed", finished_at=time.time(), message=str(exc))
         raise
     finally:
+        metrics.stop()
         _stop(etcd)
         if net is not None:
             netns.down(net)

@@ -19,7 +19,7 @@ ECR_REPO=trainmaster
 IMAGE_TAG=0.1.0-torchneuron
 ACCELERATOR_SELECTOR=trainmaster.io/role=accelerator
 export AWS_REGION="$REGION" AWS_DEFAULT_REGION="$REGION" AWS_PAGER=""
-UP_STEPS=(tools ecr cluster kubeconfig node-stack nodegroup device-plugin efa-device-plugin devices-ready etcd volcano queue node-marker fsx-irsa fsx-csi storage image tensorboard node-watcher summary)
+UP_STEPS=(tools ecr cluster kubeconfig node-stack nodegroup device-plugin efa-device-plugin devices-ready etcd volcano queue node-marker job-progress fsx-irsa fsx-csi storage image tensorboard node-watcher summary)
 DOWN_STEPS=(down-tensorboard down-node-watcher down-jobs down-pods down-storageclass down-claim down-nodegroup down-node-stack down-cluster down-ecr down-leftovers)
 cluster_field() { aws eks describe-cluster --name "$CLUSTER" --query "cluster.$1" --output text; }
 cluster_exists() { aws eks describe-cluster --name "$CLUSTER" >/dev/null 2>&1; }
@@ -246,6 +246,15 @@ step_node_marker() {
 }
 check_node_marker() {
   kubectl get validatingadmissionpolicy trainmaster-node-marker >/dev/null 2>&1
+}
+
+# job-progress: RBAC and admission policy: rank 0's pod may publish its own job's progress
+step_job_progress() {
+  ensure_namespace
+  kubectl apply --server-side -f "$PLAN_DIR/k8s/job-progress.yaml"
+}
+check_job_progress() {
+  kubectl get validatingadmissionpolicy trainmaster-job-progress >/dev/null 2>&1
 }
 
 # fsx-irsa: IAM role for the FSx CSI controller (IRSA, least privilege)
