@@ -4,8 +4,9 @@ Packages, top down (pyproject.toml's layers contract keeps imports one way):
   cli          the thin CLI: parse, call the API, print, exit
   api          the Python API the CLI is a layer over
   export       a job in other tools' formats (TorchX)
+  estimate     time, node-hours and cost of a job before launch
   backends     where jobs run, behind one interface: local processes or Volcano jobs
-  monitor      looking at runs: status, cost, report, top, TensorBoard, estimate
+  monitor      looking at runs: status, progress, cost, report, top, TensorBoard, /metrics
   cluster      the EKS cluster, its nodes, add-ons, storage and image (`cluster plan | up`)
   launch       what every backend runs: the torchrun line, the entry shim, the local agent
   train        the training program, torchrun's worker

@@ -1,7 +1,7 @@
 """`trainmaster estimate FILE`: time to train, node-hours and cost per node count, before launch.
 
 Registered by app.py as a plain function. The figures and their sources are in
-trainmaster.monitor.estimate and trainmaster.catalog; here: options, the table, --json. The
+trainmaster.estimate and trainmaster.catalog; here: options, the table, --json. The
 storage root (for --from-run and --measure's dataset) is the global --storage, read from the
 root callback (options.target); this command is the same for every backend.
 """
@@ -20,8 +20,8 @@ from rich.table import Table
 from trainmaster import api
 from trainmaster.cli.options import JobFileArg, SetOpt, target
 from trainmaster.errors import UserError
+from trainmaster.estimate import figures, rates
 from trainmaster.monitor import cost
-from trainmaster.monitor import estimate as est
 from trainmaster.storage import Storage
 
 out = Console()
@@ -33,7 +33,7 @@ def estimate(
     nodes: Annotated[
         str,
         typer.Option("--nodes", metavar="N,N,...", help="Node counts to estimate, comma-separated"),
-    ] = est.DEFAULT_NODES,
+    ] = figures.DEFAULT_NODES,
     rate: Annotated[
         float | None,
         typer.Option(
@@ -70,7 +70,7 @@ def estimate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON")] = False,
 ) -> None:
     """Time to train (max_steps x global batch), node-hours and cost for each node count, from a measured, given or published rate and published scaling."""
-    counts = est.parse_nodes(nodes)
+    counts = figures.parse_nodes(nodes)
     if sum((rate is not None, from_run is not None, measure)) > 1:
         raise UserError("give one of --rate, --from-run and --measure", where="--rate")
     if rate is not None and not 0 < rate < math.inf:
@@ -80,11 +80,11 @@ def estimate(
     cfg = api.load_job(file, overrides)
     store = Storage.at(target(ctx).storage, cfg.job.storage)
     if rate is not None:
-        one = est.Rate(rate, "given", "--rate")
+        one = figures.Rate(rate, "given", "--rate")
     elif from_run is not None:
-        one = est.rate_of_run(store, from_run, cfg)
+        one = rates.rate_of_run(store, from_run, cfg)
     elif measure:
-        one = est.measure(
+        one = rates.measure(
             Path(file),
             list(overrides or []),
             cfg,
@@ -93,8 +93,8 @@ def estimate(
             lambda line: typer.echo(line, err=True),
         )
     else:
-        one = est.published_rate(cfg)
-    result = est.estimate(cfg, one, counts)
+        one = rates.published_rate(cfg)
+    result = figures.estimate(cfg, one, counts)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
         return
@@ -109,7 +109,7 @@ def estimate(
         out.print(f"assumed: {line}", soft_wrap=True)
 
 
-def table(e: est.Estimate) -> Table:
+def table(e: figures.Estimate) -> Table:
     t = Table(
         "nodes",
         "workers",

@@ -9,5 +9,4 @@ Modules:
   report       `report`: a run as a table and as report.png
   top          `top`: a live table, one row per rank
   tensorboard  `tensorboard`: TensorBoard on a run's events, or on every run's
-  estimate     `estimate`: time, node-hours and cost of a job before launch
 """

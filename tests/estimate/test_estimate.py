@@ -28,7 +28,7 @@ from trainmaster import catalog, jobfile
 from trainmaster.cli.app import main
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
-from trainmaster.monitor import estimate as est
+from trainmaster.estimate import figures, rates
 from trainmaster.storage import Storage
 
 TUTORIAL = ["train.global_batch_size=16384"]
@@ -38,16 +38,16 @@ def trn1(*sets: str) -> JobConfig:
     return jobfile.preset("trn1-bert-large", [*TUTORIAL, *sets])
 
 
-def rows(cfg: JobConfig, rate: est.Rate, nodes: str) -> dict[int, est.Row]:
-    return {r.nodes: r for r in est.estimate(cfg, rate, est.parse_nodes(nodes)).rows}
+def rows(cfg: JobConfig, rate: figures.Rate, nodes: str) -> dict[int, figures.Row]:
+    return {r.nodes: r for r in figures.estimate(cfg, rate, figures.parse_nodes(nodes)).rows}
 
 
 def test_published_trn1_rate_against_hand_computed_values() -> None:
     cfg = trn1()
-    rate = est.published_rate(cfg)
+    rate = rates.published_rate(cfg)
     assert (rate.per_node, rate.basis) == (3826.6103, "published")
     assert "training_data_encoder.csv" in rate.source and "2.28.0" in rate.source
-    result = est.estimate(cfg, rate, [2, 16, 64])
+    result = figures.estimate(cfg, rate, [2, 16, 64])
     assert result.sequences == 460_800_000
     by = {r.nodes: r for r in result.rows}
     r16 = by[16]
@@ -87,12 +87,12 @@ def test_published_trn1_rate_against_hand_computed_values() -> None:
 
 def test_p4d_interpolates_between_the_published_dle_points() -> None:
     sc = catalog.SCALING["p4d.24xlarge"]
-    assert est.efficiency(sc, 8) == (pytest.approx(7.86 / 8), "published")
+    assert figures.efficiency(sc, 8) == (pytest.approx(7.86 / 8), "published")
     # between 8 (0.9825) and 16 (0.96875): 0.9825 x (0.96875 / 0.9825) ** (log 1.5 / log 2)
-    assert est.efficiency(sc, 12) == (pytest.approx(0.974433, abs=1e-6), "interpolated")
+    assert figures.efficiency(sc, 12) == (pytest.approx(0.974433, abs=1e-6), "interpolated")
     # past 32 (0.9490625): 0.9490625 ** (log 64 / log 32) = 0.9490625 ** 1.2
-    assert est.efficiency(sc, 64) == (pytest.approx(0.939191, abs=1e-6), "extrapolated")
-    assert est.efficiency(sc, 1) == (1.0, "1 node")
+    assert figures.efficiency(sc, 64) == (pytest.approx(0.939191, abs=1e-6), "extrapolated")
+    assert figures.efficiency(sc, 1) == (1.0, "1 node")
     # strong scaling at 65,536: the published run had 65,536 / (8 x 16) = 512 per GPU at 16 nodes
     assert sc.reference_per_worker(16) == 512
 
@@ -101,14 +101,14 @@ def test_given_rate_and_the_price_override() -> None:
     """10 seq/s on one node, 100 steps x 32 = 3,200 sequences: 320 s, 0.08889 node-hours,
     x $1.61 (the catalog's CPU host) = $0.1431; with price_per_hour 2.0, $0.1778."""
     cfg = jobfile.preset("local-cpu", ["train.max_steps=100"])
-    one = est.Rate(10.0, "given", "--rate")
+    one = figures.Rate(10.0, "given", "--rate")
     r = rows(cfg, one, "1")[1]
     assert (r.time_s, r.node_hours, r.cost) == (
         320.0,
         pytest.approx(0.088889, abs=1e-6),
         pytest.approx(0.1431, abs=1e-4),
     )
-    priced = est.estimate(
+    priced = figures.estimate(
         jobfile.preset("local-cpu", ["train.max_steps=100", "cluster.price_per_hour=2.0"]), one, [1]
     )
     assert priced.rows[0].cost == pytest.approx(0.1778, abs=1e-4)
@@ -117,7 +117,7 @@ def test_given_rate_and_the_price_override() -> None:
 
 def test_a_type_without_published_scaling_borrows_trn1s_and_says_assumed() -> None:
     cfg = jobfile.preset("local-cpu")
-    r = rows(cfg, est.Rate(50.0, "given", "--rate"), "1,2")
+    r = rows(cfg, figures.Rate(50.0, "given", "--rate"), "1,2")
     assert (r[2].efficiency, r[2].efficiency_basis) == (
         pytest.approx(0.984032, abs=1e-6),
         "assumed",
@@ -125,14 +125,14 @@ def test_a_type_without_published_scaling_borrows_trn1s_and_says_assumed() -> No
     assert r[1].efficiency_basis == "1 node"
     assert (
         "assumed: no published multi-node figure for cpu"
-        in est.estimate(cfg, est.Rate(50.0, "given", "--rate"), [2]).scaling
+        in figures.estimate(cfg, figures.Rate(50.0, "given", "--rate"), [2]).scaling
     )
     # 100 seq/s measured on 2 nodes is 100 / (2 x 0.984032) = 50.8113 for one node
-    assert est.per_node(100.0, 2, "cpu") == pytest.approx(50.8113, abs=1e-4)
+    assert figures.per_node(100.0, 2, "cpu") == pytest.approx(50.8113, abs=1e-4)
 
 
 def test_rows_that_do_not_run_or_run_below_the_published_batch() -> None:
-    by = rows(trn1(), est.Rate(3826.6103, "published", "x"), "1,2,32,64")
+    by = rows(trn1(), figures.Rate(3826.6103, "published", "x"), "1,2,32,64")
     # 16,384 over 64 x 32 workers x 16 is not a whole accumulation: 2,048 workers, 8 per worker
     assert by[64].grad_accum is None and "does not run as is" in by[64].notes[0]
     assert by[32].grad_accum == 1 and by[32].notes == ()
@@ -143,13 +143,13 @@ def test_rows_that_do_not_run_or_run_below_the_published_batch() -> None:
     ("text", "expected"), [("64,2,2", [2, 64]), ("16", [16]), (" 4, 8 ", [4, 8])]
 )
 def test_node_lists(text: str, expected: list[int]) -> None:
-    assert est.parse_nodes(text) == expected
+    assert figures.parse_nodes(text) == expected
 
 
 @pytest.mark.parametrize("text", ["2,x", "0", "", "2,,4", "-1", "1.5", "100001"])
 def test_bad_node_lists(text: str) -> None:
     with pytest.raises(UserError, match=r"^--nodes: .* is not a node count"):
-        est.parse_nodes(text)
+        figures.parse_nodes(text)
 
 
 @pytest.mark.parametrize(
@@ -167,7 +167,7 @@ def test_bad_node_lists(text: str) -> None:
 )
 def test_no_published_rate_applies(preset: str, sets: list[str], says: str) -> None:
     with pytest.raises(UserError, match=r"^--rate: .*--from-run JOB or --measure") as info:
-        est.published_rate(jobfile.preset(preset, sets))
+        rates.published_rate(jobfile.preset(preset, sets))
     assert says in str(info.value)
 
 
@@ -184,7 +184,7 @@ def fake_run(root: Path, cfg: JobConfig, summary: dict[str, object] | None) -> S
 def test_rate_of_a_finished_run(tmp_path: Path) -> None:
     cfg = jobfile.preset("local-cpu")
     store = fake_run(tmp_path, cfg, {"avg_seq_per_s": 100.0, "world_size": 2, "steps_this_run": 12})
-    rate = est.rate_of_run(store, "demo", cfg)
+    rate = rates.rate_of_run(store, "demo", cfg)
     assert rate.per_node == pytest.approx(50.8113, abs=1e-4) and rate.basis == "measured"
     assert "100.00 seq/s average over 12 steps" in rate.source and "2 node(s) x 1" in rate.source
 
@@ -192,9 +192,9 @@ def test_rate_of_a_finished_run(tmp_path: Path) -> None:
 def test_runs_whose_rate_does_not_apply(tmp_path: Path) -> None:
     cfg = jobfile.preset("local-cpu")
     with pytest.raises(UserError, match=r"^--from-run: no job 'nope' under .*runs \(jobs: demo\)"):
-        est.rate_of_run(fake_run(tmp_path / "a", cfg, None), "nope", cfg)
+        rates.rate_of_run(fake_run(tmp_path / "a", cfg, None), "nope", cfg)
     with pytest.raises(UserError, match=r"^--from-run: run demo has no summary.json with a rate"):
-        est.rate_of_run(fake_run(tmp_path / "b", cfg, None), "demo", cfg)
+        rates.rate_of_run(fake_run(tmp_path / "b", cfg, None), "demo", cfg)
     other = jobfile.preset("local-cpu", ['model.preset="bert-mini"', "train.batch_size=8"])
     store = fake_run(tmp_path / "c", other, {"avg_seq_per_s": 9.0, "world_size": 2})
     with pytest.raises(
@@ -203,12 +203,12 @@ def test_runs_whose_rate_does_not_apply(tmp_path: Path) -> None:
         r"model \(4, 256, 4, 1024\) vs \(2, 128, 2, 512\); "
         r"train.batch_size 8 vs 16",
     ):
-        est.rate_of_run(store, "demo", cfg)
+        rates.rate_of_run(store, "demo", cfg)
 
 
 def test_measure_refuses_a_cluster_job(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"^--measure: .*kubernetes job on trn1.32xlarge"):
-        est.measure(tmp_path / "x.toml", [], trn1(), Storage(tmp_path), 5)
+        rates.measure(tmp_path / "x.toml", [], trn1(), Storage(tmp_path), 5)
 
 
 # --- the command, in process (trainmaster.cli.app.main) ---
