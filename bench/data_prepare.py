@@ -44,8 +44,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import emit, load, machine  # noqa: E402
 from reference_prepare import reference_prepare  # noqa: E402
-from trainmaster.data import prepare  # noqa: E402
 from trainmaster.data.corpus import pydoc_documents, read_corpus, split_sentences  # noqa: E402
+from trainmaster.data.prepare import prepare  # noqa: E402
 from trainmaster.data.vocab import hf_tokenizer, load_vocab  # noqa: E402
 from trainmaster.data.wordpiece import Encoder  # noqa: E402
 

@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.child:
         print(json.dumps(child(a)), flush=True)
         return 0
-    from trainmaster.data import prepare
+    from trainmaster.data.prepare import prepare
 
     with tempfile.TemporaryDirectory() as d:
         data = Path(d) / "pydoc"

@@ -45,7 +45,7 @@ from transformers import BertForPreTraining, Trainer, TrainerCallback, TrainingA
 from transformers import logging as hf_logging
 
 from trainmaster import jobfile
-from trainmaster.data import prepare
+from trainmaster.data.prepare import prepare
 from trainmaster.train import dataset, model, optim
 from trainmaster.train.device import Runtime
 from trainmaster.train.preflight import Env

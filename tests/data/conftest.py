@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.data.helpers import SMALL, write_docs
-from trainmaster.data import PrepareResult, prepare
 from trainmaster.data.corpus import pydoc_documents
+from trainmaster.data.prepare import PrepareResult, prepare
 
 
 @pytest.fixture(scope="session")

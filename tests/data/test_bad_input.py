@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from trainmaster.data import prepare, verify
+from trainmaster.data.prepare import prepare
+from trainmaster.data.verify import verify
 from trainmaster.errors import DataError, UserError
 
 Setup = Callable[[Path, Path], dict[str, Any]]  # (tmp folder, good vocab) -> prepare kwargs

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainmaster.data import prepare
+from trainmaster.data.prepare import prepare
 
 FAST: dict[str, Any] = {
     "builtin": "pydoc",
@@ -48,7 +48,7 @@ def test_other_seed_other_bytes(tmp_path: Path, pydoc_vocab: Path) -> None:
 def test_whole_pipeline_with_training_is_reproducible(tmp_path: Path) -> None:
     """Vocabulary training included, across processes (hash seeds differ per process)."""
     code = (
-        "import sys; from trainmaster.data import prepare; "
+        "import sys; from trainmaster.data.prepare import prepare; "
         "prepare(builtin='pydoc', output=sys.argv[1], seq_len=32, max_pred=5, dupe_factor=1, "
         "shards=2, workers=1, vocab_size=3000)"
     )

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from trainmaster.data import inspect, prepare, verify
 from trainmaster.data.examples import (
     ExampleSettings,
     VocabTables,
@@ -17,7 +16,10 @@ from trainmaster.data.examples import (
     plan_pairs,
     truncate,
 )
+from trainmaster.data.prepare import prepare
 from trainmaster.data.shards import read_arrays
+from trainmaster.data.stats import inspect
+from trainmaster.data.verify import verify
 from trainmaster.data.vocab import Vocab, load_vocab
 
 

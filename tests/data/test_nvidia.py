@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from tests.data.helpers import nvidia_vocab, rewrite
-from trainmaster.data import PrepareResult, inspect, prepare, verify
+from trainmaster.data.prepare import PrepareResult, prepare
 from trainmaster.data.shards import KEYS, list_shards, read_arrays
+from trainmaster.data.stats import inspect
+from trainmaster.data.verify import verify
 
 
 @pytest.fixture(scope="module")

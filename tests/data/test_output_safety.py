@@ -23,7 +23,9 @@ from typing import Any
 import h5py
 import pytest
 
-from trainmaster.data import output, prepare, verify
+from trainmaster.data import output
+from trainmaster.data.prepare import prepare
+from trainmaster.data.verify import verify
 from trainmaster.errors import DataError
 
 SMALLSET: dict[str, Any] = {
@@ -157,7 +159,8 @@ def test_killed_between_the_two_renames_is_repaired(tmp_path: Path, pydoc_vocab:
 
 KILLER = """
 import os, signal, sys
-from trainmaster.data import prepare, shards
+from trainmaster.data import shards
+from trainmaster.data.prepare import prepare
 
 real_write, real_replace, point = shards.write_blocks, os.replace, sys.argv[3]
 count = {"write": 0, "replace": 0}

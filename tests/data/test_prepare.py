@@ -11,8 +11,10 @@ import h5py
 import numpy as np
 
 from tests.data.helpers import SMALL
-from trainmaster.data import PrepareResult, inspect, verify
+from trainmaster.data.prepare import PrepareResult
 from trainmaster.data.shards import DTYPES, KEYS, list_shards, read_arrays
+from trainmaster.data.stats import inspect
+from trainmaster.data.verify import verify
 
 
 def _all(result: PrepareResult) -> dict[str, np.ndarray]:

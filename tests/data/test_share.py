@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
-from trainmaster.data.examples import ExampleSettings
+from trainmaster.data.settings import ExampleSettings
 from trainmaster.data.share import _claim, workers
 from trainmaster.data.vocab import load_vocab
 from trainmaster.errors import DataError

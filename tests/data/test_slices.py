@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from tests.data.helpers import write_docs
-from trainmaster.data import prepare, verify
 from trainmaster.data.corpus import (
     document_ids,
     documents_from_text,
@@ -20,7 +19,9 @@ from trainmaster.data.corpus import (
     sentence_lines,
     split_sentences,
 )
+from trainmaster.data.prepare import prepare
 from trainmaster.data.slices import boundary, plan, read_slice
+from trainmaster.data.verify import verify
 from trainmaster.data.vocab import load_vocab
 from trainmaster.data.wordpiece import Encoder
 from trainmaster.errors import DataError

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from tests.data.helpers import rewrite
-from trainmaster.data import PrepareResult, prepare, verify
+from trainmaster.data.prepare import PrepareResult, prepare
 from trainmaster.data.shards import KEYS, read_arrays
+from trainmaster.data.verify import verify
 
 Arrays = dict[str, np.ndarray]
 

@@ -4,6 +4,7 @@ fresh process."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -99,3 +100,25 @@ def test_no_import_circle_anywhere_in_src() -> None:
         if module not in order:
             visit(module)
     assert len(order) > 100 and circles == []
+
+
+def test_data_prepare_help_reads_its_defaults_without_numpy() -> None:
+    """The defaults live once, on data/settings.py's dataclass (stdlib only): `--help` shows
+    them without importing the data stage's numpy, h5py or tokenizers."""
+    code = (
+        "import json, sys\nfrom trainmaster.cli.app import main\n"
+        "try:\n    main(['data', 'prepare', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'numpy', 'h5py', 'tokenizers'})))\n"
+    )
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    from trainmaster.data.settings import DEFAULTS
+
+    help_text = " ".join(out.stdout.split())
+    assert (
+        f"[default: {DEFAULTS.seq_len}]" in help_text and f"{DEFAULTS.masked_lm_prob}" in help_text
+    )

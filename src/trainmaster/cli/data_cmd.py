@@ -13,11 +13,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainmaster.cli.options import SetOpt, target
+from trainmaster.data.settings import DEFAULTS, SHARDS
 from trainmaster.errors import EXIT_FAILED, UserError
 from trainmaster.storage import Storage, dataset_path
 
 if TYPE_CHECKING:
-    from trainmaster.data import Violation
+    from trainmaster.data.verify import Violation
 
 # trainmaster.data (numpy, h5py, tokenizers) is imported inside the commands: `trainmaster
 # --help` and every other command must not pay ~0.5 s for it.
@@ -76,21 +77,25 @@ def prepare(
     ] = True,
     seq_len: Annotated[
         int, typer.Option(help="Tokens per example, [CLS] and [SEP]s included")
-    ] = 128,
-    max_pred: Annotated[int, typer.Option(help="Most masked tokens per example")] = 20,
-    masked_lm_prob: Annotated[float, typer.Option(help="Fraction of tokens to mask")] = 0.15,
+    ] = DEFAULTS.seq_len,
+    max_pred: Annotated[
+        int, typer.Option(help="Most masked tokens per example")
+    ] = DEFAULTS.max_pred,
+    masked_lm_prob: Annotated[
+        float, typer.Option(help="Fraction of tokens to mask")
+    ] = DEFAULTS.masked_lm_prob,
     short_seq_prob: Annotated[
         float, typer.Option(help="Fraction of examples made shorter than --seq-len on purpose")
-    ] = 0.1,
+    ] = DEFAULTS.short_seq_prob,
     dupe_factor: Annotated[
         int, typer.Option(help="Passes over the input, each masked differently")
-    ] = 5,
+    ] = DEFAULTS.dupe_factor,
     whole_word_mask: Annotated[
         bool, typer.Option("--whole-word-mask", help="Mask all pieces of a word together")
-    ] = False,
+    ] = DEFAULTS.whole_word_mask,
     shards: Annotated[
         int, typer.Option(help="Number of shard files (at least the number of training workers)")
-    ] = 8,
+    ] = SHARDS,
     workers: Annotated[
         int | None,
         typer.Option(
@@ -99,7 +104,7 @@ def prepare(
     ] = None,
     seed: Annotated[
         int, typer.Option(help="Random seed: the same seed and input give the same bytes")
-    ] = 12345,
+    ] = DEFAULTS.seed,
     overwrite: Annotated[
         bool,
         typer.Option(
@@ -119,11 +124,11 @@ def prepare(
 ) -> None:
     """Turn text into shuffled, masked BERT pretraining shards (+ vocab.txt, dataset.json)."""
     storage = target(ctx).storage
-    from trainmaster import data
+    from trainmaster.data.prepare import prepare
 
     folder = _output(output, name, storage, builtin)
     try:
-        result = data.prepare(
+        result = prepare(
             inputs or [],
             output=folder,
             builtin=builtin,
@@ -202,10 +207,10 @@ def verify(
 ) -> None:
     """Check every row of every shard against the format; exit 1 when anything is wrong."""
     storage = target(ctx).storage
-    from trainmaster import data
+    from trainmaster.data.verify import verify
 
     folder = _folder(directory, storage)
-    violations = data.verify(folder)
+    violations = verify(folder)
     if not violations:
         n = len(list(folder.glob("*_training_*.hdf5")))
         typer.echo(f"ok: {folder}: {n} shard(s), every row follows the format")
@@ -237,9 +242,9 @@ def inspect(
 ) -> None:
     """Statistics of a dataset (tokens, padding, masking, NSP balance) and decoded examples."""
     storage = target(ctx).storage
-    from trainmaster import data
+    from trainmaster.data.stats import inspect
 
-    st = data.inspect(_folder(directory, storage), examples=examples)
+    st = inspect(_folder(directory, storage), examples=examples)
     if as_json:
         typer.echo(json.dumps(st.to_json(), indent=2))
         return

@@ -37,7 +37,7 @@ def demo(
     if store.run_dir("demo").exists() or job_toml.exists():
         raise UserError("holds an earlier demo; use another --dir or delete it", where=str(folder))
     store.ensure_writable()
-    from trainmaster.data import prepare  # numpy/h5py/tokenizers only when the demo runs
+    from trainmaster.data.prepare import prepare  # numpy/h5py/tokenizers only when the demo runs
 
     err.print(
         f"[bold]1/3[/bold] preparing shards from Python's reference docs into {store.dataset_dir('pydoc')}"

@@ -1,14 +1,18 @@
 """The data stage: text -> BERT pretraining shards (HDF5), and checks of any such shards.
 
-    from trainmaster.data import prepare, verify, inspect
+    from trainmaster.data.prepare import prepare
+    from trainmaster.data.stats import inspect
+    from trainmaster.data.verify import verify
     result = prepare(builtin="pydoc", output="datasets/pydoc", seq_len=128)
     assert verify(result.output) == []
     print(inspect(result.output).mask_ratio)
 
 This package never imports torch, transformers or the operator side (launch, cluster,
-monitor, cli): the trainer and the CLI both use it.
+monitor, cli): the trainer and the CLI both use it. This face imports nothing, so the CLI reads
+the defaults (settings) without numpy, h5py or tokenizers; import what you use from its module.
 
 Modules, in the order `data prepare` uses them:
+  settings   what a run makes and the defaults, written once (stdlib only)
   prepare    the whole run: settings, stages, output (PrepareResult)
   corpus     input text: files, folders, .gz, the built-in corpus
   slices     the input cut into slices the workers read themselves
@@ -25,22 +29,3 @@ Modules, in the order `data prepare` uses them:
   verify     `data verify`: every rule, every violation
   stats      `data inspect`: numbers and readable examples
 """
-
-from trainmaster.data.prepare import PrepareResult, default_workers, prepare
-from trainmaster.data.stats import Example, Stats, inspect
-from trainmaster.data.verify import Violation, verify
-from trainmaster.data.vocab import Vocab, load_vocab, train_vocab
-
-__all__ = [
-    "Example",
-    "PrepareResult",
-    "Stats",
-    "Violation",
-    "Vocab",
-    "default_workers",
-    "inspect",
-    "load_vocab",
-    "prepare",
-    "train_vocab",
-    "verify",
-]

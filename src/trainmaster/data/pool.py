@@ -23,13 +23,8 @@ import numpy as np
 
 from trainmaster.data import shards as fmt
 from trainmaster.data.corpus import document_ids, sentence_lines
-from trainmaster.data.examples import (
-    SOURCES,
-    ExampleSettings,
-    VocabTables,
-    expand,
-    make_examples,
-)
+from trainmaster.data.examples import SOURCES, VocabTables, expand, make_examples
+from trainmaster.data.settings import ExampleSettings
 from trainmaster.data.slices import Slice, read_slice
 from trainmaster.data.vocab import Vocab
 from trainmaster.data.wordpiece import Encoder

@@ -27,10 +27,10 @@ import numpy as np
 from trainmaster.data import corpus as corpus_mod
 from trainmaster.data import shards as fmt
 from trainmaster.data import share, slices
-from trainmaster.data.examples import ExampleSettings
 from trainmaster.data.output import Output
 from trainmaster.data.pool import SliceResult, examples_task, write_task
 from trainmaster.data.progress import Reporter, make_reporter
+from trainmaster.data.settings import DEFAULTS, SHARDS, ExampleSettings
 from trainmaster.data.vocab import (
     DEFAULT_VOCAB_SIZE,
     MIN_VOCAB_SIZE,
@@ -77,15 +77,15 @@ def prepare(
     vocab: str | os.PathLike[str] | None = None,
     vocab_size: int | None = None,
     lower_case: bool = True,
-    seq_len: int = 128,
-    max_pred: int = 20,
-    masked_lm_prob: float = 0.15,
-    short_seq_prob: float = 0.1,
-    dupe_factor: int = 5,
-    whole_word_mask: bool = False,
-    shards: int = 8,
+    seq_len: int = DEFAULTS.seq_len,
+    max_pred: int = DEFAULTS.max_pred,
+    masked_lm_prob: float = DEFAULTS.masked_lm_prob,
+    short_seq_prob: float = DEFAULTS.short_seq_prob,
+    dupe_factor: int = DEFAULTS.dupe_factor,
+    whole_word_mask: bool = DEFAULTS.whole_word_mask,
+    shards: int = SHARDS,
     workers: int | None = None,
-    seed: int = 12345,
+    seed: int = DEFAULTS.seed,
     overwrite: bool = False,
     quiet: bool = True,
     reporter: Reporter | None = None,

@@ -29,7 +29,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from trainmaster.data import pool as tasks
-from trainmaster.data.examples import ExampleSettings
+from trainmaster.data.settings import ExampleSettings
 from trainmaster.data.vocab import Vocab
 from trainmaster.errors import DataError
 
