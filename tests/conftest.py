@@ -15,19 +15,44 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def cli_command(*args: str) -> list[str]:
+    """`python -m trainmaster ARGS`: the command line a test starts (with Popen when it must
+    watch or signal the process; run_cli otherwise)."""
+    return [sys.executable, "-m", "trainmaster", *args]
+
+
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every CLI test runs in: plain text, wide enough for the tables."""
+    return {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(extra or {})}
+
+
 def run_cli(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """`python -m trainmaster ARGS` as a user would run it (no in-process shortcuts)."""
-    full_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "trainmaster", *args],
+        cli_command(*args),
         cwd=cwd,
-        env=full_env,
+        env=cli_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def assert_user_error(
+    result: subprocess.CompletedProcess[str], *texts: str, where: str | None = None
+) -> str:
+    """Bad input as a user must meet it: exit 2 and one line on stderr, `error: WHERE: ...`,
+    holding every text (no traceback: it would be more lines). Returns the line."""
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    if where is not None:
+        assert lines[0].startswith(f"error: {where}: "), lines[0]
+    for text in texts:
+        assert text in lines[0], (text, lines[0])
+    return lines[0]
 
 
 def sigint_default() -> None:

@@ -9,6 +9,7 @@ import pytest
 from rich.console import Console
 
 from tests.cluster.conftest import tm, trn1_config
+from tests.conftest import assert_user_error
 from trainmaster.cluster import plan, up
 from trainmaster.errors import UserError
 
@@ -200,7 +201,7 @@ def test_down_keeps_the_runs_or_asks_to_discard_them(
 ) -> None:
     """Without cluster.results_bucket the checkpoints would go with the file system."""
     refused = tm("cluster", "down", "--plan", str(plan_dir), "--yes", env=fake_tools)
-    assert refused.returncode == 2 and refused.stderr.startswith("error: --discard-data: ")
+    assert_user_error(refused, where="--discard-data")
     assert "cluster.results_bucket" in refused.stderr and calls(fake_tools) == []
 
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +14,11 @@ from trainmaster.storage import Storage
 RUN_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "COLUMNS": "200"}
 
 
-def tm_command(*args: str) -> list[str]:
-    """`python -m trainmaster ARGS`, as a user runs it."""
-    return [sys.executable, "-m", "trainmaster", *args]
-
-
 def tm(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        tm_command(*args),
-        env={**os.environ, **RUN_ENV, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """run_cli with one thread per worker (RUN_ENV)."""
+    return run_cli(*args, env={**RUN_ENV, **(env or {})}, timeout=timeout)
 
 
 def job_file(folder: Path, name: str, *sets: str) -> Path:
@@ -58,9 +46,3 @@ def job_file(folder: Path, name: str, *sets: str) -> Path:
 
 def summary(store: Path, job: str) -> dict[str, Any]:
     return json.loads((Storage(store).run_dir(job) / "summary.json").read_text())
-
-
-def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1, (result.returncode, result.stderr)
-    return lines[0]

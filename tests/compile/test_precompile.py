@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from tests.backends.local.test_local import wait_final
-from tests.compile.helpers import RUN_ENV, job_file, one_error_line, summary, tm, tm_command
+from tests.compile.helpers import RUN_ENV, job_file, summary, tm
 from tests.compile.test_lock import Proc, holder
-from tests.conftest import sigint_default, wait_for
+from tests.conftest import assert_user_error, cli_command, sigint_default, wait_for
 from trainmaster.compile import fingerprint, lock
 from trainmaster.storage import Storage
 
@@ -40,7 +40,7 @@ def precompiled(pydoc_storage: Path, tmp_path_factory: pytest.TempPathFactory) -
         assert other.line().startswith("held ")
         with err.open("w") as fh:
             proc = subprocess.Popen(
-                tm_command(
+                cli_command(
                     "precompile",
                     str(path),
                     "--storage",
@@ -119,7 +119,7 @@ def test_changed_micro_batch_is_refused_naming_the_field(
 ) -> None:
     path = job_file(tmp_path, "otherbatch", f'train.cacheset="{JOB}"', "train.batch_size=4")
     result = tm("launch", str(path), "--storage", str(pydoc_storage))
-    line = one_error_line(result)
+    line = assert_user_error(result)
     assert "train.cacheset: compile cache warmjob holds the graphs of another job shape" in line
     assert "train.batch_size 8 in the cache, 4 now" in line and "trainmaster precompile" in line
     assert not Storage(pydoc_storage).run_dir("otherbatch").exists()  # nothing started
@@ -147,7 +147,7 @@ def test_launch_on_a_locked_cacheset_is_refused_naming_the_holder(
     folder = Storage(pydoc_storage).cache_dir("lockedout")
     with holder(folder, "precompiler") as other:
         assert other.line().startswith("held ")
-        line = one_error_line(tm("launch", str(path), "--storage", str(pydoc_storage)))
+        line = assert_user_error(tm("launch", str(path), "--storage", str(pydoc_storage)))
         assert f"in use by job precompiler (train; pid {other.p.pid}" in line
         assert not Storage(pydoc_storage).run_dir("lockedout").joinpath("state.json").exists()
         waited = tm("launch", str(path), "--storage", str(pydoc_storage), "--wait-lock", "1")
@@ -160,7 +160,7 @@ def test_launch_on_a_locked_cacheset_is_refused_naming_the_holder(
         assert refused.returncode == 2 and "waiting up to 1 s" in lines[-2], refused.stderr
         assert lines[-1].startswith("error: ") and "after waiting 1 s" in lines[-1]
         clear = tm("cache", "clear", "lockedout", "--yes", "--storage", str(pydoc_storage))
-        assert "clear it after that job has ended" in one_error_line(clear)
+        assert "clear it after that job has ended" in assert_user_error(clear)
         assert folder.is_dir()
 
 
@@ -181,19 +181,19 @@ def test_stale_lock_of_a_killed_process_is_recovered_by_the_cli(pydoc_storage: P
 
 
 def test_cache_commands_bad_input(pydoc_storage: Path) -> None:
-    line = one_error_line(tm("cache", "show", "nope", "--storage", str(pydoc_storage)))
+    line = assert_user_error(tm("cache", "show", "nope", "--storage", str(pydoc_storage)))
     assert "CACHESET: no cacheset 'nope' under" in line
     folder = Storage(pydoc_storage).cache_dir("keep")
     folder.mkdir(parents=True)
     result = subprocess.run(
-        tm_command("cache", "clear", "keep", "--storage", str(pydoc_storage)),
+        cli_command("cache", "clear", "keep", "--storage", str(pydoc_storage)),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         env={**os.environ, **RUN_ENV},
         timeout=60,
     )
-    assert "pass --yes to confirm" in one_error_line(result) and folder.is_dir()
+    assert "pass --yes to confirm" in assert_user_error(result) and folder.is_dir()
 
 
 def test_local_dry_run_starts_nothing(pydoc_storage: Path, tmp_path: Path) -> None:
@@ -212,6 +212,8 @@ def test_precompile_of_a_custom_script_is_refused_naming_the_field(
     pydoc_storage: Path, tmp_path: Path
 ) -> None:
     path = job_file(tmp_path, "own", 'job.entrypoint="-m mypkg.train"')
-    line = one_error_line(tm("precompile", str(path), "--storage", str(pydoc_storage), "--dry-run"))
+    line = assert_user_error(
+        tm("precompile", str(path), "--storage", str(pydoc_storage), "--dry-run")
+    )
     assert line.startswith("error: job.entrypoint:") and "built-in trainer only" in line, line
     assert not Storage(pydoc_storage).run_dir("own-precompile").exists()

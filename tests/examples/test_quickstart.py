@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, assert_user_error, run_cli
 
 SCRIPT = """
 import sys
@@ -48,7 +48,7 @@ def test_a_script_runs_on_two_nodes_without_a_job_file(tmp_path: Path) -> None:
 def test_script_options_with_a_job_file_are_refused() -> None:
     job = str(ROOT / "examples" / "local-cpu.toml")
     bad = run_cli("launch", job, "--nnodes", "2", "--dry-run")
-    assert bad.returncode == 2 and bad.stderr.startswith("error: --nnodes: ")
+    assert_user_error(bad, where="--nnodes")
     assert "--set" in bad.stderr
     extra = run_cli("launch", job, "--dry-run", "--", "x")
     assert extra.returncode == 2 and "ARGS" in extra.stderr
@@ -56,5 +56,5 @@ def test_script_options_with_a_job_file_are_refused() -> None:
 
 def test_a_bad_script_name_is_one_line(tmp_path: Path) -> None:
     shown = run_cli("launch", "train.py", "--name", "Bad_Name", "--dry-run", cwd=tmp_path)
-    assert shown.returncode == 2 and len(shown.stderr.strip().splitlines()) == 1
+    assert_user_error(shown)
     assert "job.name" in shown.stderr

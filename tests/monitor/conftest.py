@@ -1,13 +1,7 @@
-"""Fixtures: the `trainmaster` command and real local runs.
-
-`tm(...)` runs `python -m trainmaster ARGS` as a user would.
-"""
+"""Fixtures: real local runs (the CLI itself: tests/conftest.py run_cli)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,22 +22,6 @@ FAST = [
 REPORT_STEPS = 12
 
 
-def tm_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "trainmaster", *args]
-
-
-def tm_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(extra or {})}
-
-
-def tm(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        tm_cmd(*args), env=tm_env(env), capture_output=True, text=True, timeout=timeout
-    )
-
-
 def job_file(folder: Path, name: str, *sets: str) -> Path:
     path = folder / f"{name}.toml"
     args = ["init", "--preset", "local-cpu", "--out", str(path), "--set", f'job.name="{name}"']
@@ -57,13 +35,6 @@ def job_file(folder: Path, name: str, *sets: str) -> Path:
 def last_step(store: Path, job: str) -> int:
     rows = runinfo.read_metrics(Storage(store).run_dir(job) / "metrics.jsonl")
     return int(rows[-1]["step"]) if rows else 0
-
-
-def one_line_error(result: subprocess.CompletedProcess[str], text: str) -> None:
-    """Bad input: exit 2, exactly one line on stderr, saying `text`."""
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and text in lines[0], result.stderr
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.monitor.conftest import one_line_error, tm
+from tests.conftest import assert_user_error, run_cli
 from trainmaster import api, jobfile
 from trainmaster.monitor import report, runinfo
 from trainmaster.run import state
@@ -120,11 +120,13 @@ def test_report_plots_a_custom_scripts_values(tmp_path: Path) -> None:
 def test_report_without_metrics(tmp_path: Path) -> None:
     """A custom script need not log: the table still says phase, restarts, wall time, cost."""
     run = custom_run(tmp_path, "quiet", None)
-    result = tm("report", "quiet", "--storage", str(tmp_path))
+    result = run_cli("report", "quiet", "--storage", str(tmp_path))
     assert result.returncode == 0, result.stderr
     for text in ("succeeded", "restarts", "10m00s", "none: no metrics.jsonl rows"):
         assert text in result.stdout
     assert not run.report_png.exists()
     # The built-in trainer before its first step is still "no metrics yet".
     custom_run(tmp_path, "bert", None, phase="pending", entrypoint="-m trainmaster.train")
-    one_line_error(tm("report", "bert", "--storage", str(tmp_path)), "job bert has no metrics yet")
+    assert_user_error(
+        run_cli("report", "bert", "--storage", str(tmp_path)), "job bert has no metrics yet"
+    )

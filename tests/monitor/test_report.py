@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.monitor.conftest import REPORT_STEPS, one_line_error, tm
+from tests.conftest import assert_user_error, run_cli
+from tests.monitor.conftest import REPORT_STEPS
 from trainmaster.monitor import history, report, runinfo
 from trainmaster.run import state
 from trainmaster.storage import RunPaths, Storage
@@ -80,7 +81,7 @@ def test_report_table_and_three_panels(finished_run: tuple[Path, str]) -> None:
     store, job = finished_run
     run = RunPaths(Storage(store).run_dir(job))
     run.report_png.unlink(missing_ok=True)
-    result = tm("report", job, "--storage", str(store))
+    result = run_cli("report", job, "--storage", str(store))
     assert result.returncode == 0, result.stderr
     rows = runinfo.read_metrics(run.metrics)
     text = result.stdout
@@ -141,8 +142,8 @@ def test_report_returns_the_panels_it_drew(finished_run: tuple[Path, str]) -> No
 
 def test_unknown_job(finished_run: tuple[Path, str]) -> None:
     store, job = finished_run
-    result = tm("report", "nope", "--storage", str(store))
-    one_line_error(result, "no job 'nope'")
+    result = run_cli("report", "nope", "--storage", str(store))
+    assert_user_error(result, "no job 'nope'")
     assert job in result.stderr  # the known jobs are listed
 
 
@@ -153,10 +154,10 @@ def test_job_without_metrics_yet(finished_run: tuple[Path, str], tmp_path: Path)
     dst.logs.mkdir(parents=True)
     dst.job_toml.write_text(src.job_toml.read_text())
     dst.state.write_text(state.RunState(job="fresh", phase="pending").model_dump_json())
-    result = tm("report", "fresh", "--storage", str(tmp_path))
-    one_line_error(result, "job fresh has no metrics yet")
+    result = run_cli("report", "fresh", "--storage", str(tmp_path))
+    assert_user_error(result, "job fresh has no metrics yet")
     dst.metrics.write_text('{"step": 1, "loss": 9.0')  # a line being written is not a step
-    one_line_error(tm("report", "fresh", "--storage", str(tmp_path)), "has no metrics yet")
+    assert_user_error(run_cli("report", "fresh", "--storage", str(tmp_path)), "has no metrics yet")
     assert not dst.report_png.exists()
 
 
@@ -169,7 +170,7 @@ def test_kubernetes_run_folder_without_state(
     dst.dir.mkdir(parents=True)
     for name in ("job.toml", "metrics.jsonl", "summary.json"):
         (dst.dir / name).write_bytes((src.dir / name).read_bytes())
-    result = tm("report", job, "--storage", str(tmp_path))
+    result = run_cli("report", job, "--storage", str(tmp_path))
     assert result.returncode == 0, result.stderr
     summary = json.loads(src.summary.read_text())
     assert summary["status"] in result.stdout  # "completed"

@@ -21,8 +21,15 @@ import pytest
 
 from tests.backends.kubernetes import fake_routes
 from tests.backends.kubernetes.fake_api import FakeCluster, status_body
-from tests.conftest import sigint_default, wait_for
-from tests.monitor.conftest import REPORT_STEPS, one_line_error, tm, tm_cmd, tm_env
+from tests.conftest import (
+    assert_user_error,
+    cli_command,
+    cli_env,
+    run_cli,
+    sigint_default,
+    wait_for,
+)
+from tests.monitor.conftest import REPORT_STEPS
 from trainmaster.backends.local import rendezvous
 from trainmaster.monitor import runinfo
 from trainmaster.monitor import tensorboard as tb
@@ -35,11 +42,11 @@ pytestmark = pytest.mark.slow
 def serving(*args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """Run the command in the foreground as a user would; yield its URL line; Ctrl-C it."""
     proc = subprocess.Popen(
-        tm_cmd(*args),
+        cli_command(*args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=tm_env(env),
+        env=cli_env(env),
         preexec_fn=sigint_default,
     )
     lines: queue.Queue[str] = queue.Queue()
@@ -100,17 +107,17 @@ def test_bad_input(finished_run: tuple[Path, str], tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        one_line_error(
-            tm("tensorboard", job, "--port", str(port), "--storage", str(store)),
+        assert_user_error(
+            run_cli("tensorboard", job, "--port", str(port), "--storage", str(store)),
             f"port {port} on 127.0.0.1 is in use",
         )
-    one_line_error(tm("tensorboard", "nope", "--storage", str(store)), "no job 'nope'")
+    assert_user_error(run_cli("tensorboard", "nope", "--storage", str(store)), "no job 'nope'")
     (tmp_path / "runs" / "fresh").mkdir(parents=True)
     (tmp_path / "runs" / "fresh" / "state.json").write_text("{}")
-    one_line_error(
-        tm("tensorboard", "fresh", "--storage", str(tmp_path)), "no TensorBoard events yet"
+    assert_user_error(
+        run_cli("tensorboard", "fresh", "--storage", str(tmp_path)), "no TensorBoard events yet"
     )
-    one_line_error(tm("tensorboard", "--storage", str(tmp_path / "empty")), "no runs under")
+    assert_user_error(run_cli("tensorboard", "--storage", str(tmp_path / "empty")), "no runs under")
 
 
 # --- kubernetes: the add-ons' Service, forwarded by kubectl ---------------------------------------
@@ -190,7 +197,7 @@ def test_kubernetes_port_forward(
 
 
 def test_kubernetes_without_the_addon(fake: FakeCluster, services: dict[str, Any]) -> None:
-    one_line_error(
-        tm("tensorboard", "--backend", "kubernetes", "--kubeconfig", str(fake.kubeconfig())),
+    assert_user_error(
+        run_cli("tensorboard", "--backend", "kubernetes", "--kubeconfig", str(fake.kubeconfig())),
         "no TensorBoard Service 'tensorboard' in namespace default",
     )

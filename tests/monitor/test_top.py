@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.backends.kubernetes.fake_api import FakeCluster
-from tests.conftest import run_cli, wait_for
-from tests.monitor.conftest import job_file, last_step, one_line_error, tm
+from tests.conftest import assert_user_error, run_cli, wait_for
+from tests.monitor.conftest import job_file, last_step
 from trainmaster.backends.kubernetes import top as top_k8s
 from trainmaster.backends.kubernetes.volcano import LABEL_JOB
 from trainmaster.monitor import runinfo
@@ -47,7 +47,7 @@ def test_top_once_lists_one_row_per_rank(pydoc_storage: Path, tmp_path: Path) ->
     try:
         wait_for(lambda: last_step(store, job) >= 1, 300, "the first step")
         pids = {w.rank: w.pid for w in runinfo.workers(state.read(state_path))}
-        result = tm("top", job, "--once", "--storage", str(store))
+        result = run_cli("top", job, "--once", "--storage", str(store))
         assert result.returncode == 0, result.stderr
     finally:
         cancel = run_cli("cancel", job, "--grace", "20", "--storage", str(store))
@@ -60,12 +60,16 @@ def test_top_once_lists_one_row_per_rank(pydoc_storage: Path, tmp_path: Path) ->
         assert float(r["CPU %"]) >= 0 and float(r["memory GiB"]) > 0.05  # a torch process
     assert "host: CPU" in result.stdout
     # Once the job has ended there is nothing to watch: a clear error, not an empty table.
-    one_line_error(tm("top", job, "--once", "--storage", str(store)), f"job {job} is cancelled")
+    assert_user_error(
+        run_cli("top", job, "--once", "--storage", str(store)), f"job {job} is cancelled"
+    )
 
 
 def test_top_unknown_job(tmp_path: Path) -> None:
-    one_line_error(tm("top", "nope", "--once", "--storage", str(tmp_path)), "no job 'nope'")
-    one_line_error(tm("top", "nope", "--interval", "0", "--storage", str(tmp_path)), "--interval")
+    assert_user_error(run_cli("top", "nope", "--once", "--storage", str(tmp_path)), "no job 'nope'")
+    assert_user_error(
+        run_cli("top", "nope", "--interval", "0", "--storage", str(tmp_path)), "--interval"
+    )
 
 
 # --- parsers, on captured documents --------------------------------------------------------------
@@ -175,7 +179,7 @@ def pods(fake: FakeCluster, tmp_path: Path) -> Iterator[dict[str, list[int]]]:
 
 
 def test_top_kubernetes_neuron_pod(fake: FakeCluster, pods: dict[str, list[int]]) -> None:
-    result = tm(
+    result = run_cli(
         "top", "trn", "--once", "--backend", "kubernetes", "--kubeconfig", str(fake.kubeconfig())
     )
     assert result.returncode == 0, result.stderr
@@ -194,7 +198,7 @@ def test_top_kubernetes_neuron_pod(fake: FakeCluster, pods: dict[str, list[int]]
 
 
 def test_top_kubernetes_gpu_pod(fake: FakeCluster, pods: dict[str, list[int]]) -> None:
-    result = tm(
+    result = run_cli(
         "top", "gpu", "--once", "--backend", "kubernetes", "--kubeconfig", str(fake.kubeconfig())
     )
     assert result.returncode == 0, result.stderr
@@ -205,6 +209,6 @@ def test_top_kubernetes_gpu_pod(fake: FakeCluster, pods: dict[str, list[int]]) -
 
 def test_top_kubernetes_bad_input(fake: FakeCluster, pods: dict[str, list[int]]) -> None:
     kube = ["--backend", "kubernetes", "--kubeconfig", str(fake.kubeconfig())]
-    one_line_error(tm("top", "nope", "--once", *kube), "no job nope in namespace default")
+    assert_user_error(run_cli("top", "nope", "--once", *kube), "no job nope in namespace default")
     fake.finish("default", "trn-worker-1")
-    one_line_error(tm("top", "trn", "--once", *kube), "job trn has no running pods")
+    assert_user_error(run_cli("top", "trn", "--once", *kube), "job trn has no running pods")

@@ -12,7 +12,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from tests.conftest import run_cli
+from tests.conftest import assert_user_error, run_cli
 from trainmaster.cli.app import main
 from trainmaster.errors import UserError
 from trainmaster.run import export, state
@@ -48,7 +48,7 @@ def test_the_newest_checkpoint_is_copied_and_verified(run: RunPaths, tmp_path: P
         run.checkpoints / "step_20" / "model.pt"
     ).read_bytes()
     again = run_cli("export", "checkpoint", "bert", str(dest), "--storage", storage)
-    assert again.returncode == 2 and again.stderr.startswith("error: DEST: ")
+    assert_user_error(again, where="DEST")
     older = run_cli("export", "checkpoint", "bert", str(dest), "--step", "10", "--storage", storage)
     assert older.returncode == 0 and (dest / "bert" / "step_10" / "meta.json").exists()
     none = run_cli("export", "checkpoint", "bert", str(dest), "--step", "30", "--storage", storage)

@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 import pytest
 
+from tests.conftest import assert_user_error
 from tests.train.helpers import (
     RUN_ENV,
     Result,
@@ -31,12 +32,6 @@ from trainmaster.train import dataset
 PYDOC = Path("datasets") / "pydoc"
 
 
-def only_error_line(stderr: str) -> str:
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
-    return lines[0]
-
-
 def assert_all_gone(job: Path) -> None:
     assert not processes_mentioning(str(job)), "workers survived torchrun"
 
@@ -47,8 +42,7 @@ def assert_all_gone(job: Path) -> None:
 def test_seq_len_other_than_the_shards(pydoc_storage: Path) -> None:
     job = make_job(pydoc_storage, "bad-seq-len", "data.seq_len=64", nproc=1)
     result = trainer(job, pydoc_storage)
-    assert result.returncode == 2
-    line = only_error_line(result.stderr)
+    line = assert_user_error(result)
     assert "data.seq_len: 64" in line and "sequences of 128 tokens" in line
     assert "pydoc_training_" in line
 
@@ -59,8 +53,7 @@ def test_truncated_shard_is_named(pydoc_storage: Path, tmp_path: Path) -> None:
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     job = make_job(pydoc_storage, "bad-truncated", f'data.dataset="{data}"', nproc=1)
     result = trainer(job, pydoc_storage)
-    assert result.returncode == 2
-    line = only_error_line(result.stderr)
+    line = assert_user_error(result)
     assert str(shard) in line and "truncated or corrupt" in line
 
 
@@ -68,8 +61,7 @@ def test_unwritable_run_folder(pydoc_storage: Path, tmp_path: Path) -> None:
     job = make_job(pydoc_storage, "bad-run-folder", nproc=1)
     (job.parent / "checkpoints").write_text("a file where the checkpoints folder goes")
     result = trainer(job, pydoc_storage)
-    assert result.returncode == 2
-    line = only_error_line(result.stderr)
+    line = assert_user_error(result)
     assert str(job.parent / "checkpoints") in line and "not writable" in line
 
 
@@ -81,7 +73,7 @@ def test_read_only_run_folder(pydoc_storage: Path) -> None:
         result = trainer(job, pydoc_storage)
     finally:
         job.parent.chmod(0o755)
-    assert result.returncode == 2 and "not writable" in only_error_line(result.stderr)
+    assert_user_error(result, "not writable")
 
 
 def test_checkpoint_of_another_configuration(pydoc_storage: Path) -> None:
@@ -92,8 +84,7 @@ def test_checkpoint_of_another_configuration(pydoc_storage: Path) -> None:
         '{"step": 5, "job": "bad-owner", "config_hash": "feedfacefeedface"}'
     )
     result = trainer(job, pydoc_storage)
-    assert result.returncode == 2
-    line = only_error_line(result.stderr)
+    line = assert_user_error(result)
     assert "feedfacefeedface" in line and "new job.name" in line and "delete" in line
 
 

@@ -14,7 +14,7 @@ from tests.backends.kubernetes.schemas import (
     validate_pod_templates,
     validate_volcano_job,
 )
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, assert_user_error, run_cli
 from trainmaster.catalog import EFA, NEURON
 
 IMAGE = "111122223333.dkr.ecr.us-west-2.amazonaws.com/trainmaster:1"
@@ -111,7 +111,7 @@ def test_kubernetes_commands_against_the_fake_api(fake: FakeCluster) -> None:
         "--kubeconfig",
         str(fake.kubeconfig()),
     )
-    assert wrong.returncode == 2 and wrong.stderr.startswith("error: --namespace: ")
+    assert_user_error(wrong, where="--namespace")
     logs = run_cli("logs", "bert-large-trn1", *kube)
     assert logs.returncode == 0 and logs.stdout == "[default0]:step 1 loss 11.2\n", logs.stderr
     assert "# bert-large-trn1-worker-0" in logs.stderr
@@ -128,7 +128,7 @@ def test_kubernetes_commands_against_the_fake_api(fake: FakeCluster) -> None:
 def test_debug_shows_the_api_error_behind_a_one_line_error(fake: FakeCluster) -> None:
     kube = ["--backend", "kubernetes", "--kubeconfig", str(fake.kubeconfig())]
     plain = run_cli("status", "nosuch", *kube)
-    assert plain.returncode == 2 and len(plain.stderr.strip().splitlines()) == 1
+    assert_user_error(plain)
     debug = run_cli("--debug", "status", "nosuch", *kube)
     assert (
         "kubernetes.client.exceptions.NotFoundException: (404)" in debug.stderr

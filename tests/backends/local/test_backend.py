@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, assert_user_error, run_cli
 from trainmaster import api
 from trainmaster.backends.base import (
     DryRun,
@@ -342,4 +342,4 @@ def test_list_json_is_a_list_of_statuses(
 
 def test_image_is_refused_on_the_local_backend() -> None:
     result = run_cli("launch", LOCAL_JOB, "--backend", "local", "--image", "x:1", "--dry-run")
-    assert result.returncode == 2 and result.stderr.startswith("error: --image: the local backend")
+    assert_user_error(result, "the local backend", where="--image")

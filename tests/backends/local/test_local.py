@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import etcd_available, run_cli, wait_for
+from tests.conftest import assert_user_error, etcd_available, run_cli, wait_for
 from trainmaster.backends.local import rendezvous
 from trainmaster.monitor import runinfo
 from trainmaster.run import export, state
@@ -272,9 +272,7 @@ def test_elastic_job_survives_losing_a_node(pydoc_storage: Path, tmp_path: Path)
 def _assert_refused(
     result: subprocess.CompletedProcess[str], text: str, store: Path, job: str
 ) -> None:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and text in lines[0], result.stderr
+    assert_user_error(result, text)
     assert not (Storage(store).run_dir(job) / "state.json").exists()  # nothing launched
 
 
