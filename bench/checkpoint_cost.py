@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import agent_env, cpu_s, emit, load, machine, prepare_corpus, wait_final
-from trainmaster import jobfile
+from trainmaster.config import jobfile
 from trainmaster.storage import RunPaths, Storage
 from trainmaster.train import checkpoint, ckptarena, model, optim
 from trainmaster.train.ckptwriter import SYNC_ENV

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import emit, machine, prepare_corpus
-from trainmaster import jobfile
+from trainmaster.config import jobfile
 
 BATCH = {"bert-tiny": 8, "bert-mini": 4, "bert-base": 2, "bert-large": 1}
 

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import agent_env, emit, load, machine, prepare_corpus, wait_final
-from trainmaster import jobfile
+from trainmaster.config import jobfile
 from trainmaster.run import goodput, processes, state
 from trainmaster.run import metrics as runlog
 from trainmaster.storage import RunPaths, Storage

@@ -91,7 +91,7 @@ def _setup(a: argparse.Namespace, mode: str, batch: int) -> tuple[Any, Any, Any,
     """(runtime, stepper, batch iterator, flops per sequence) with the trainer's own parts."""
     import torch  # noqa: F401 - after the argument checks (a typo costs no torch import)
 
-    from trainmaster import jobfile
+    from trainmaster.config import jobfile
     from trainmaster.data import shards as fmt
     from trainmaster.train import model, optim
     from trainmaster.train.data import ShardLoader

@@ -57,9 +57,9 @@ from typing import Any
 
 import trainmaster
 from benchlib import agent_env, cpu_s, emit, first_step_at, machine, prepare_corpus
-from trainmaster import jobfile
 from trainmaster.backends.local import launcher as local
 from trainmaster.backends.local import rendezvous
+from trainmaster.config import jobfile
 from trainmaster.launch import agent
 from trainmaster.launch.torchrun import TORCHRUN_MODULE, Rendezvous, torchrun_args
 from trainmaster.run import state

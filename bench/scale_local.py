@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import agent_env, emit, first_step_at, load, machine, prepare_corpus, wait_final
-from trainmaster import jobfile
 from trainmaster.backends.local import launcher as local
 from trainmaster.backends.local import rendezvous
+from trainmaster.config import jobfile
 from trainmaster.launch.torchrun import Rendezvous
 from trainmaster.run import state
 from trainmaster.storage import Storage

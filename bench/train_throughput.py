@@ -44,7 +44,7 @@ from accelerate.state import AcceleratorState
 from transformers import BertForPreTraining, Trainer, TrainerCallback, TrainingArguments
 from transformers import logging as hf_logging
 
-from trainmaster import jobfile
+from trainmaster.config import jobfile
 from trainmaster.data.prepare import prepare
 from trainmaster.train import dataset, model, optim
 from trainmaster.train.device import Runtime

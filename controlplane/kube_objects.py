@@ -187,8 +187,8 @@ JOB_SETS = [
 
 
 def job_objects(storage: Path) -> list[dict[str, Any]]:
-    from trainmaster import jobfile
     from trainmaster.cluster import addons, fsx, spec
+    from trainmaster.config import jobfile
 
     cluster = spec.resolve(jobfile.preset(JOB_PRESET, JOB_SETS))
     claim = fsx.claim(cluster)

@@ -14,12 +14,8 @@ Packages, top down (pyproject.toml's layers contract keeps imports one way):
   data         text -> BERT pretraining shards, and their checks
   run          the run folder's files, their writers and readers
   schemas      the published schemas manifests are validated against
+  config       the job file: typed sections, validation, derived values, files, presets
 Modules:
-  jobfile      job files on disk: TOML, `--set` overrides, presets, the commented writer
-  config       the job file's typed sections, validation, derived values, the config hash
-  config_infra its [kubernetes] and [cluster] sections
-  config_base  what every section shares: the strict base model, number types, name rules
-  presets      job presets for `trainmaster init --preset NAME`
   catalog      instance types: one data table, every figure with its source
   storage      the storage layout: every path under STORAGE is computed there
   naming       Kubernetes object-name rules, in one place

@@ -27,13 +27,12 @@ from typing import Any
 
 import tomli_w
 
-from trainmaster import jobfile
 from trainmaster.backends.base import BACKEND_NAMES, Backend, JobRef, Target, parse_job
 from trainmaster.backends.kubernetes.backend import KubernetesBackend, KubernetesOptions
 from trainmaster.backends.local.backend import LocalBackend, LocalOptions
-from trainmaster.config import JobConfig
+from trainmaster.config import JobConfig, jobfile
+from trainmaster.config.presets import JOB_PRESETS
 from trainmaster.errors import UserError
-from trainmaster.presets import JOB_PRESETS
 from trainmaster.storage import Storage, dataset_path
 from trainmaster.worker import log_metrics as log_metrics  # scripts written for 0.1 import it here
 

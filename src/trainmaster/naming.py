@@ -1,6 +1,6 @@
 """Kubernetes object-name rules (k8s.io/apimachinery/pkg/util/validation), in one place.
 
-The job file (config.py), the cluster plan (cluster/spec.py) and the Kubernetes backend all
+The job file (config/job.py), the cluster plan (cluster/spec.py) and the Kubernetes backend all
 check names against them before anything reaches an API server. Standard library only.
 """
 

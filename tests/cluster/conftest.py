@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainmaster import jobfile
 from trainmaster.cluster import spec as _spec
-from trainmaster.config import JobConfig
+from trainmaster.config import JobConfig, jobfile
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

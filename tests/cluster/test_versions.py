@@ -6,10 +6,10 @@ import datetime
 
 import pytest
 
-from trainmaster import catalog, jobfile
+from trainmaster import catalog
 from trainmaster.cluster import eks_versions, versions
 from trainmaster.compile import cache
-from trainmaster.config import ClusterSection
+from trainmaster.config import ClusterSection, jobfile
 from trainmaster.errors import ConfigError
 
 TODAY = datetime.date(2026, 12, 4)

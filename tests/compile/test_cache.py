@@ -16,10 +16,10 @@ from tests.backends.kubernetes.schemas import (
 from tests.compile.helpers import tm
 from tests.conftest import ROOT
 from tests.golden import check
-from trainmaster import jobfile
 from trainmaster.backends.kubernetes import podspec, volcano
 from trainmaster.compile import cache
 from trainmaster.compile.precompile import precompile_config
+from trainmaster.config import jobfile
 from trainmaster.launch.torchrun import Rendezvous, command
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.golden import check
-from trainmaster import jobfile
 from trainmaster.compile import cache, fingerprint
 from trainmaster.compile import precompile as pre_mod
+from trainmaster.config import jobfile
 from trainmaster.errors import UserError
 from trainmaster.storage import Storage
 

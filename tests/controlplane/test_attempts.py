@@ -120,7 +120,7 @@ def test_rendezvous_id_per_attempt_and_submission(real_kube: RealKube, job_ns: s
 
 
 def volcano_cfg(ns: str) -> Any:
-    from trainmaster import jobfile
+    from trainmaster.config import jobfile
 
     return jobfile.load(
         str(kj.TRN1), [f"kubernetes.image={kj.IMAGE}", f'kubernetes.namespace="{ns}"']

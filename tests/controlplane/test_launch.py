@@ -83,8 +83,8 @@ def test_strict_validation_refuses_unknown_fields(real_kube: RealKube, job_ns: s
     does not know instead of dropping it silently (the Volcano CRD's schema included)."""
     from kubernetes.client.exceptions import ApiException
 
-    from trainmaster import jobfile
     from trainmaster.backends.kubernetes import volcano
+    from trainmaster.config import jobfile
 
     cfg = jobfile.load(
         str(kj.TRN1), [f"kubernetes.image={kj.IMAGE}", f'kubernetes.namespace="{job_ns}"']

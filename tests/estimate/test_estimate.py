@@ -24,9 +24,9 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.monitor.conftest import job_file
-from trainmaster import catalog, jobfile
+from trainmaster import catalog
 from trainmaster.cli.app import main
-from trainmaster.config import JobConfig
+from trainmaster.config import JobConfig, jobfile
 from trainmaster.errors import UserError
 from trainmaster.estimate import figures, rates
 from trainmaster.storage import Storage

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 from tests.conftest import run_cli
-from trainmaster import jobfile
 from trainmaster.backends.kubernetes import volcano
 from trainmaster.cluster import plan, spec
+from trainmaster.config import jobfile
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "custom-gpt" / "job.toml"

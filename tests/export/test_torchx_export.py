@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, run_cli
-from trainmaster import api, jobfile
+from trainmaster import api
+from trainmaster.config import jobfile
 from trainmaster.export import torchx
 from trainmaster.launch.entry import WORKSPACE_DIR
 from trainmaster.launch.torchrun import Rendezvous, command

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from trainmaster import api
+from trainmaster.config.presets import JOB_PRESETS
 from trainmaster.errors import ConfigError
-from trainmaster.presets import JOB_PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import sys
 OPERATOR_MODULES = [
     "trainmaster.cli.app",
     "trainmaster.config",
-    "trainmaster.jobfile",
+    "trainmaster.config.jobfile",
     "trainmaster.catalog",
     "trainmaster.api",
     "trainmaster.storage",

@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from trainmaster import jobfile
-from trainmaster.config import JobConfig
+from trainmaster.config import JobConfig, jobfile
 
 # Any Unicode scalar value (hypothesis leaves out lone surrogates, which no UTF-8 file holds):
 # control characters, quotes, backslashes, characters outside the BMP, newlines.

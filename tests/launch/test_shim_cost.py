@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from trainmaster import api, jobfile
-from trainmaster.config import TrainSection
+from trainmaster import api
+from trainmaster.config import TrainSection, jobfile
 from trainmaster.errors import ConfigError
 from trainmaster.launch import entry
 from trainmaster.train import scriptnet
@@ -27,7 +27,7 @@ from trainmaster.train import scriptnet
 ROOT = Path(__file__).resolve().parents[2]
 # What a torchrun script does not import, and the shim therefore must not either.
 NOT_NEEDED = ("pydantic", "yaml", "typer", "rich", "h5py", "tokenizers", "tomli_w",
-              "trainmaster.config", "trainmaster.jobfile", "trainmaster.data",
+              "trainmaster.config", "trainmaster.config.jobfile", "trainmaster.data",
               "trainmaster.train.preflight", "trainmaster.train.dataset")  # fmt: skip
 
 

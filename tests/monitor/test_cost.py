@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainmaster import jobfile
+from trainmaster.config import jobfile
 from trainmaster.monitor import cost, history, runinfo
 from trainmaster.storage import Storage
 

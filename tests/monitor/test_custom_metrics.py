@@ -12,7 +12,8 @@ import pytest
 from PIL import Image
 
 from tests.conftest import assert_user_error, run_cli
-from trainmaster import api, jobfile
+from trainmaster import api
+from trainmaster.config import jobfile
 from trainmaster.monitor import report, runinfo
 from trainmaster.run import state
 from trainmaster.storage import RunPaths, Storage

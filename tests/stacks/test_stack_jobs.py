@@ -23,7 +23,7 @@ import pytest
 from tests.backends.local.test_local import diagnosis, summary, wait_final
 from tests.backends.local.test_local import job_file as local_job_file
 from tests.conftest import run_cli, wait_for
-from trainmaster import jobfile
+from trainmaster.config import jobfile
 from trainmaster.monitor import runinfo
 from trainmaster.run import export, state
 from trainmaster.storage import RunPaths, Storage

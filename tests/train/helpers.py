@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainmaster import jobfile
 from trainmaster.backends.local import rendezvous
+from trainmaster.config import jobfile
 from trainmaster.data import shards as fmt
 from trainmaster.launch.torchrun import Rendezvous, command
 

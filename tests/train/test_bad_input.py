@@ -26,7 +26,7 @@ from tests.train.helpers import (
     torchrun,
     trainer,
 )
-from trainmaster import jobfile
+from trainmaster.config import jobfile
 from trainmaster.train import dataset
 
 PYDOC = Path("datasets") / "pydoc"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.train.helpers import make_job
-from trainmaster import jobfile
+from trainmaster.config import jobfile
 from trainmaster.errors import UserError
 from trainmaster.train import checkpoint, ckptdir, model, optim, preflight
 from trainmaster.train.dataset import Position

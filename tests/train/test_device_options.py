@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.train.helpers import make_job
-from trainmaster import jobfile
+from trainmaster.config import jobfile
 from trainmaster.train import device, loop, model, optim, preflight
 from trainmaster.train.device import CUDA_SYNC_EVERY, Runtime, options_for
 from trainmaster.train.preflight import Env

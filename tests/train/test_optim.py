@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainmaster import jobfile
+from trainmaster.config import jobfile
 from trainmaster.train import checkpoint, dataset, model, optim
 
 

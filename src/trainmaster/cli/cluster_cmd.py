@@ -39,8 +39,8 @@ def plan_cmd(
     overrides: SetOpt = None,
 ) -> None:
     """Write the cluster's files from the job file's cluster section: eksctl configs, CloudFormation template, add-on manifests, Helm values, Dockerfiles, runbook.sh. Creates nothing."""
-    from trainmaster import jobfile
     from trainmaster.cluster.plan import write_plan
+    from trainmaster.config import jobfile
 
     cfg = jobfile.load(file, overrides)
     try:

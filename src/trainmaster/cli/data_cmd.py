@@ -309,8 +309,8 @@ def stage(
 ) -> None:
     """Copy a dataset onto the cluster's shared storage through a short-lived pod, verify it there."""
     where = target(ctx)
-    from trainmaster import jobfile
     from trainmaster.backends.kubernetes import stage as stage_mod
+    from trainmaster.config import jobfile
 
     extra = [f'kubernetes.namespace="{where.namespace}"'] if where.namespace else []
     cfg = jobfile.load(job, [*(overrides or []), *extra])

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from trainmaster import jobfile
 from trainmaster.compile import cache, fingerprint
-from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig, is_valid_job_name
+from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig, is_valid_job_name, jobfile
 from trainmaster.errors import UserError
 from trainmaster.storage import RunPaths, Storage
 

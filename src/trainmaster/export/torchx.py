@@ -35,9 +35,8 @@ import re
 import shlex
 from pathlib import Path
 
-from trainmaster import jobfile
 from trainmaster.backends.kubernetes import podspec, volcano
-from trainmaster.config import JobConfig
+from trainmaster.config import JobConfig, jobfile
 from trainmaster.launch import torchrun
 from trainmaster.launch.entry import WORKSPACE_DIR
 from trainmaster.storage import RunPaths, Storage

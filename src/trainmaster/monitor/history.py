@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from trainmaster import catalog, jobfile
-from trainmaster.config import JobConfig
+from trainmaster import catalog
+from trainmaster.config import JobConfig, jobfile
 from trainmaster.errors import UserError
 from trainmaster.monitor import runinfo
 from trainmaster.run import state

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainmaster import jobfile
-from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig
+from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig, jobfile
 from trainmaster.errors import UserError
 from trainmaster.run import metrics as runlog
 from trainmaster.run import state

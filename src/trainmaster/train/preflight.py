@@ -18,9 +18,8 @@ from typing import Literal
 
 import numpy as np
 
-from trainmaster import jobfile
 from trainmaster.compile import cache, fingerprint
-from trainmaster.config import DEFAULT_VOCAB, JobConfig
+from trainmaster.config import DEFAULT_VOCAB, JobConfig, jobfile
 from trainmaster.errors import ConfigError, UserError
 from trainmaster.storage import RunPaths, Storage, dataset_path
 from trainmaster.train import ckptdir, dataset

@@ -69,7 +69,7 @@ def settings(job_file: Path) -> Settings:
         found = None
     if found is not None:
         return found
-    from trainmaster import jobfile
+    from trainmaster.config import jobfile
 
     cfg = jobfile.load(job_file)
     t = cfg.train

@@ -21,8 +21,8 @@ from kubernetes.client import (
     V1Taint,
 )
 
-from trainmaster import jobfile
 from trainmaster.backends.kubernetes import nodewatch, podspec
+from trainmaster.config import jobfile
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 OOS = V1Taint(key="node.kubernetes.io/out-of-service", value="nodeshutdown", effect="NoExecute")

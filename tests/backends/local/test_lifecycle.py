@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from trainmaster import jobfile
 from trainmaster.backends.local import ending
 from trainmaster.backends.local import launcher as local
 from trainmaster.backends.local import supervisor as supervise
+from trainmaster.config import jobfile
 from trainmaster.errors import UserError
 from trainmaster.run import pids, state
 from trainmaster.storage import RunPaths, Storage

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from trainmaster.backends import base
 from trainmaster.config import JobConfig
+from trainmaster.config.presets import EXAMPLE_ACCOUNT
 from trainmaster.errors import UserError
 from trainmaster.monitor.progress import RunProgress
-from trainmaster.presets import EXAMPLE_ACCOUNT
 
 if TYPE_CHECKING:
     from trainmaster.backends.kubernetes.client import Cluster

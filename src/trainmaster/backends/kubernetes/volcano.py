@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from trainmaster import catalog, config, jobfile, yamltext
+from trainmaster import catalog, config, yamltext
 from trainmaster.backends.kubernetes import names as k8s_names
 from trainmaster.backends.kubernetes import podspec
 from trainmaster.backends.kubernetes.names import API_VERSION
@@ -36,7 +36,7 @@ from trainmaster.backends.kubernetes.pod_script import (  # noqa: F401 - CACHE_H
 from trainmaster.cluster import progressguard
 from trainmaster.compile import cache
 from trainmaster.compile import precompile as pre_mod
-from trainmaster.config import JobConfig
+from trainmaster.config import JobConfig, jobfile
 from trainmaster.errors import UserError
 from trainmaster.launch import entry
 from trainmaster.launch.torchrun import Rendezvous, command

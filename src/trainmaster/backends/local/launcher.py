@@ -17,12 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmaster import files, jobfile
+from trainmaster import files
 from trainmaster.backends.local import detach, netns, rendezvous
 from trainmaster.backends.local.agents import agent_commands, rdzv_id
 from trainmaster.compile import cache, lock
 from trainmaster.compile import precompile as compile_precompile
-from trainmaster.config import JobConfig
+from trainmaster.config import JobConfig, jobfile
 from trainmaster.errors import UserError
 from trainmaster.launch import entry
 from trainmaster.launch.torchrun import Rendezvous

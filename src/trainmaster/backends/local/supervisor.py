@@ -37,13 +37,12 @@ import sys
 import time
 from pathlib import Path
 
-from trainmaster import jobfile
 from trainmaster.backends.local import completion, netns, rejoin, rendezvous
 from trainmaster.backends.local.agents import agent_commands, rdzv_id
 from trainmaster.backends.local.ending import ending
 from trainmaster.backends.local.gang import Cancel, Gang, signal_groups
 from trainmaster.compile import cache, lock
-from trainmaster.config import JobConfig
+from trainmaster.config import JobConfig, jobfile
 from trainmaster.launch import entry
 from trainmaster.launch.torchrun import AGENT_ENV, Rendezvous
 from trainmaster.monitor import exporter

@@ -1,5 +1,5 @@
 """What every section of the job file shares: the strict base model, the number types and the
-name rules (config.py, config_infra.py). No I/O, no trainmaster imports."""
+name rules (config/job.py, config/infra.py). No I/O, no trainmaster imports."""
 
 from __future__ import annotations
 

@@ -15,9 +15,9 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
-from trainmaster.config import MODEL_PRESETS, JobConfig
+from trainmaster.config.job import MODEL_PRESETS, JobConfig
+from trainmaster.config.presets import JOB_PRESETS
 from trainmaster.errors import ConfigError
-from trainmaster.presets import JOB_PRESETS
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

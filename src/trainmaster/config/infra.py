@@ -1,5 +1,5 @@
 """The job file's [kubernetes] and [cluster] sections: where a cluster job runs, and the EKS
-cluster `cluster plan` makes for it (docs/architecture.md 3.2). Re-exported by config.py."""
+cluster `cluster plan` makes for it (docs/architecture.md 3.2). Part of JobConfig (config/job.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 from pydantic import Field, field_validator
 
-from trainmaster.config_base import (
+from trainmaster.config.base import (
     S3_BUCKET,
     S3_READER,
     PositiveFloat,

@@ -1,6 +1,6 @@
 """Job presets for `trainmaster init --preset NAME` (docs/architecture.md 3.2).
 
-Each preset is a set of overrides of the defaults in `config.py`, nothing more, so that the
+Each preset is a set of overrides of the defaults in `config/job.py`, nothing more, so that the
 defaults stay the one place where a value is declared.
 """
 

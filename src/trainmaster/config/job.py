@@ -19,20 +19,16 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from trainmaster import catalog
-
-# Re-exported: every caller imports the job file's types and rules from trainmaster.config.
-from trainmaster.config_base import (  # noqa: F401
+from trainmaster.config.base import (
     CACHESET,
     JOB_NAME,
     JOB_NAME_RULE,
-    S3_BUCKET,
-    S3_READER,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     Section,
 )
-from trainmaster.config_infra import ClusterSection, KubernetesSection
+from trainmaster.config.infra import ClusterSection, KubernetesSection
 
 # The built-in BERT trainer (train/__main__.py); any other entrypoint is the user's own script.
 BUILTIN_ENTRYPOINT = "-m trainmaster.train"
