@@ -35,13 +35,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from benchlib import emit, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "controlplane"))
 import kube_faults  # type: ignore[import-not-found]  # noqa: E402
+import kube_objects  # type: ignore[import-not-found]  # noqa: E402
 
 from trainmaster.backends.kubernetes import nodewatch  # noqa: E402
 from trainmaster.cluster import nodeguard  # noqa: E402
@@ -86,12 +85,7 @@ def watcher_kubeconfig(core: Any, admin: Path, out: Path) -> Path:
     token = core.create_namespaced_service_account_token(
         nodeguard.WATCHER, nodeguard.WATCHER_NAMESPACE, {"spec": {"expirationSeconds": 7200}}
     ).status.token
-    config = yaml.safe_load(admin.read_text())
-    config["users"] = [{"name": "watcher", "user": {"token": token}}]
-    for ctx in config["contexts"]:
-        ctx["context"]["user"] = "watcher"
-    out.write_text(yaml.safe_dump(config))
-    return out
+    return kube_objects.token_kubeconfig(admin, token, out, "watcher")
 
 
 def trial(core: Any, coord: Any, kubeconfig: Path, launched: float, n: int) -> dict[str, Any]:

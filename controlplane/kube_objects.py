@@ -212,3 +212,14 @@ def job_objects(storage: Path) -> list[dict[str, Any]]:
         },
     }
     return [addons.queue(cluster), pv, claim]
+
+
+def token_kubeconfig(admin: Path, token: str, out: Path, user: str) -> Path:
+    """The admin kubeconfig with its user swapped for a bearer token (a service account's, or
+    one bound to a pod): what a watcher or a pod's own process sees as its identity."""
+    config = yaml.safe_load(admin.read_text())
+    config["users"] = [{"name": user, "user": {"token": token}}]
+    for ctx in config["contexts"]:
+        ctx["context"]["user"] = user
+    out.write_text(yaml.safe_dump(config))
+    return out

@@ -250,12 +250,10 @@ def pod_kubeconfig(kube: RealKube, pod: Any, out: Path) -> Path:
             }
         },
     ).status.token
-    admin = yaml.safe_load(kube.kubeconfig.read_text())
-    admin["users"] = [{"name": "pod", "user": {"token": token}}]
-    for ctx in admin["contexts"]:
-        ctx["context"]["user"] = "pod"
-    out.write_text(yaml.safe_dump(admin))
-    return out
+    from tests.controlplane.conftest import controlplane_module  # conftest imports this module
+
+    objects = controlplane_module("kube_objects")
+    return Path(objects.token_kubeconfig(kube.kubeconfig, token, out, "pod"))
 
 
 def statuses(kube: RealKube, ns: str) -> list[dict[str, Any]]:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.controlplane import kubejobs as kj
 from tests.controlplane.conftest import RealKube, controlplane_module
@@ -47,11 +46,10 @@ def watcher(real_kube: RealKube, job_ns: str, tmp_path: Path) -> Iterator[Path]:
     token = real_kube.core.create_namespaced_service_account_token(
         nodeguard.WATCHER, nodeguard.WATCHER_NAMESPACE, {"spec": {"expirationSeconds": 3600}}
     ).status.token
-    kubeconfig = yaml.safe_load(real_kube.kubeconfig.read_text())
-    kubeconfig["users"] = [{"name": "watcher", "user": {"token": token}}]
-    for ctx in kubeconfig["contexts"]:
-        ctx["context"]["user"] = "watcher"
-    (tmp_path / "watcher.kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    objects = controlplane_module("kube_objects")
+    objects.token_kubeconfig(
+        real_kube.kubeconfig, token, tmp_path / "watcher.kubeconfig", "watcher"
+    )
     log = tmp_path / "watcher.log"
     with log.open("w") as out:
         proc = subprocess.Popen(

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from trainmaster import files
 from trainmaster.data import shards as fmt
 from trainmaster.data.vocab import Vocab
 from trainmaster.errors import DataError
@@ -184,7 +185,7 @@ class Output:
         fsyncs are not part of the serial end."""
         assert self.staging is not None, "write_meta outside writing()"
         vocab.write(self.staging / fmt.VOCAB)
-        fmt.write_json_atomic(self.staging / fmt.MANIFEST, manifest)
+        files.write_json(self.staging / fmt.MANIFEST, manifest)
 
     def commit(self) -> None:
         """All shards, vocab.txt and dataset.json are complete in the staging folder: name the

@@ -22,7 +22,6 @@ import h5py
 import numpy as np
 from isal.isal_zlib import compress as _compress
 
-from trainmaster import files
 from trainmaster.storage import SHARD_GLOB
 
 FORMAT = "trainmaster-bert-shards"
@@ -146,10 +145,6 @@ def read_arrays(path: Path, rows: slice | None = None) -> dict[str, np.ndarray]:
     sel = rows if rows is not None else slice(None)
     with h5py.File(path, "r") as f:
         return {key: np.asarray(f[key][sel]) for key in KEYS if key in f}
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    files.write_json(path, data)
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LRScheduler
 
+from trainmaster import files
 from trainmaster.errors import UserError
 from trainmaster.train import ckptarena, ckptdir, ckptdirect
 from trainmaster.train.dataset import Position
@@ -202,7 +203,7 @@ def write(
         hook(folder, staged.step)
     size += _save(staged.trainer, tmp / TRAINER, arena)
     size += _save(staged.ranks, tmp / RANKS)
-    ckptdir.write_json(tmp / ckptdir.META, {**staged.meta, "written_at": time.time()})
+    files.write_json(tmp / ckptdir.META, {**staged.meta, "written_at": time.time()}, indent=1)
     if before_publish is not None:
         before_publish()
     final = ckptdir.publish(tmp, folder, staged.step)

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainmaster import files
 from trainmaster.errors import UserError
 
 META = "meta.json"
@@ -101,11 +100,6 @@ def fsync_dir(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """A checkpoint's small JSON files (meta.json, summary): durably, in one piece."""
-    files.write_json(path, data, indent=1)
 
 
 def publish(tmp: Path, folder: Path, step: int) -> Path:

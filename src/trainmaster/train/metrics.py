@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainmaster import files
 from trainmaster.run import metrics as runlog
 from trainmaster.storage import RunPaths
-from trainmaster.train import ckptdir
 
 PEAK_ENV = "TRAINMASTER_PEAK_TFLOPS"
 KEYS = (
@@ -59,7 +59,7 @@ def mfu(seq_per_s: float, flops_per_seq: float, world: int, peak_tflops: float) 
 
 
 def write_rank0(run: RunPaths, *, node_rank: int, local_rank: int) -> None:
-    ckptdir.write_json(
+    files.write_json(
         run.rank0,
         {
             "host": socket.gethostname(),
@@ -69,6 +69,7 @@ def write_rank0(run: RunPaths, *, node_rank: int, local_rank: int) -> None:
             "local_rank": local_rank,
             "started_at": time.time(),
         },
+        indent=1,
     )
 
 
@@ -148,7 +149,7 @@ class MetricsLog:
             "flops_per_seq": self.flops,
             "flops_convention": "6*N_enc*S + 12*L*S^2*d + 6*(d^2+d*V)*max_pred (masked head)",
         }
-        ckptdir.write_json(self.run.summary, out)
+        files.write_json(self.run.summary, out, indent=1)
         return out
 
     def close(self) -> None:

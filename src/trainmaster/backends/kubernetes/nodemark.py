@@ -115,6 +115,11 @@ def not_ready(node: Any) -> str | None:
     return None
 
 
+def is_marked(node: Any) -> bool:
+    """Whether trainmaster's mark is on the node (a client model Node)."""
+    return any(t.key == TAINT_KEY for t in node.spec.taints or [])
+
+
 def mark_not_ready(
     cluster: Cluster, nodes: list[Any], pods: dict[str, str], job: str
 ) -> tuple[list[str], bool]:
@@ -126,7 +131,7 @@ def mark_not_ready(
     problems, marked = [], False
     for node in nodes:
         name = node.metadata.name
-        if name not in pods or any(t.key == TAINT_KEY for t in node.spec.taints or []):
+        if name not in pods or is_marked(node):
             continue
         why = not_ready(node)
         if why is None:
@@ -146,7 +151,7 @@ def marks(cluster: Cluster, nodes: list[Any] | None = None) -> list[NodeMark]:
     out = []
     nodes = list_nodes(cluster) if nodes is None else nodes
     for n in nodes:
-        if any(t.key == TAINT_KEY for t in n.spec.taints or []):
+        if is_marked(n):
             ann = n.metadata.annotations or {}
             out.append(
                 NodeMark(

@@ -115,7 +115,7 @@ def decide(nodes: list[Any], pods: list[Any], now: datetime) -> list[Action]:
             actions.append(Action(name, "take-out", detail, _job(stuck)))
             continue
         live = [p for p in by_node.get(name, []) if p.status and p.status.phase not in FINISHED]
-        if live and not _tainted(node, (nodemark.TAINT_KEY,), "NoSchedule"):
+        if live and not nodemark.is_marked(node):
             actions.append(Action(name, "mark", f"{why}; pods {_names(live)}", _job(live)))
     return actions
 
@@ -133,7 +133,7 @@ def apply(cluster: Cluster, action: Action, now: str) -> None:
     with call(cluster, "get", "nodes", action.node):
         node = cluster.core.read_node(action.node)
     if action.kind == "take-out":
-        if not any(t.key == nodemark.TAINT_KEY for t in node.spec.taints or []):
+        if not nodemark.is_marked(node):
             nodemark.mark(cluster, action.node, nodemark.NOT_READY, action.detail, action.job)
             with call(cluster, "get", "nodes", action.node):
                 node = cluster.core.read_node(action.node)
