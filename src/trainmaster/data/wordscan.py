@@ -5,7 +5,7 @@ regex findall makes a Python string per word and then a dict lookup per word (~2
 each, half of all the time `data prepare` spent). Here the text is one array of code
 points; a word is a run of ASCII letters/digits, any other non-space character alone, or
 "\\n" (a line's end); and each word's key is a polynomial hash of its characters, read off
-one cumulative sum: ~2x faster for the step. Keys are hashes mod 2**64 plus the length, so
+one cumulative sum, faster for the step (bench/data_prepare.py times the stages). Keys are hashes mod 2**64 plus the length, so
 two words could share one (odds ~n**2 / 2**65 for n distinct words, 3e-10 for 100k) and
 then share pieces; the strings of new words are still taken from the text.
 """

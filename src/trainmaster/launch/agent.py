@@ -6,8 +6,9 @@ Each local node runs one torchrun agent, and each agent starts by importing torc
 (the elastic agent, the rendezvous handlers, torch itself): hundreds of thousands of objects,
 over which the collector runs again and again while they are made, though none of them is ever
 garbage. With it off during those imports and the result frozen, as the entry shim does for the
-workers (entry.py), an agent spends about 0.2 s less CPU before its rendezvous: on a machine with
-fewer cores than processes, that is time the workers wait for.
+workers (entry.py), an agent spends less CPU before its rendezvous (`python
+bench/launch_overhead.py --cases agent`; figures in bench/README.md): on a machine with fewer cores
+than processes, that is time the workers wait for.
 
 Everything else is torchrun's own: the module then runs as `python -m` runs it (runpy, as
 __main__, sys.argv[0] its file), so its arguments, log lines, SIGTERM/SIGINT handling and exit

@@ -1,9 +1,10 @@
 """A checkpoint file written from the shared staging block (ckptarena) past the page cache.
 
-torch.save of 1.1 GB (bert-base and its Adam state) copies every byte into the kernel's page
-cache: 0.9-6.9 s of system CPU in the writer process on the 2-core machine, a core taken from
-training. The same bytes written with O_DIRECT from the page-aligned block cost
-0.06 s of CPU. So a file is written in two passes, and stays the same torch-loadable zip:
+torch.save copies every byte into the kernel's page cache: system CPU in the writer process
+that a machine with few cores takes from training. The same bytes written with O_DIRECT from the
+page-aligned block cost almost none (`python bench/checkpoint_cost.py --write-cpu`; the figures
+are in bench/README.md). So a file is written in two passes, and stays the same torch-loadable
+zip:
 
 1. torch.save under skip_data, every record aligned to 4096 bytes and no crc32: the zip's
    headers and pickle, with a hole where each storage's bytes go;
@@ -12,8 +13,8 @@ training. The same bytes written with O_DIRECT from the page-aligned block cost
 3. every record's CRC-32 set in the zip's headers (ckptzip), computed from the bytes written:
    the block's for a storage, the file's for the records torch wrote itself (the pickle,
    version, byte order). Without them every zip reader that checks takes the file for corrupt.
-   isal's crc32 (zlib's function, 6x faster here) checksums bert-base's 1.3 GB in 0.05 CPU-s:
-   one write went from 0.10 to 0.18 CPU-s (bench/checkpoint_cost.py --write-cpu).
+   isal's crc32 (zlib's function, several times faster) keeps that a small part of a write
+   (the same bench measures both).
 
 Which record holds which tensor: torch.save numbers storages in the order it pickles them, and
 the pickler visits dicts, lists and tuples in their iteration order, the order of walk() below.

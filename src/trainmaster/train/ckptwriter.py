@@ -2,7 +2,8 @@
 (docs/architecture.md 5: 14.5).
 
 A writer thread in the trainer still competed with training for the GIL (torch.save pickles
-and writes in Python): 1.60x the time per step of a run without checkpoints, with bert-base.
+and writes in Python; `python bench/checkpoint_cost.py` measures the cost per step, bench/README.md
+keeps the figures).
 So rank 0 copies the staged state into a shared buffer (ckptarena; copy_ releases the GIL) and
 hands the rest to a long-lived writer process (ckptproc), which runs checkpoint.write() on it.
 The trainer starts it while it starts up itself, so that the writer's own start (a Python and

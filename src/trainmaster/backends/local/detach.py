@@ -1,7 +1,7 @@
 """Start a run's supervisor detached from `launch`: in a fork of the CLI when it can.
 
-A fresh `python -m trainmaster.backends.local.supervisor RUN_DIR` spends 0.2-0.3 s (more on a
-busy machine) starting an interpreter and importing pydantic, the config and this backend before
+A fresh `python -m trainmaster.backends.local.supervisor RUN_DIR` spends a noticeable part of
+a second (more on a busy machine) starting an interpreter and importing pydantic, the config and this backend before
 it starts the first agent: the CLI has all of that loaded already, so a fork of it starts the
 agents that much sooner: a custom script starts as fast as with TorchX's local_cwd
 (bench/launch_overhead.py).
