@@ -94,6 +94,16 @@ def rbac(namespace: str, service_account: str) -> list[dict[str, Any]]:
             service_account,
             namespace,
         ),
+        *admission_policy(meta, user, "nodes", _OURS_ONLY),
+    ]
+
+
+def admission_policy(
+    meta: dict[str, Any], user: str, resource: str, checks: list[tuple[str, str]]
+) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy and its binding (Deny): every UPDATE by `user` of the core
+    `resource` must pass each (CEL expression, message) of `checks`."""
+    return [
         {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingAdmissionPolicy",
@@ -106,7 +116,7 @@ def rbac(namespace: str, service_account: str) -> list[dict[str, Any]]:
                             "apiGroups": [""],
                             "apiVersions": ["v1"],
                             "operations": ["UPDATE"],
-                            "resources": ["nodes"],
+                            "resources": [resource],
                         }
                     ]
                 },
@@ -117,7 +127,7 @@ def rbac(namespace: str, service_account: str) -> list[dict[str, Any]]:
                     }
                 ],
                 "validations": [
-                    {"expression": expr, "message": message} for expr, message in _OURS_ONLY
+                    {"expression": expr, "message": message} for expr, message in checks
                 ],
             },
         },
@@ -125,7 +135,7 @@ def rbac(namespace: str, service_account: str) -> list[dict[str, Any]]:
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingAdmissionPolicyBinding",
             "metadata": meta,
-            "spec": {"policyName": NAME, "validationActions": ["Deny"]},
+            "spec": {"policyName": meta["name"], "validationActions": ["Deny"]},
         },
     ]
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainmaster.cluster import nodeguard
+
 NAME = "trainmaster-job-progress"
 SUFFIX = "-progress"  # the ConfigMap of job J is J-progress
 KEY = "progress.json"
@@ -84,37 +86,5 @@ def rbac(namespace: str, service_account: str) -> list[dict[str, Any]]:
                 {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
             ],
         },
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": meta,
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {
-                    "resourceRules": [
-                        {
-                            "apiGroups": [""],
-                            "apiVersions": ["v1"],
-                            "operations": ["UPDATE"],
-                            "resources": ["configmaps"],
-                        }
-                    ]
-                },
-                "matchConditions": [
-                    {
-                        "name": "the-job-service-account",
-                        "expression": f"request.userInfo.username == '{user}'",
-                    }
-                ],
-                "validations": [
-                    {"expression": expr, "message": message} for expr, message in _OWN_JOB_ONLY
-                ],
-            },
-        },
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": meta,
-            "spec": {"policyName": NAME, "validationActions": ["Deny"]},
-        },
+        *nodeguard.admission_policy(meta, user, "configmaps", _OWN_JOB_ONLY),
     ]

@@ -18,5 +18,6 @@ Modules, from the commands down to the client:
   podspec      what a training pod takes from the node type: resources, env, placement
   client       the connection to a cluster and the errors its API answers
   cache_hold   in pod 0: hold a cacheset's lock around the command
+  podproc      a pod's first process running its command as a child, signals passed on
   names        Kubernetes names, and what Volcano's admission webhook checks
 """

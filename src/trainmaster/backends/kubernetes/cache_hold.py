@@ -21,11 +21,10 @@ taken over at once; another job's is waited for, up to --wait seconds.
 from __future__ import annotations
 
 import argparse
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
+from trainmaster.backends.kubernetes import podproc
 from trainmaster.compile import lock
 from trainmaster.errors import UserError
 
@@ -74,19 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     held.start_heartbeat()
     try:
-        try:
-            child = subprocess.Popen(command)
-        except OSError as exc:
-            print(f"error: {command[0]}: {exc}", file=sys.stderr)
-            return 127
-        # Kubernetes stops a pod with SIGTERM to its first process, which is this one: pass it on
-        # and keep the lock until the command has really ended.
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+        child = podproc.start(command)  # SIGTERM passed on: the lock is kept until its end
+        if child is None:
+            return podproc.CANNOT_START
         code = child.wait()
     finally:
         held.release()
-    return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+    return podproc.exit_code(code)
 
 
 if __name__ == "__main__":

@@ -21,15 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from trainmaster.backends.kubernetes import names as k8s_names
-from trainmaster.backends.kubernetes import progressmap
+from trainmaster.backends.kubernetes import podproc, progressmap
 from trainmaster.backends.kubernetes.client import Cluster, connect
 from trainmaster.backends.kubernetes.pod_script import PUBLISH, TASK
 from trainmaster.cluster.progressguard import PUBLISH_S
@@ -107,13 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # the port is taken: the job runs without /metrics
         print(f"trainmaster: no /metrics on port {port}: {exc}", flush=True)
         metrics = None
-    try:
-        child = subprocess.Popen(command)
-    except OSError as exc:
-        print(f"error: {command[0]}: {exc}", file=sys.stderr)
-        return 127
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    child = podproc.start(command)
+    if child is None:
+        return podproc.CANNOT_START
     done = threading.Event()
 
     def loop() -> None:
@@ -131,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     final.join(FINAL_WAIT_S)
     if metrics is not None:
         metrics()
-    return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+    return podproc.exit_code(code)
 
 
 if __name__ == "__main__":

@@ -195,35 +195,30 @@ def container_script(
     )
 
 
-def build_config_map(cfg: JobConfig, kind: str = "train") -> dict[str, Any]:
-    name = cfg.job.name
+def _config_map(
+    cfg: JobConfig, map_name: str, kind: str, data: dict[str, str], **more_labels: str
+) -> dict[str, Any]:
+    meta = {"name": map_name, "namespace": cfg.kubernetes.namespace}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {
-            "name": config_map_name(name),
-            "namespace": cfg.kubernetes.namespace,
-            "labels": labels(name, kind),
-        },
-        "data": {
-            "job.toml": jobfile.render(cfg, f"resolved job {name} (launch --backend kubernetes)")
-        },
+        "metadata": {**meta, "labels": {**labels(cfg.job.name, kind), **more_labels}},
+        "data": data,
     }
+
+
+def build_config_map(cfg: JobConfig, kind: str = "train") -> dict[str, Any]:
+    """`<job>-config`: the resolved job file every pod copies into the run folder."""
+    name = cfg.job.name
+    text = jobfile.render(cfg, f"resolved job {name} (launch --backend kubernetes)")
+    return _config_map(cfg, config_map_name(name), kind, {"job.toml": text})
 
 
 def build_progress_map(cfg: JobConfig, kind: str = "train") -> dict[str, Any]:
     """`<job>-progress`, empty until rank 0's pod publishes into it (progressmap.py)."""
-    name = cfg.job.name
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": progressguard.map_name(name),
-            "namespace": cfg.kubernetes.namespace,
-            "labels": {**labels(name, kind), progressguard.LABEL: name},
-        },
-        "data": {progressguard.KEY: ""},
-    }
+    name, key = cfg.job.name, progressguard.KEY
+    label = {progressguard.LABEL: name}
+    return _config_map(cfg, progressguard.map_name(name), kind, {key: ""}, **label)
 
 
 def _build(
