@@ -105,6 +105,8 @@ class JobStatus:
     cost_so_far_usd: float | None = None
     cost_to_finish_usd: float | None = None
     hangs: tuple[str, ...] = ()  # the newest hangs the watchdogs reported, one line each
+    goodput: float | None = None  # productive share of the wall time so far
+    last_checkpoint: int | None = None  # step of the newest complete checkpoint
     details: dict[str, str] = field(
         default_factory=dict
     )  # backend words: rendezvous, namespace, ...

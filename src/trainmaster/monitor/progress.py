@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from trainmaster.monitor import cost, history, runinfo
-from trainmaster.run import state
+from trainmaster.run import goodput, state
 from trainmaster.storage import RunPaths
+from trainmaster.train import ckptdir
 
 RECORD_VERSION = 1
 MAX_METRICS_BYTES = 16 << 10  # a custom script may log any keys; a ConfigMap holds 1 MiB
@@ -38,6 +39,8 @@ class RunProgress:
     hangs: tuple[str, ...] = ()
     metrics: dict[str, Any] = field(default_factory=dict)  # the newest metrics.jsonl row
     summary: dict[str, Any] | None = None  # summary.json once the workers wrote it
+    goodput: float | None = None  # productive share of the wall time so far (run/goodput.py)
+    last_checkpoint: int | None = None  # the step of the newest complete checkpoint
     notes: tuple[str, ...] = ()  # progress line, cost, hangs, summary: as `status` prints them
     at: float = 0.0  # when it was computed (Unix time)
 
@@ -98,6 +101,16 @@ def of_status(s: runinfo.Status, run: RunPaths, *, detail: bool = True) -> RunPr
     notes = [runinfo.progress_text(s)]
     p = cost.progress_of_run(run, s.state, s.max_steps)
     notes += [cost.render(p)] if p else []
+    running = s.state.phase == "running"
+    g = goodput.breakdown(
+        goodput.read(run.timeline),
+        launched_at=s.state.started_at,
+        ended_at=time.time() if running and s.state.started_at else None,
+    )
+    newest = ckptdir.latest(run.checkpoints)
+    said = [f"goodput {g.ratio:.0%} of {cost.duration(g.wall)}"] if g and g.wall > 0 else []
+    said += [f"last checkpoint: step {newest.step}"] if newest else []
+    notes += ["  ".join(said)] if said else []
     notes += runinfo.hang_lines(s)
     summary = runinfo.summary_text(s)
     notes += [summary] if summary else []
@@ -109,6 +122,8 @@ def of_status(s: runinfo.Status, run: RunPaths, *, detail: bool = True) -> RunPr
             "eta_s": p.eta_s if p else s.eta_s,
             "cost_so_far_usd": p.spent if p else None,
             "cost_to_finish_usd": p.to_finish if p else None,
+            "goodput": round(g.ratio, 4) if g and g.wall > 0 else None,
+            "last_checkpoint": newest.step if newest else None,
             "notes": tuple(notes),
         }
     )

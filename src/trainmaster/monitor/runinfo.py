@@ -159,7 +159,11 @@ def progress_text(s: Status) -> str:
             skip.add("tokens_per_s")
         keys: list[str] = [k for k in ("loss", "seq_per_s") if k in s.last]
         keys += [k for k in s.last if k not in skip and k not in keys]
-        parts += [f"{k} {_fmt(s.last[k])}" for k in keys[:SHOWN] if s.last[k] is not None]
+        shown = [f"{k} {_fmt(s.last[k])}" for k in keys[:SHOWN] if s.last[k] is not None]
+        if _is_num(s.last.get("mfu")):  # a share of the device's peak, next to the rate
+            at = next((i + 1 for i, t in enumerate(shown) if t.startswith("seq_per_s ")), 0)
+            shown.insert(at or len(shown), f"mfu {s.last['mfu']:.0%}")
+        parts += shown
     parts.append(f"restarts {s.restarts}")
     if s.preemptions:
         parts.append(f"preemptions {s.preemptions} (SIGTERM, checkpointed)")

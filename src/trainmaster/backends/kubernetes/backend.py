@@ -280,6 +280,8 @@ def _progress_fields(record: RunProgress | None, phase: str, now: float) -> dict
         "cost_to_finish_usd": record.cost_to_finish_usd,
         "preemptions": record.preemptions,
         "hangs": record.hangs,
+        "goodput": record.goodput,
+        "last_checkpoint": record.last_checkpoint,
         "metrics": dict(record.metrics),
         "summary": record.summary,
     }

@@ -252,6 +252,8 @@ def _job_status(handle: str, s: runinfo.Status, store: Storage, *, detail: bool)
         cost_so_far_usd=p.cost_so_far_usd,
         cost_to_finish_usd=p.cost_to_finish_usd,
         hangs=p.hangs,
+        goodput=p.goodput,
+        last_checkpoint=p.last_checkpoint,
         details={"rendezvous": f"{st.rendezvous.get('backend')} {st.rendezvous.get('endpoint')}"},
         metrics=dict(s.last or {}),
         summary=p.summary,
