@@ -46,8 +46,6 @@ PUBLISHED = {
     "source": "NVIDIA/DeepLearningExamples PyTorch/LanguageModeling/BERT/README.md "
     "(729963d), Pre-training NVIDIA DGX A100 (8x A100 80GB), 1 GPU",
 }
-# The GPU's name -> the catalog instance whose per-GPU peak applies.
-GPU_INSTANCES = (("H200", "p5e.48xlarge"), ("H100", "p5.48xlarge"), ("A100", "p4d.24xlarge"))
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -199,15 +197,10 @@ def _peak_tflops(a: argparse.Namespace, rt: Any) -> float | None:
         return float(a.peak_tflops)
     if a.dry:
         return None
-    import torch
-
     from trainmaster import catalog
 
-    name = torch.cuda.get_device_name(rt.device)
-    for key, instance in GPU_INSTANCES:
-        if key in name:
-            return catalog.get(instance).peak_tflops_per_worker
-    return None
+    known = catalog.peak_for_device(rt.device_name)
+    return known[0] if known else None
 
 
 def _run_child(a: argparse.Namespace, mode: str, batch: int, data: Path) -> dict[str, Any]:

@@ -220,3 +220,17 @@ def get(name: str, *, where: str = "instance_type") -> InstanceType:
     except KeyError as exc:
         known = ", ".join(CATALOG)
         raise ConfigError(f"unknown instance type {name!r}; known: {known}", where=where) from exc
+
+
+# A GPU by the name its driver reports (torch.cuda.get_device_name: "NVIDIA H200") -> the
+# instance type whose per-GPU peak applies; the more specific name first.
+GPU_INSTANCES = (("H200", "p5e.48xlarge"), ("H100", "p5.48xlarge"), ("A100", "p4d.24xlarge"))
+
+
+def peak_for_device(name: str) -> tuple[float, str] | None:
+    """(dense bf16 TFLOP/s of one device, the instance type it comes from) for a GPU named
+    `name`; None for a device the catalog does not know."""
+    for key, instance in GPU_INSTANCES:
+        if key in name:
+            return get(instance).peak_tflops_per_worker, instance
+    return None

@@ -99,7 +99,8 @@ def progress_of_run(
         return None
     phase = st.phase if st else "running"
     nodes = st.nnodes if st else None
-    return progress(rows, max_steps, phase, history.wall_s(st, rows), history.price_of(cfg, nodes))
+    price = history.price_of(cfg, nodes, history.device_of(run))
+    return progress(rows, max_steps, phase, history.wall_s(st, rows), price)
 
 
 def progress_line(s: runinfo.Status, store: Storage) -> str | None:

@@ -118,6 +118,7 @@ class Price:
     nodes: int
     instance: str
     source: str  # "catalog" | "cluster.price_per_hour"
+    device: str = ""  # the accelerator rank 0 ran on, by name ("NVIDIA H200"), when it says
 
     @property
     def per_hour(self) -> float:
@@ -127,21 +128,31 @@ class Price:
         return self.per_hour * seconds / 3600.0
 
     def basis(self) -> str:
+        on = f" with {self.device}" if self.device else ""
         return (
-            f"{self.nodes} x {self.instance} at ${self.per_node_hour:.2f}/node-hour ({self.source})"
+            f"{self.nodes} x {self.instance}{on} at ${self.per_node_hour:.2f}/node-hour "
+            f"({self.source})"
         )
 
 
-def price_of(cfg: JobConfig | None, nodes: int | None = None) -> Price | None:
+def price_of(cfg: JobConfig | None, nodes: int | None = None, device: str = "") -> Price | None:
     """Price per node-hour: [cluster] price_per_hour, else the catalog's for the job's node type
-    (a generic CPU host for local jobs); None without a readable job file."""
+    (a generic CPU host for local jobs, whatever device it has: device names it, so a local GPU
+    job's line says what it ran on); None without a readable job file."""
     if cfg is None:
         return None
     inst: catalog.InstanceType = cfg.derived.instance
     n = nodes or cfg.job.nnodes
     if cfg.cluster.price_per_hour is not None:
-        return Price(cfg.cluster.price_per_hour, n, inst.name, "cluster.price_per_hour")
-    return Price(inst.price_per_hour, n, inst.name, "catalog")
+        return Price(cfg.cluster.price_per_hour, n, inst.name, "cluster.price_per_hour", device)
+    return Price(inst.price_per_hour, n, inst.name, "catalog", device)
+
+
+def device_of(run: RunPaths) -> str:
+    """The accelerator rank 0 ran on, from rank0.json ("" when it has none or does not say)."""
+    rank0 = runinfo.read_json(run.rank0) or {}
+    device = rank0.get("device")
+    return device if isinstance(device, str) else ""
 
 
 def _num(value: object) -> float | None:

@@ -170,7 +170,7 @@ def summarize(run: RunPaths, job: str, rows: list[dict[str, Any]]) -> Report:
         final_loss=float(rows[-1]["loss"])
         if rows and isinstance(rows[-1].get("loss"), (int, float))
         else None,
-        price=history.price_of(cfg, st.nnodes if st else None),
+        price=history.price_of(cfg, st.nnodes if st else None, history.device_of(run)),
         png=run.report_png if rows else None,
         goodput=g.to_json() if g else summary.get("goodput"),
         spans=g.spans if g else (),

@@ -146,6 +146,11 @@ class Runtime:
 
     # --- steps and data -----------------------------------------------------------------------
 
+    @property
+    def device_name(self) -> str:
+        """The accelerator's name as its driver reports it ("NVIDIA H200"); "" for others."""
+        return torch.cuda.get_device_name(self.device) if self.kind == "cuda" else ""
+
     def sync(self) -> None:
         """Cut and run the XLA graph (a step boundary); nothing elsewhere."""
         if self.kind == "xla":

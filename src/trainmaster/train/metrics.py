@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainmaster import files
+from trainmaster import catalog, files
 from trainmaster.run import metrics as runlog
 from trainmaster.storage import RunPaths
 
@@ -42,9 +42,14 @@ KEYS = (
 )
 
 
-def peak_tflops_per_worker(catalog_value: float) -> float:
+def peak_tflops_per_worker(catalog_value: float, device: str = "") -> float:
+    """The job's node type's peak; else the catalog's for the device by its name (a local job on
+    a GPU: "NVIDIA H200"); else TRAINMASTER_PEAK_TFLOPS; else 0 (MFU not known)."""
     if catalog_value > 0:
         return catalog_value
+    known = catalog.peak_for_device(device) if device else None
+    if known is not None:
+        return known[0]
     raw = os.environ.get(PEAK_ENV, "")
     try:
         return max(0.0, float(raw)) if raw else 0.0
@@ -58,7 +63,7 @@ def mfu(seq_per_s: float, flops_per_seq: float, world: int, peak_tflops: float) 
     return seq_per_s * flops_per_seq / (world * peak_tflops * 1e12)
 
 
-def write_rank0(run: RunPaths, *, node_rank: int, local_rank: int) -> None:
+def write_rank0(run: RunPaths, *, node_rank: int, local_rank: int, device: str = "") -> None:
     files.write_json(
         run.rank0,
         {
@@ -68,6 +73,7 @@ def write_rank0(run: RunPaths, *, node_rank: int, local_rank: int) -> None:
             "node_rank": node_rank,
             "local_rank": local_rank,
             "started_at": time.time(),
+            "device": device,  # the accelerator's name, when it has one ("NVIDIA H200")
         },
         indent=1,
     )

@@ -100,7 +100,13 @@ class TrainerSetup:
                 plan.run.checkpoints, cfg.train.keep_checkpoints, on_written=self._written
             )
             self.writer.start()  # its start-up overlaps ours, not the first save
-            write_rank0(plan.run, node_rank=plan.env.node_rank, local_rank=plan.env.local_rank)
+            device = rt.device_name
+            write_rank0(
+                plan.run,
+                node_rank=plan.env.node_rank,
+                local_rank=plan.env.local_rank,
+                device=device,
+            )
             # The Kubernetes backend finds rank 0's pod by this exact line (backends/kubernetes/status.py).
             pod = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
             log(f"trainmaster: rank 0 on pod {pod}")
@@ -110,7 +116,7 @@ class TrainerSetup:
                 started=started,
                 flops_per_seq=self.flops,
                 peak_tflops=metrics.peak_tflops_per_worker(
-                    cfg.derived.instance.peak_tflops_per_worker
+                    cfg.derived.instance.peak_tflops_per_worker, device
                 ),
                 world=rt.world,
                 global_batch=cfg.train.global_batch_size,

@@ -1,0 +1,57 @@
+"""A local job on a GPU: MFU from the catalog by the GPU's name, and the GPU named in the cost line.
+
+The names are those the driver reports (torch.cuda.get_device_name); no GPU is needed to check
+what is done with them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from trainmaster import catalog
+from trainmaster.monitor import cost, history
+from trainmaster.run import state
+from trainmaster.storage import RunPaths
+from trainmaster.train import metrics
+
+
+@pytest.mark.parametrize(
+    ("name", "instance"),
+    [
+        ("NVIDIA H200", "p5e.48xlarge"),
+        ("NVIDIA H100 80GB HBM3", "p5.48xlarge"),
+        ("NVIDIA A100-SXM4-80GB", "p4d.24xlarge"),
+    ],
+)
+def test_a_known_gpu_gets_its_instance_types_peak(name: str, instance: str) -> None:
+    peak, source = catalog.peak_for_device(name) or (0.0, "")
+    assert source == instance and peak == catalog.get(instance).peak_tflops_per_worker > 0
+    assert metrics.peak_tflops_per_worker(0.0, name) == peak  # a local job: its instance has none
+
+
+def test_an_unknown_device_falls_back_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert catalog.peak_for_device("NVIDIA GeForce RTX 4090") is None
+    assert metrics.peak_tflops_per_worker(0.0, "NVIDIA GeForce RTX 4090") == 0.0  # MFU unknown
+    monkeypatch.setenv(metrics.PEAK_ENV, "165")
+    assert metrics.peak_tflops_per_worker(0.0, "NVIDIA GeForce RTX 4090") == 165.0
+    assert metrics.peak_tflops_per_worker(95.0, "NVIDIA H200") == 95.0  # the node type's first
+
+
+def test_the_cost_line_names_the_gpu_rank_0_ran_on(tmp_path: Path) -> None:
+    run = RunPaths(tmp_path / "runs" / "gpu")
+    run.dir.mkdir(parents=True)
+    shutil.copy(ROOT / "examples" / "local-cpu.toml", run.job_toml)
+    rows = [{"step": s, "loss": 5.0, "elapsed_s": float(s)} for s in (1, 2, 3)]
+    run.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run.rank0.write_text(json.dumps({"node_rank": 0, "device": "NVIDIA H200"}))
+    st = state.RunState(job="gpu", phase="running", nnodes=1)
+    line = cost.render(cost.progress_of_run(run, st, 10) or pytest.fail("no progress"))
+    assert "1 x cpu with NVIDIA H200 at $" in line
+    run.rank0.write_text(json.dumps({"node_rank": 0, "device": ""}))  # a CPU run says nothing
+    price = history.price_of(history.read_config(run), 1, history.device_of(run))
+    assert price is not None and price.basis() == "1 x cpu at $1.61/node-hour (catalog)"
