@@ -109,3 +109,19 @@ def etcd_available() -> bool:
     import shutil
 
     return shutil.which("etcd") is not None
+
+
+@pytest.fixture(scope="session")
+def finished_run(pydoc_storage: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(storage, job): a real 2-node local job of REPORT_STEPS steps, run to the end, made once
+    for the session (the monitor and estimate tests read it)."""
+    from tests.monitor.conftest import REPORT_STEPS, job_file
+    from trainmaster.run import state
+    from trainmaster.storage import Storage
+
+    job = "monitored"
+    path = job_file(tmp_path_factory.mktemp("monitor-job"), job, f"train.max_steps={REPORT_STEPS}")
+    result = run_cli("launch", str(path), "--storage", str(pydoc_storage), "--follow", timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert state.read(Storage(pydoc_storage).run_dir(job) / "state.json").phase == "succeeded"
+    return pydoc_storage, job

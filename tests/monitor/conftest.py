@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tests.backends.kubernetes.conftest import fake  # noqa: F401 - the fake Kubernetes API, for kubernetes paths
 from tests.conftest import run_cli
 from trainmaster.monitor import runinfo
-from trainmaster.run import state
 from trainmaster.storage import Storage
 
 # Small and quick on 2 cores: bert-tiny, 2 nodes x 1 worker, 4 sequences per step.
@@ -35,14 +32,3 @@ def job_file(folder: Path, name: str, *sets: str) -> Path:
 def last_step(store: Path, job: str) -> int:
     rows = runinfo.read_metrics(Storage(store).run_dir(job) / "metrics.jsonl")
     return int(rows[-1]["step"]) if rows else 0
-
-
-@pytest.fixture(scope="session")
-def finished_run(pydoc_storage: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """(storage, job): a real 2-node local job of REPORT_STEPS steps, run to the end."""
-    job = "monitored"
-    path = job_file(tmp_path_factory.mktemp("monitor-job"), job, f"train.max_steps={REPORT_STEPS}")
-    result = run_cli("launch", str(path), "--storage", str(pydoc_storage), "--follow", timeout=600)
-    assert result.returncode == 0, result.stderr
-    assert state.read(Storage(pydoc_storage).run_dir(job) / "state.json").phase == "succeeded"
-    return pydoc_storage, job
