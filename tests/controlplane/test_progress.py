@@ -129,9 +129,13 @@ def test_status_shows_rank_0s_progress_while_it_runs_and_the_summary_after_the_p
         gate.touch()
         out, _ = publisher.communicate(timeout=60)
         assert publisher.returncode == 0, out
-    finally:
-        publisher.kill()
-        publisher.wait()
+    finally:  # on a failure too: the stand-in ends at the gate, then its publisher
+        gate.touch()
+        try:
+            publisher.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            publisher.kill()
+            publisher.wait()
     for pod in pods:  # the containers end; Volcano completes the job
         kj.fail_pod(real_kube, ns, pod.metadata.name, exit_code=0)
     done = real_kube.wait_for(
