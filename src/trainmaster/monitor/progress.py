@@ -9,6 +9,7 @@ makes the record, so a job reads the same on a laptop and on a cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -114,18 +115,15 @@ def of_status(s: runinfo.Status, run: RunPaths, *, detail: bool = True) -> RunPr
     notes += runinfo.hang_lines(s)
     summary = runinfo.summary_text(s)
     notes += [summary] if summary else []
-    return RunProgress(
-        **{
-            **asdict(base),
-            "hangs": base.hangs,
-            "fraction": p.fraction if p else None,
-            "eta_s": p.eta_s if p else s.eta_s,
-            "cost_so_far_usd": p.spent if p else None,
-            "cost_to_finish_usd": p.to_finish if p else None,
-            "goodput": round(g.ratio, 4) if g and g.wall > 0 else None,
-            "last_checkpoint": newest.step if newest else None,
-            "notes": tuple(notes),
-        }
+    return dataclasses.replace(
+        base,
+        fraction=p.fraction if p else None,
+        eta_s=p.eta_s if p else s.eta_s,
+        cost_so_far_usd=p.spent if p else None,
+        cost_to_finish_usd=p.to_finish if p else None,
+        goodput=round(g.ratio, 4) if g and g.wall > 0 else None,
+        last_checkpoint=newest.step if newest else None,
+        notes=tuple(notes),
     )
 
 

@@ -47,6 +47,7 @@ class Publisher:
         self._connect = cluster
         self._cluster: Cluster | None = None
         self.off = False
+        self.phase: state.Phase = "running"  # the command's, once it has ended
 
     def holds_rank0(self) -> bool:
         try:
@@ -55,11 +56,11 @@ class Publisher:
             return self.pod == k8s_names.pod_name(self.job, TASK, 0)
         return isinstance(rank0, dict) and rank0.get("pod") == self.pod
 
-    def once(self, phase: state.Phase) -> bool:
+    def once(self) -> bool:
         """Publish the run's record if this pod holds rank 0; whether it did."""
         if self.off or not self.holds_rank0():
             return False
-        record = progress.of_folder(self.run, self.job, phase)
+        record = progress.of_folder(self.run, self.job, self.phase)
         try:
             self._cluster = self._cluster or self._connect()
             progressmap.publish(self._cluster, self.job, record)
@@ -96,11 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.get("POD_NAME", ""),
         lambda: connect(namespace=args.namespace),
     )
-    run = RunPaths(args.run)
-    phase: list[state.Phase] = ["running"]
     port = int(os.environ.get(METRICS_PORT_ENV) or exporter.METRICS_PORT)
     try:  # /metrics on every pod; the series only where rank 0 is (monitor/exporter.py)
-        collector = exporter.RunCollector(run, args.job, lambda: phase[0], pub.holds_rank0)
+        collector = exporter.RunCollector(pub.run, args.job, lambda: pub.phase, pub.holds_rank0)
         metrics = exporter.serve(collector, port=port).stop
     except OSError as exc:  # the port is taken: the job runs without /metrics
         print(f"trainmaster: no /metrics on port {port}: {exc}", flush=True)
@@ -112,15 +111,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def loop() -> None:
         while not done.wait(every):
-            pub.once("running")
+            pub.once()
 
     ticker = threading.Thread(target=loop, name="publish", daemon=True)
     ticker.start()
     code = child.wait()
-    phase[0] = "succeeded" if code == 0 else "failed"
+    pub.phase = "succeeded" if code == 0 else "failed"
     done.set()
     ticker.join(FINAL_WAIT_S)
-    final = threading.Thread(target=pub.once, args=(phase[0],), daemon=True)
+    final = threading.Thread(target=pub.once, daemon=True)
     final.start()
     final.join(FINAL_WAIT_S)
     if metrics is not None:
