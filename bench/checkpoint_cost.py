@@ -9,7 +9,7 @@ same job that differ only in checkpointing:
 
   none        train.checkpoint_every > steps (only the final save, after the last step)
   background  a checkpoint every --every steps, written by rank 0's writer process (the default:
-              train/ckptwriter.py; before issue 28, a writer thread)
+              train/checkpoint/background.py; before issue 28, a writer thread)
   sync        the same, but training waits for each write (TRAINMASTER_CHECKPOINT_SYNC=1)
 
 For each: the median and mean step time (from metrics.jsonl's seq/s, the first step left out), the
@@ -24,11 +24,11 @@ round; effective_step_vs_none is then the median of the rounds' ratios.
     python bench/checkpoint_cost.py --write-cpu [--model bert-base] [--rounds 3]
 
 measures the writer's side alone, in this process, on the machine's load: the model and its Adam
-state staged in the shared block as the trainer stages them, then checkpoint.write() through the
-page cache (plain torch.save, as before issue 28's O_DIRECT write) and direct (ckptdirect), in
+state staged in the shared block as the trainer stages them, then saving.write() through the
+page cache (plain torch.save, as before issue 28's O_DIRECT write) and direct (odirect), in
 alternating order, --rounds times each: seconds, and CPU seconds (user, system) a write takes
 from a core that training could use. The direct write includes the CRC-32 of every record (isal,
-ckptzip); crc32_cpu_s is that part alone, the whole block checksummed by isal and by zlib.
+zipcrc); crc32_cpu_s is that part alone, the whole block checksummed by isal and by zlib.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from typing import Any
 from benchlib import agent_env, cpu_s, emit, load, machine, prepare_corpus, wait_final
 from trainmaster.config import jobfile
 from trainmaster.storage import RunPaths, Storage
-from trainmaster.train import checkpoint, ckptarena, model, optim
-from trainmaster.train.ckptwriter import SYNC_ENV
+from trainmaster.train import model, optim
+from trainmaster.train.checkpoint import SYNC_ENV, saving, staging
 
 VARIANTS = ("none", "background", "sync")
 GLOBAL_BATCH = 2
@@ -124,19 +124,19 @@ def write_cpu(model_name: str, rounds: int) -> dict[str, Any]:
     torch.stack([p.sum() for p in bert.parameters()]).sum().backward()
     opt.step()  # Adam's state exists from the first step on
     state: tuple[Any, ...] = (bert.state_dict(), {"optimizer": opt.state_dict(), "step": 1}, [], {})
-    skeleton, tensors = ckptarena.flatten(state)
-    layout, size = ckptarena.layout_of(tensors)
-    fd = ckptarena.shared_fd()
+    skeleton, tensors = staging.flatten(state)
+    layout, size = staging.layout_of(tensors)
+    fd = staging.shared_fd()
     os.ftruncate(fd, size)
-    arena = ckptarena.Arena(fd, size, layout)
+    arena = staging.Arena(fd, size, layout)
     arena.fill(tensors)
-    staged = checkpoint.Staged(1, *ckptarena.unflatten(skeleton, arena.views))
+    staged = saving.Staged(1, *staging.unflatten(skeleton, arena.views))
     runs: dict[str, list[dict[str, float]]] = {"page_cache": [], "direct": []}
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-write-") as d:
         for r in range(rounds):
             for way in list(runs) if r % 2 == 0 else list(runs)[::-1]:
                 before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-                _, nbytes = checkpoint.write(
+                _, nbytes = saving.write(
                     Path(d) / way, staged, 1, arena=arena if way == "direct" else None
                 )
                 after = resource.getrusage(resource.RUSAGE_SELF)
@@ -154,7 +154,7 @@ def write_cpu(model_name: str, rounds: int) -> dict[str, Any]:
     cpu = {w: [x["user_s"] + x["sys_s"] for x in v] for w, v in runs.items()}
     return {
         "bench": "checkpoint_write_cpu",
-        "what": f"checkpoint.write() of {model_name} + Adam state ({nbytes / 1e9:.2f} GB), "
+        "what": f"saving.write() of {model_name} + Adam state ({nbytes / 1e9:.2f} GB), "
         f"{rounds} round(s), in a temporary folder",
         "runs": runs,
         "median_cpu_s": {w: round(statistics.median(v), 3) for w, v in cpu.items()},

@@ -10,7 +10,7 @@ crash just after could leave the new name on empty blocks); and removed when any
 so no stray temporary is left behind and the old file stays as it was.
 
 Large files written in place by design (HDF5 shards, checkpoint records) have their own
-temporary names and folders (data/output.py, train/ckptdir.py).
+temporary names and folders (data/output.py, run/checkpoints.py).
 """
 
 from __future__ import annotations

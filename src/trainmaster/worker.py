@@ -136,9 +136,9 @@ def checkpoint_saved(
     if int(environ.get("RANK", "0") or 0) == 0:
         tmp = folder / f".tmp-step_{step}"
         if tmp.is_dir():
-            from trainmaster.train import ckptdir  # stdlib only: fsync'ed atomic rename
+            from trainmaster.run import checkpoints  # stdlib only: fsync'ed atomic rename
 
-            ckptdir.publish(tmp, folder, step)
+            checkpoints.publish(tmp, folder, step)
         for stale in folder.glob(".tmp-step_*"):  # a killed attempt's unfinished saves
             if stale.name != tmp.name and stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)

@@ -15,7 +15,7 @@ SRC = Path(files.__file__).parent
 # Modules that rename by hand, and why it is not a small file's atomic write.
 RENAMES = {
     "files.py": "the one atomic write",
-    "train/ckptdir.py": "checkpoint folders: .tmp-step_N -> step_N",
+    "run/checkpoints.py": "checkpoint folders: .tmp-step_N -> step_N",
     "data/output.py": "shards written in place under their temporary names, dataset folders",
     "run/export.py": "an exported checkpoint folder",
     "compile/lock.py": "a stale lock moved aside (its grave), not written",

@@ -1,7 +1,7 @@
 """The progress record (monitor/progress.py): what `status` shows of a run, on either backend.
 
 Built from a run folder written by the writers the trainer and scripts use (log_metrics,
-goodput.record, a checkpoint folder as ckptdir publishes it).
+goodput.record, a checkpoint folder as checkpoints publishes it).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from tests.monitor.test_exporter import a_run
 from trainmaster import files
 from trainmaster.monitor import progress
-from trainmaster.train import ckptdir
+from trainmaster.run import checkpoints
 
 
 def test_the_record_of_a_running_job_holds_step_rate_goodput_and_the_last_checkpoint(
@@ -19,10 +19,10 @@ def test_the_record_of_a_running_job_holds_step_rate_goodput_and_the_last_checkp
 ) -> None:
     run = a_run(tmp_path)  # 4 steps: loss 4.0, 50 seq/s, mfu 0.25; a save of step 4
     for step in (2, 4):
-        folder = run.checkpoints / ckptdir.step_name(step)
+        folder = run.checkpoints / checkpoints.step_name(step)
         folder.mkdir(parents=True)
-        files.write_json(folder / ckptdir.META, {"step": step})
-    (run.checkpoints / ckptdir.temp_dir(run.checkpoints, 6).name).mkdir()  # being written
+        files.write_json(folder / checkpoints.META, {"step": step})
+    (run.checkpoints / checkpoints.temp_dir(run.checkpoints, 6).name).mkdir()  # being written
     record = progress.of_folder(run, "demo", "running")
     assert (record.step, record.loss, record.seq_per_s) == (4, 4.0, 50.0)
     assert record.last_checkpoint == 4  # not the temporary step 6

@@ -14,7 +14,9 @@ import torch
 from tests.train.helpers import make_job
 from trainmaster.config import jobfile
 from trainmaster.errors import UserError
-from trainmaster.train import checkpoint, ckptdir, model, optim, preflight
+from trainmaster.run import checkpoints
+from trainmaster.train import model, optim, preflight
+from trainmaster.train.checkpoint import saving
 from trainmaster.train.dataset import Position
 from trainmaster.train.device import Runtime
 
@@ -43,7 +45,7 @@ def one_step(bert, opt, sched) -> None:  # type: ignore[no-untyped-def]
 
 
 def save(folder: Path, step: int, rt, bert, opt, sched, keep: int = 3) -> Path:  # type: ignore[no-untyped-def]
-    path = checkpoint.save(
+    path = saving.save(
         folder,
         step=step,
         rt=rt,
@@ -66,14 +68,14 @@ def test_round_trip_restores_weights_optimizer_and_schedule(tmp_path: Path) -> N
     after_two = {k: v.clone() for k, v in bert.state_dict().items()}
 
     _, rt2, bert2, opt2, sched2 = setup()
-    checkpoint.load_model(path, bert2)
-    assert checkpoint.load_trainer(path, opt2, sched2) == 1
-    assert checkpoint.load_rank(path, rt2, same_world=True)
-    assert not checkpoint.load_rank(path, rt2, same_world=False)
+    saving.load_model(path, bert2)
+    assert saving.load_trainer(path, opt2, sched2) == 1
+    assert saving.load_rank(path, rt2, same_world=True)
+    assert not saving.load_rank(path, rt2, same_world=False)
     one_step(bert2, opt2, sched2)
     assert all(torch.equal(after_two[k], v) for k, v in bert2.state_dict().items())
     assert sched2.get_last_lr() == sched.get_last_lr()
-    meta = ckptdir.read_meta(path)
+    meta = checkpoints.read_meta(path)
     assert meta is not None and meta["positions"] == [[1, 2, 12]] and meta["world_size"] == 1
     assert meta["config_hash"] == "abc" and meta["step"] == 1
 
@@ -98,7 +100,7 @@ def test_a_run_resumed_with_more_steps_decays_to_its_new_end(
     assert longer.derived.config_hash == cfg.derived.config_hash
     opt2 = optim.make_optimizer(longer, bert, "cpu")
     sched2 = optim.make_scheduler(longer, opt2)
-    assert checkpoint.load_trainer(path, opt2, sched2) == 20
+    assert saving.load_trainer(path, opt2, sched2) == 20
     expected = longer.train.lr * (1 - (20 - 5) / (30 - 5))
     assert sched2.get_last_lr()[0] == pytest.approx(expected)
     assert opt2.param_groups[0]["lr"] == pytest.approx(expected)
@@ -106,7 +108,7 @@ def test_a_run_resumed_with_more_steps_decays_to_its_new_end(
 
     same = optim.make_optimizer(cfg, bert, "cpu")
     sched3 = optim.make_scheduler(cfg, same)
-    checkpoint.load_trainer(path, same, sched3)  # the same schedule: untouched
+    saving.load_trainer(path, same, sched3)  # the same schedule: untouched
     assert set(sched3.get_last_lr()) == {0.0} and sched3.last_epoch == 20
     assert "from step" not in capfd.readouterr().err
 
@@ -121,7 +123,7 @@ def test_rng_state_is_restored_exactly(tmp_path: Path) -> None:
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
-    checkpoint.load_rank(path, rt, same_world=True)
+    saving.load_rank(path, rt, same_world=True)
     assert (torch.rand(4).tolist(), random.random(), float(np.random.rand())) == expected
 
 
@@ -129,33 +131,33 @@ def test_a_half_written_checkpoint_is_ignored_and_the_previous_one_loads(tmp_pat
     _, rt, bert, opt, sched = setup()
     save(tmp_path, 10, rt, bert, opt, sched)
     # a crash while writing step 20: its temporary folder, half a file in it
-    tmp = ckptdir.temp_dir(tmp_path, 20)
+    tmp = checkpoints.temp_dir(tmp_path, 20)
     tmp.mkdir()
     (tmp / "model.pt").write_bytes(b"PK\x03\x04 torn")
     # a step folder without its meta.json, and one whose meta is torn
     (tmp_path / "step_30").mkdir()
     (tmp_path / "step_40").mkdir()
     (tmp_path / "step_40" / "meta.json").write_text('{"step": 4')
-    latest = ckptdir.latest(tmp_path)
+    latest = checkpoints.latest(tmp_path)
     assert latest is not None and latest.step == 10
     _, _, bert2, _, _ = setup()
-    checkpoint.load_model(latest.path, bert2)
+    saving.load_model(latest.path, bert2)
     assert all(
         torch.equal(a, b)
         for a, b in zip(bert.state_dict().values(), bert2.state_dict().values(), strict=True)
     )
     save(tmp_path, 50, rt, bert, opt, sched)  # the next save clears temporaries
     assert not tmp.exists()
-    assert [c.step for c in ckptdir.complete(tmp_path)] == [10, 50]
+    assert [c.step for c in checkpoints.complete(tmp_path)] == [10, 50]
 
 
 def test_only_the_newest_are_kept_and_a_step_can_be_rewritten(tmp_path: Path) -> None:
     _, rt, bert, opt, sched = setup()
     for step in (1, 2, 3, 4):
         save(tmp_path, step, rt, bert, opt, sched, keep=2)
-    assert [c.step for c in ckptdir.complete(tmp_path)] == [3, 4]
+    assert [c.step for c in checkpoints.complete(tmp_path)] == [3, 4]
     save(tmp_path, 4, rt, bert, opt, sched, keep=2)
-    assert [c.step for c in ckptdir.complete(tmp_path)] == [3, 4]
+    assert [c.step for c in checkpoints.complete(tmp_path)] == [3, 4]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_3", "step_4"]
 
 
@@ -188,7 +190,7 @@ def test_a_checkpoint_of_another_configuration_is_refused(pydoc_storage: Path) -
     )
     plan = preflight.make_plan(job, str(pydoc_storage), environ={})
     assert plan.resume is not None and plan.resume.step == 5 and plan.position == Position(0, 1, 8)
-    # The plan is frozen: rank 0's other choice (checkpoint.agree_on_resume) is a new plan.
+    # The plan is frozen: rank 0's other choice (saving.agree_on_resume) is a new plan.
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.resume = None  # type: ignore[misc]
     fresh = plan.resuming_from(None)
@@ -205,20 +207,20 @@ class _Crash(Exception):
 def test_a_mid_save_hook_runs_half_way_and_a_crash_there_keeps_the_previous(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """checkpoint.save knows no faults: it calls its hooks half-way (model written, the rest not)."""
+    """saving.save knows no faults: it calls its hooks half-way (model written, the rest not)."""
     _, rt, bert, opt, sched = setup()
     save(tmp_path, 10, rt, bert, opt, sched)
     seen: list[tuple[int, list[str]]] = []
 
     def crash(folder: Path, step: int) -> None:
-        seen.append((step, sorted(p.name for p in ckptdir.temp_dir(folder, step).iterdir())))
+        seen.append((step, sorted(p.name for p in checkpoints.temp_dir(folder, step).iterdir())))
         raise _Crash
 
-    monkeypatch.setattr(checkpoint, "mid_save_hooks", [crash])
+    monkeypatch.setattr(saving, "mid_save_hooks", [crash])
     with pytest.raises(_Crash):
         save(tmp_path, 20, rt, bert, opt, sched)
-    assert seen == [(20, [checkpoint.MODEL])]
-    latest = ckptdir.latest(tmp_path)
+    assert seen == [(20, [saving.MODEL])]
+    latest = checkpoints.latest(tmp_path)
     assert latest is not None and latest.step == 10
 
 
@@ -227,10 +229,10 @@ def test_the_fault_hook_is_installed_only_when_a_test_asks(
 ) -> None:
     from trainmaster.train import faults
 
-    monkeypatch.setattr(checkpoint, "mid_save_hooks", [])
+    monkeypatch.setattr(saving, "mid_save_hooks", [])
     faults.install({})
-    assert checkpoint.mid_save_hooks == []
+    assert saving.mid_save_hooks == []
     faults.install({faults.KILL_IN_CHECKPOINT_ENV: "20"})
-    (hook,) = checkpoint.mid_save_hooks
+    (hook,) = saving.mid_save_hooks
     hook(tmp_path, 10)  # another step: nothing happens, no marker
     assert not list(tmp_path.iterdir())

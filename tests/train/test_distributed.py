@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.train.helpers import make_job, metrics, processes_mentioning, summary, torchrun
-from trainmaster.train import ckptdir
+from trainmaster.run import checkpoints
 
 pytestmark = pytest.mark.slow
 STEPS = 60
@@ -98,10 +98,10 @@ def test_tensorboard_events_hold_every_step(straight: Path) -> None:
 
 
 def test_checkpoints_kept_and_rank0_recorded(straight: Path) -> None:
-    kept = [c.step for c in ckptdir.complete(straight.parent / "checkpoints")]
+    kept = [c.step for c in checkpoints.complete(straight.parent / "checkpoints")]
     assert kept == [50, 60]  # every 25 steps and at the end; the newest 2 kept
     assert not list((straight.parent / "checkpoints").glob(".tmp-*"))
-    meta = ckptdir.read_meta(straight.parent / "checkpoints" / "step_60")
+    meta = checkpoints.read_meta(straight.parent / "checkpoints" / "step_60")
     assert meta is not None and meta["world_size"] == 2 and len(meta["positions"]) == 2
     rank0 = json.loads((straight.parent / "rank0.json").read_text())
     assert rank0["local_rank"] == 0 and rank0["node_rank"] == 0 and rank0["pid"] > 0

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from trainmaster.config import jobfile
-from trainmaster.train import checkpoint, dataset, model, optim
+from trainmaster.train import dataset, model, optim
+from trainmaster.train.checkpoint import saving
 
 
 def lamb_reference(
@@ -223,7 +224,7 @@ def test_state_after_load_is_where_a_fresh_run_has_it(name: str) -> None:
     cpu_p, fresh_cpu = make("cpu")
     cpu_p.grad = torch.full_like(cpu_p, 1e-3)
     fresh_cpu.step()
-    saved = checkpoint.to_cpu(fresh_cpu.state_dict())
+    saved = saving.to_cpu(fresh_cpu.state_dict())
     assert saved["state"][0]["exp_avg_sq"].dtype == torch.float32
     p, fresh = make("meta")
     p.grad = torch.ones_like(p)

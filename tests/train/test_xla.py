@@ -83,7 +83,8 @@ def test_a_resumed_optimizer_step_is_the_fresh_runs_graph(name: str) -> None:
     import torch_xla.core.xla_model as xm
     import torch_xla.debug.metrics as met
 
-    from trainmaster.train import checkpoint, optim
+    from trainmaster.train import optim
+    from trainmaster.train.checkpoint import saving
 
     device = xm.xla_device()
     make = optim.Lamb if name == "lamb" else optim.Fp32AdamW
@@ -100,7 +101,7 @@ def test_a_resumed_optimizer_step_is_the_fresh_runs_graph(name: str) -> None:
     p = torch.nn.Parameter(torch.ones(8, 4, dtype=torch.bfloat16, device=device))
     fresh = make([p], lr=0.1)
     steps(fresh, p, 3)  # step 1 builds the state; steps 2 and 3 are the steady graph
-    saved = checkpoint.to_cpu(fresh.state_dict())
+    saved = saving.to_cpu(fresh.state_dict())
     q = torch.nn.Parameter(p.detach().cpu().to(device))  # as the trainer loads model.pt
     resumed = make([q], lr=0.1)
     resumed.load_state_dict(saved)

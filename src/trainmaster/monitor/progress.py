@@ -17,9 +17,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from trainmaster.monitor import cost, history, runinfo
-from trainmaster.run import goodput, state
+from trainmaster.run import checkpoints, goodput, state
 from trainmaster.storage import RunPaths
-from trainmaster.train import ckptdir
 
 RECORD_VERSION = 1
 MAX_METRICS_BYTES = 16 << 10  # a custom script may log any keys; a ConfigMap holds 1 MiB
@@ -108,7 +107,7 @@ def of_status(s: runinfo.Status, run: RunPaths, *, detail: bool = True) -> RunPr
         launched_at=s.state.started_at,
         ended_at=time.time() if running and s.state.started_at else None,
     )
-    newest = ckptdir.latest(run.checkpoints)
+    newest = checkpoints.latest(run.checkpoints)
     said = [f"goodput {g.ratio:.0%} of {cost.duration(g.wall)}"] if g and g.wall > 0 else []
     said += [f"last checkpoint: step {newest.step}"] if newest else []
     notes += ["  ".join(said)] if said else []

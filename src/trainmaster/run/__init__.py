@@ -4,6 +4,8 @@ Modules:
   state      state.json: what was started, where, and how it ended (local)
   metrics    metrics.jsonl: log_metrics() and its readers
   goodput    timeline.jsonl: where a run's wall time went
+  checkpoints  checkpoints/step_N: which are complete, whose (config hash), atomic publish,
+             pruning (the writing is the trainer's: train/checkpoint/)
   ranklog    logs/rankR.log, one per rank
   processes  a local run's agents and workers, found through /proc
   pids       whether a process is alive (standard library only)

@@ -8,15 +8,14 @@ and exit code 2, and nothing waits on a peer that has already given up.
 Modules, in the order a run uses them:
   preflight   torch-free checks and the plan of the run (what to resume, first shard)
   dataset     shard headers, whole-shard loading, the file and sample order (numpy only)
-  ckptdir     the checkpoints folder: complete checkpoints, ownership (config hash), pruning
+              (the checkpoints folder, torch-free, is the run folder's: run/checkpoints.py)
   device      process group, device (cpu/cuda/xla), collectives, precision
   model       BertForPreTraining with the masked-positions-only MLM head; FLOPs per sequence
   data        the batch iterator over shards with a resumable position and prefetch
   optim       AdamW / LAMB, parameter groups and the learning-rate schedules
   step        one optimizer step (micro-batches, gradient reduction, clipping, update)
-  checkpoint  saving and loading model, optimizer, scheduler, RNG and data position
-  ckptwriter  checkpoint writes in a writer process (ckptproc), off the training thread's GIL
-  ckptarena   the shared-memory staging buffer the trainer and its writer process share
+  checkpoint  the package: stage, write and load model, optimizer, scheduler, RNG and data
+              position; rank 0's writer process, off the training thread's GIL
   watchdog    the hang watchdog: stack dumps and a restart instead of a 30-minute wait
   health      node preflight: device, matmul, all-reduce, disk, shm, Neuron and EFA devices
   preempt     SIGTERM: a checkpoint of the current step, then stop (not a failure)
@@ -26,9 +25,6 @@ Modules, in the order a run uses them:
 And beside them:
   env         what torchrun tells a worker, from its environment
   devices     the device table: precision, attention, compile per device kind
-  ckptproc    the checkpoint writer process
-  ckptdirect  a checkpoint file written past the page cache from the staging block
-  ckptzip     the CRC-32 fields of a zip that ckptdirect wrote without them
   netplugin   which NCCL network plugin a CUDA worker really uses
   nodefault   the node mark a restart avoids, and the device probe after a hang
   scriptnet   the trainer's safety net for your own script, run by the entry shim

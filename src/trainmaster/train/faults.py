@@ -4,7 +4,7 @@
 sets one of:
 
 - TRAINMASTER_FAULT_KILL_IN_CHECKPOINT=N: SIGKILL rank 0 half-way through writing checkpoint N
-  (checkpoint.mid_save_hooks, in the writer process: the trainer, then the writer), to prove
+  (saving.mid_save_hooks, in the writer process: the trainer, then the writer), to prove
   the previous one survives;
 - TRAINMASTER_FAULT_KILL_AT_STEP=R:N: SIGKILL rank R right after its step N
   (loop.after_step_hooks), a worker lost between checkpoints (the goodput test);
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmaster.train import checkpoint, health, loop
+from trainmaster.train.checkpoint import saving
 
 KILL_IN_CHECKPOINT_ENV = "TRAINMASTER_FAULT_KILL_IN_CHECKPOINT"
 KILL_AT_STEP_ENV = "TRAINMASTER_FAULT_KILL_AT_STEP"
@@ -74,7 +75,7 @@ def _rank_step(raw: str) -> tuple[int, int]:
 def install(environ: Mapping[str, str] = os.environ) -> None:
     target = environ.get(KILL_IN_CHECKPOINT_ENV)
     if target:
-        checkpoint.mid_save_hooks.append(functools.partial(kill_in_checkpoint, int(target)))
+        saving.mid_save_hooks.append(functools.partial(kill_in_checkpoint, int(target)))
     if environ.get(BAD_MATMUL_ENV):
         health.matmul_hooks.append(functools.partial(bad_matmul, int(environ[BAD_MATMUL_ENV])))
     for env, hook in ((KILL_AT_STEP_ENV, kill_at_step), (HANG_AT_STEP_ENV, hang_at_step)):

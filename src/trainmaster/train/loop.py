@@ -20,7 +20,7 @@ from torch import nn
 from trainmaster.compile import counters as compile_counters
 from trainmaster.compile import fingerprint
 from trainmaster.run import goodput
-from trainmaster.train import checkpoint, ckptwriter, metrics, netplugin, preempt
+from trainmaster.train import checkpoint, metrics, netplugin, preempt
 from trainmaster.train.metrics import log
 from trainmaster.train.preflight import Plan
 from trainmaster.train.trainsetup import TrainerSetup
@@ -41,7 +41,7 @@ def param_checksum(model: nn.Module) -> str:
 
 class Trainer(TrainerSetup):
     def _save(self, step: int) -> None:
-        """Stage on the training thread, write in the writer process (ckptwriter); the
+        """Stage on the training thread, write in the writer process (background); the
         stand-still (waiting for the previous write, gathering, copying) is goodput's
         checkpoint time."""
         p, cfg = self.plan, self.plan.cfg
@@ -67,7 +67,7 @@ class Trainer(TrainerSetup):
         )
         if staged is not None and self.writer is not None:
             self.writer.submit(staged)
-            if os.environ.get(ckptwriter.SYNC_ENV):
+            if os.environ.get(checkpoint.SYNC_ENV):
                 self.writer.wait()
             goodput.record(p.run.timeline, "checkpoint", t=t0, end=time.time(), step=step)
 

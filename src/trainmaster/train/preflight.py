@@ -21,8 +21,9 @@ import numpy as np
 from trainmaster.compile import cache, fingerprint
 from trainmaster.config import DEFAULT_VOCAB, JobConfig, jobfile
 from trainmaster.errors import ConfigError, UserError
+from trainmaster.run import checkpoints
 from trainmaster.storage import RunPaths, Storage, dataset_path
-from trainmaster.train import ckptdir, dataset
+from trainmaster.train import dataset
 from trainmaster.train.dataset import Position, ShardInfo
 from trainmaster.train.env import Env
 
@@ -42,7 +43,7 @@ class Plan:
     shards: list[ShardInfo]
     vocab_size: int
     grad_accum: int
-    resume: ckptdir.Checkpoint | None
+    resume: checkpoints.Checkpoint | None
     position: Position  # where this rank's data starts
     first_shard: dict[str, np.ndarray]  # the shard at `position`, loaded and checked
     compile: bool
@@ -50,7 +51,7 @@ class Plan:
     cache_state: CacheState
     notes: list[str]  # warnings for the log
 
-    def resuming_from(self, resume: ckptdir.Checkpoint | None) -> Plan:
+    def resuming_from(self, resume: checkpoints.Checkpoint | None) -> Plan:
         """The plan for another resume point (rank 0's choice, trainsetup.py): its data position,
         and no preloaded shard (the loader loads the one at the new position)."""
         position = (
@@ -131,7 +132,7 @@ def vocab_size_for(cfg: JobConfig, folder: Path) -> int:
 
 
 def resume_position(
-    ckpt: ckptdir.Checkpoint, env: Env, shards: list[ShardInfo], notes: list[str]
+    ckpt: checkpoints.Checkpoint, env: Env, shards: list[ShardInfo], notes: list[str]
 ) -> Position:
     """This rank's saved position; an approximation when the world size or shard set changed."""
     meta = ckpt.meta
@@ -201,10 +202,10 @@ def make_plan(
     )
     vocab = vocab_size_for(cfg, folder)
     notes: list[str] = []
-    resume = ckptdir.latest(run.checkpoints)
+    resume = checkpoints.latest(run.checkpoints)
     position = Position()
     if resume is not None:
-        ckptdir.check_owner(
+        checkpoints.check_owner(
             resume,
             config_hash=cfg.derived.config_hash,
             job=cfg.job.name,

@@ -20,7 +20,7 @@ from torch import nn
 from trainmaster.run import goodput
 from trainmaster.train import checkpoint, health, metrics, nodefault, preempt
 from trainmaster.train import model as model_mod
-from trainmaster.train.ckptwriter import BackgroundWriter, Written
+from trainmaster.train.checkpoint import BackgroundWriter, Written
 from trainmaster.train.data import ShardLoader
 from trainmaster.train.device import Runtime, resolve_kind
 from trainmaster.train.metrics import MetricsLog, log, write_rank0
@@ -172,7 +172,7 @@ class TrainerSetup:
             log(f"note: {note}")
 
     def _written(self, w: Written) -> None:
-        """In ckptwriter's listening thread, when a checkpoint is complete."""
+        """In background's listening thread, when a checkpoint is complete."""
         log(
             f"checkpoint {w.path}: {w.bytes / 1e6:.1f} MB in {w.seconds:.2f} s "
             f"({w.mb_per_s:.0f} MB/s), written in the background"

@@ -23,8 +23,9 @@ from tests.backends.local.test_local import (
     wait_step,
 )
 from tests.conftest import run_cli
+from trainmaster.run import checkpoints
 from trainmaster.storage import RunPaths, Storage
-from trainmaster.train import ckptdir, faults, preempt, watchdog
+from trainmaster.train import faults, preempt, watchdog
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 HANG_TIMEOUT = 15  # a bert-tiny step takes well under a second here, even on a loaded machine
@@ -98,7 +99,7 @@ def test_cancel_is_a_preemption_saved_at_the_current_step_and_resumed_from_there
     run = RunPaths(Storage(pydoc_storage).run_dir(job))
     [p] = preempt.read(run.preemptions)
     assert 13 <= p["step"] < 400 and p["checkpoint_s"] >= 0
-    assert ckptdir.latest(run.checkpoints).step == p["step"], diagnosis(pydoc_storage, job)
+    assert checkpoints.latest(run.checkpoints).step == p["step"], diagnosis(pydoc_storage, job)
     for rank in (0, 1):  # both ranks stopped at that step, on purpose, not killed
         assert (
             f"stopped after step {p['step']} with a checkpoint"

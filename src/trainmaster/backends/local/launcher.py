@@ -26,10 +26,9 @@ from trainmaster.config import JobConfig, jobfile
 from trainmaster.errors import UserError
 from trainmaster.launch import entry
 from trainmaster.launch.torchrun import Rendezvous
+from trainmaster.run import checkpoints, state
 from trainmaster.run import processes as procs
-from trainmaster.run import state
 from trainmaster.storage import SHARD_GLOB, RunPaths, Storage, dataset_path
-from trainmaster.train import ckptdir
 
 
 @dataclass(frozen=True)
@@ -128,9 +127,9 @@ def plan(cfg: JobConfig, store: Storage, *, resume: bool = False, precompile: bo
         # Checkpoints of other settings: refused here, before any process starts (every worker
         # would refuse them too, each after its start-up). Not a precompile's: its run starts
         # afresh, its old folder removed first (local backend.py, runner.remove_previous).
-        last = None if precompile else ckptdir.latest(run.checkpoints)
+        last = None if precompile else checkpoints.latest(run.checkpoints)
         if last is not None:
-            ckptdir.check_owner(
+            checkpoints.check_owner(
                 last,
                 config_hash=cfg.derived.config_hash,
                 job=cfg.job.name,

@@ -1,11 +1,11 @@
-"""The checkpoint writer process: `python -m trainmaster.train.ckptproc CMD RESULT ARENA
+"""The checkpoint writer process: `python -m trainmaster.train.checkpoint.writerproc CMD RESULT ARENA
 TRAINER` (file descriptors: commands in, results out, the shared staging block; the trainer's
-pid). ckptwriter starts it; nothing else should.
+pid). background starts it; nothing else should.
 
-It runs checkpoint.write() on what the trainer staged in the shared block, one request at a
+It runs saving.write() on what the trainer staged in the shared block, one request at a
 time, and answers each with what it wrote or the exception it raised. Its own GIL, its own
 core time (one thread): the trainer's Python never waits on a write. The big files go from the
-block to disk with O_DIRECT (ckptdirect): the page cache's copy of them cost this process more
+block to disk with O_DIRECT (odirect): the page cache's copy of them cost this process more
 system CPU than all the rest, on a core that training needs.
 
 It lives exactly as long as its trainer: the trainer closing the command pipe, or dying (the
@@ -44,10 +44,10 @@ def main(argv: list[str]) -> None:
     os.nice(int(os.environ.get(NICE_ENV) or NICE))
     import torch  # after the signals: a SIGTERM while torch loads must not end the writer
 
-    from trainmaster.train import checkpoint
+    from trainmaster.train.checkpoint import saving
 
     torch.set_num_threads(1)
-    checkpoint.writing_for = trainer
+    saving.writing_for = trainer
     commands = Connection(cmd_fd, writable=False)
     results = Connection(result_fd, readable=False)
     requests: queue.Queue[Any] = queue.Queue()
@@ -62,9 +62,9 @@ def main(argv: list[str]) -> None:
 
 
 def _serve(requests: queue.Queue[Any], results: Connection, arena_fd: int, trainer: int) -> None:
-    from trainmaster.train import checkpoint, ckptarena
+    from trainmaster.train.checkpoint import saving, staging
 
-    arena: ckptarena.Arena | None = None
+    arena: staging.Arena | None = None
 
     def trainer_alive() -> None:
         if os.getppid() != trainer:
@@ -78,11 +78,11 @@ def _serve(requests: queue.Queue[Any], results: Connection, arena_fd: int, train
             if arena is None or (arena.size, arena.layout) != (size, layout):
                 if arena is not None:
                     arena.close()
-                arena = ckptarena.Arena(arena_fd, size, layout)
-            model, trainer_state, ranks, meta = ckptarena.unflatten(skeleton, arena.views)
-            checkpoint.mid_save_hooks[:] = hooks
-            staged = checkpoint.Staged(step, model, trainer_state, ranks, meta)
-            path, nbytes = checkpoint.write(Path(folder), staged, keep, trainer_alive, arena)
+                arena = staging.Arena(arena_fd, size, layout)
+            model, trainer_state, ranks, meta = staging.unflatten(skeleton, arena.views)
+            saving.mid_save_hooks[:] = hooks
+            staged = saving.Staged(step, model, trainer_state, ranks, meta)
+            path, nbytes = saving.write(Path(folder), staged, keep, trainer_alive, arena)
             seconds = time.perf_counter() - t0
             answer: tuple[Any, ...] = ("ok", step, str(path), started, seconds, nbytes)
         except BaseException as exc:  # the trainer raises it at its next wait

@@ -2,14 +2,14 @@
 
 Rank 0 writes the whole checkpoint, after gathering every rank's small private state (RNG
 states and data position, a few KB each), so there is one writer and no cross-node folder
-races. Layout and atomicity are ckptdir's. Tensors are moved to the CPU before saving (on XLA
-this is the workaround for xm.save hanging when ranks reach it at different times) and
-everything loads with weights_only=True.
+races. Layout and atomicity are run/checkpoints.py's. Tensors are moved to the CPU before
+saving (on XLA this is the workaround for xm.save hanging when ranks reach it at different
+times) and everything loads with weights_only=True.
 
 A save is two halves: stage() (collective, on the training thread: gather the ranks' state) and
 write() (rank 0 alone: files, fsync, rename). save() does both in a row; training hands the
-staged state to ckptwriter, whose process runs write() while training goes on, and writes the
-two big files from its shared block past the page cache (ckptdirect): the same zips, but
+staged state to the BackgroundWriter (background), whose process runs write() while training goes on, and writes the
+two big files from its shared block past the page cache (odirect): the same zips, but
 without the kernel's copy of every byte, which took a core from training.
 """
 
@@ -33,7 +33,8 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from trainmaster import files
 from trainmaster.errors import UserError
-from trainmaster.train import ckptarena, ckptdir, ckptdirect
+from trainmaster.run import checkpoints
+from trainmaster.train.checkpoint import odirect, staging
 from trainmaster.train.dataset import Position
 from trainmaster.train.device import Runtime
 from trainmaster.train.preflight import Plan
@@ -41,14 +42,14 @@ from trainmaster.train.preflight import Plan
 MODEL, TRAINER, RANKS = "model.pt", "trainer.pt", "ranks.pt"
 
 # Called on rank 0 half-way through writing a checkpoint (the model file written, the rest not
-# yet) with (checkpoints folder, step), in the process that writes it (in training, ckptwriter's
+# yet) with (checkpoints folder, step), in the process that writes it (in training, background's
 # writer process, which gets the hooks pickled with each write). Empty in normal runs; the fault
 # tests add one (train/faults.py) to kill rank 0 exactly there and prove the previous
 # checkpoint survives.
 MidSaveHook = Callable[[Path, int], None]
 mid_save_hooks: list[MidSaveHook] = []
 
-# In a checkpoint writer process, the pid of the trainer it writes for (ckptproc sets it): what
+# In a checkpoint writer process, the pid of the trainer it writes for (writerproc sets it): what
 # "kill rank 0" means to a fault hook that runs there.
 writing_for: int | None = None
 
@@ -98,7 +99,7 @@ def detached(obj: Any) -> Any:
 
 @dataclass(frozen=True)
 class Staged:
-    """Everything one checkpoint holds: for write() (CPU tensors) or ckptwriter (any device)."""
+    """Everything one checkpoint holds: for write() (CPU tensors) or background (any device)."""
 
     step: int
     model: dict[str, Any]
@@ -120,7 +121,7 @@ def stage(
 ) -> Staged | None:
     """Collective: every rank calls it at the same step; rank 0 gets the checkpoint's content,
     the others None. Its tensors are the live ones, on the CPU (host) or where they are (not
-    host: ckptwriter copies them straight into its shared buffer): training must not step
+    host: background copies them straight into its shared buffer): training must not step
     before they are written or copied."""
     states = rt.all_gather_object(rank_state(rt, position), tag=f"ckpt-{step}")
     if rt.rank != 0:
@@ -136,7 +137,7 @@ def stage(
         },
         states,
         {
-            "format": ckptdir.FORMAT,
+            "format": checkpoints.FORMAT,
             "step": step,
             **meta,
             "world_size": rt.world,
@@ -161,18 +162,18 @@ def _turn_direct_off(path: Path, why: str) -> None:
 
 
 def _direct(path: Path) -> bool:
-    if not _direct_off and (missing := ckptdirect.unavailable()) is not None:
+    if not _direct_off and (missing := odirect.unavailable()) is not None:
         _turn_direct_off(path, missing)
     return not _direct_off
 
 
-def _save(obj: Any, path: Path, arena: ckptarena.Arena | None = None) -> int:
-    """torch.save's file at `path`, fsynced; the direct write (ckptdirect) when it applies. That
+def _save(obj: Any, path: Path, arena: staging.Arena | None = None) -> int:
+    """torch.save's file at `path`, fsynced; the direct write (odirect) when it applies. That
     is an optimisation: whatever goes wrong in it, the checkpoint is saved the plain way."""
     if arena is not None and _direct(path):
         try:
-            return ckptdirect.save(obj, path, arena)
-        except ckptdirect.Unsuitable as why:
+            return odirect.save(obj, path, arena)
+        except odirect.Unsuitable as why:
             print(f"checkpoint: {path.name} written through the page cache: {why}", file=sys.stderr)
         except Exception as why:  # e.g. a torch without an API it uses: never fail the save
             _turn_direct_off(path, f"{type(why).__name__}: {why}")
@@ -188,13 +189,13 @@ def write(
     staged: Staged,
     keep: int,
     before_publish: Callable[[], None] | None = None,
-    arena: ckptarena.Arena | None = None,
+    arena: staging.Arena | None = None,
 ) -> tuple[Path, int]:
-    """Write a staged checkpoint (CPU tensors) atomically (ckptdir); returns its folder and its
-    bytes. Needs no other rank and no training state: ckptwriter's process runs it, and checks
+    """Write a staged checkpoint (CPU tensors) atomically (checkpoints); returns its folder and its
+    bytes. Needs no other rank and no training state: background's process runs it, and checks
     before_publish that its trainer is still alive. Given the staging block that `staged`'s
-    tensors view, the two big files bypass the page cache (ckptdirect)."""
-    tmp = ckptdir.temp_dir(folder, staged.step)
+    tensors view, the two big files bypass the page cache (odirect)."""
+    tmp = checkpoints.temp_dir(folder, staged.step)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -203,11 +204,11 @@ def write(
         hook(folder, staged.step)
     size += _save(staged.trainer, tmp / TRAINER, arena)
     size += _save(staged.ranks, tmp / RANKS)
-    files.write_json(tmp / ckptdir.META, {**staged.meta, "written_at": time.time()}, indent=1)
+    files.write_json(tmp / checkpoints.META, {**staged.meta, "written_at": time.time()}, indent=1)
     if before_publish is not None:
         before_publish()
-    final = ckptdir.publish(tmp, folder, staged.step)
-    ckptdir.prune(folder, keep)
+    final = checkpoints.publish(tmp, folder, staged.step)
+    checkpoints.prune(folder, keep)
     return final, size
 
 
@@ -297,12 +298,12 @@ def agree_on_resume(plan: Plan, rt: Runtime) -> Plan:
         return plan
     if chosen is None:
         return plan.resuming_from(None)
-    path = plan.run.checkpoints / ckptdir.step_name(chosen)
-    meta = ckptdir.read_meta(path)
+    path = plan.run.checkpoints / checkpoints.step_name(chosen)
+    meta = checkpoints.read_meta(path)
     if meta is None:
         raise UserError(
             f"rank 0 resumes from {path.name}, which rank {rt.rank} cannot read: "
             "the run folder must be shared storage seen by every node",
             where=str(path),
         )
-    return plan.resuming_from(ckptdir.Checkpoint(path, chosen, meta))
+    return plan.resuming_from(checkpoints.Checkpoint(path, chosen, meta))

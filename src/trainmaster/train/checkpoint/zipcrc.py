@@ -1,6 +1,6 @@
-"""The CRC-32 fields of a checkpoint zip that ckptdirect wrote without them.
+"""The CRC-32 fields of a checkpoint zip that odirect wrote without them.
 
-ckptdirect has torch.save write the zip's headers with crc32 off (the bytes are not there yet),
+odirect has torch.save write the zip's headers with crc32 off (the bytes are not there yet),
 and a zip whose CRCs are 0 reads as corrupt to every reader that checks them (zipfile's
 testzip, `unzip -t`, tools that repack checkpoints). So the writer computes each record's CRC
 from the bytes it writes and sets it here, where torch.save would have put it:
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 
 class BadZip(Exception):
-    """Not the zip we know how to fill in (says why): ckptdirect saves it the plain way."""
+    """Not the zip we know how to fill in (says why): odirect saves it the plain way."""
 
 
 @dataclass(frozen=True)

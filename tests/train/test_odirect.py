@@ -1,5 +1,5 @@
-"""Checkpoint files written from the staging block past the page cache (ckptdirect) are the
-same torch-loadable zips as torch.save's, every record's CRC-32 in place (ckptzip), wherever
+"""Checkpoint files written from the staging block past the page cache (odirect) are the
+same torch-loadable zips as torch.save's, every record's CRC-32 in place (zipcrc), wherever
 O_DIRECT is refused too, and a state whose records cannot be matched to the block is saved the
 plain way rather than written wrong."""
 
@@ -17,9 +17,9 @@ import pytest
 import torch
 from torch.utils.serialization import config
 
+from tests.train.test_background_writer import stage
 from tests.train.test_checkpoint import setup
-from tests.train.test_ckptwriter import stage
-from trainmaster.train import checkpoint, ckptarena, ckptdirect, ckptwriter, ckptzip
+from trainmaster.train.checkpoint import background, odirect, saving, staging, zipcrc
 
 # Checkpoint writing and device choices use torch's newer and private APIs: run on every
 # stack (the trn1 stack too, `make stacks`).
@@ -43,16 +43,16 @@ def state() -> dict[str, Any]:
 
 
 @pytest.fixture
-def staged() -> Iterator[tuple[dict[str, Any], Any, ckptarena.Arena]]:
+def staged() -> Iterator[tuple[dict[str, Any], Any, staging.Arena]]:
     """A state, the same state as views of a filled block (as the writer process sees it)."""
     original = state()
-    skeleton, tensors = ckptarena.flatten(original)
-    layout, size = ckptarena.layout_of(tensors)
-    fd = ckptarena.shared_fd()
+    skeleton, tensors = staging.flatten(original)
+    layout, size = staging.layout_of(tensors)
+    fd = staging.shared_fd()
     os.ftruncate(fd, size)
-    arena = ckptarena.Arena(fd, size, layout)
+    arena = staging.Arena(fd, size, layout)
     arena.fill(tensors)
-    yield original, ckptarena.unflatten(skeleton, arena.views), arena
+    yield original, staging.unflatten(skeleton, arena.views), arena
     arena.close()
     os.close(fd)
 
@@ -102,11 +102,11 @@ def check_loads(path: Path, original: dict[str, Any]) -> None:
 
 def test_a_direct_write_loads_as_the_same_tensors(staged, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     original, views, arena = staged
-    size = ckptdirect.save(views, tmp_path / "m.pt", arena)
+    size = odirect.save(views, tmp_path / "m.pt", arena)
     assert size == (tmp_path / "m.pt").stat().st_size
     offsets = record_offsets(tmp_path / "m.pt")
     assert len(offsets) == 9  # the tied weight once, the empty tensor too
-    assert all(o % ckptarena.ALIGN == 0 for o in offsets)  # the direct layout, not torch.save's
+    assert all(o % staging.ALIGN == 0 for o in offsets)  # the direct layout, not torch.save's
     check_loads(tmp_path / "m.pt", original)
 
 
@@ -114,9 +114,9 @@ def test_the_crcs_are_those_torch_save_writes(staged, tmp_path: Path) -> None:  
     """The direct file is torch.save's own with the same alignment, crc32 on: the same records
     at the same offsets with the same CRCs (all but the serialization id, random per save)."""
     _, views, arena = staged
-    ckptdirect.save(views, tmp_path / "m.pt", arena)
+    odirect.save(views, tmp_path / "m.pt", arena)
     (tmp_path / "ref").mkdir()  # the same name: the archive's records are named after it
-    with config.patch({"save.storage_alignment": ckptarena.ALIGN}):
+    with config.patch({"save.storage_alignment": staging.ALIGN}):
         torch.save(views, tmp_path / "ref" / "m.pt")
 
     def entries(path: Path) -> list[tuple[str, int, int, int]]:
@@ -133,7 +133,7 @@ def test_the_crcs_are_those_torch_save_writes(staged, tmp_path: Path) -> None:  
 def test_a_flipped_byte_in_a_record_is_caught_by_its_crc(staged, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     _, views, arena = staged
     path = tmp_path / "m.pt"
-    ckptdirect.save(views, path, arena)
+    odirect.save(views, path, arena)
     with zipfile.ZipFile(path) as z:
         tensor, pickle = z.getinfo("m/data/0"), z.getinfo("m/data.pkl")
     for info in (tensor, pickle):  # a record of the block's and one torch wrote itself
@@ -158,8 +158,8 @@ def test_where_o_direct_is_refused_the_same_file_is_written_buffered(
     shm = Path(f"/dev/shm/trainmaster-test-{os.getpid()}")
     shm.mkdir()
     try:
-        ckptdirect.save(views, shm / "m.pt", arena)
-        ckptdirect.save(views, tmp_path / "m.pt", arena)
+        odirect.save(views, shm / "m.pt", arena)
+        odirect.save(views, tmp_path / "m.pt", arena)
         check_loads(shm / "m.pt", original)
         assert record_offsets(shm / "m.pt") == record_offsets(tmp_path / "m.pt")
     finally:
@@ -180,9 +180,9 @@ def test_records_that_do_not_match_the_block_fall_back_to_a_plain_save(  # type:
 ) -> None:
     original, views, arena = staged
     mixed = Reversed(bf16=views["bf16"], int64=views["int64"])
-    with pytest.raises(ckptdirect.Unsuitable, match="record 0"):
-        ckptdirect.save(mixed, tmp_path / "direct.pt", arena)
-    checkpoint._save(mixed, tmp_path / "m.pt", arena)
+    with pytest.raises(odirect.Unsuitable, match="record 0"):
+        odirect.save(mixed, tmp_path / "direct.pt", arena)
+    saving._save(mixed, tmp_path / "m.pt", arena)
     crcs_check(tmp_path / "m.pt")
     back = torch.load(tmp_path / "m.pt", weights_only=False)  # our own dict subclass
     assert torch.equal(back["bf16"], original["bf16"]) and torch.equal(
@@ -194,9 +194,9 @@ def test_records_that_do_not_match_the_block_fall_back_to_a_plain_save(  # type:
 def test_a_tensor_outside_the_block_falls_back_to_a_plain_save(staged, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     original, views, arena = staged
     views = {**views, "outside": torch.arange(7)}
-    with pytest.raises(ckptdirect.Unsuitable, match="not in the staging block"):
-        ckptdirect.save(views, tmp_path / "direct.pt", arena)
-    checkpoint._save(views, tmp_path / "m.pt", arena)
+    with pytest.raises(odirect.Unsuitable, match="not in the staging block"):
+        odirect.save(views, tmp_path / "direct.pt", arena)
+    saving._save(views, tmp_path / "m.pt", arena)
     crcs_check(tmp_path / "m.pt")
     back = torch.load(tmp_path / "m.pt", weights_only=True)
     assert torch.equal(back.pop("outside"), torch.arange(7))
@@ -205,18 +205,18 @@ def test_a_tensor_outside_the_block_falls_back_to_a_plain_save(staged, tmp_path:
 
 def test_the_writer_process_writes_model_and_trainer_directly(tmp_path: Path) -> None:
     _, rt, bert, opt, sched = setup()
-    writer = ckptwriter.BackgroundWriter(tmp_path, keep=1)
+    writer = background.BackgroundWriter(tmp_path, keep=1)
     try:
         writer.submit(stage(3, rt, bert, opt, sched))
         writer.wait()
     finally:
         writer.close()
     (path,) = tmp_path.glob("step_*")
-    for name in (checkpoint.MODEL, checkpoint.TRAINER):
-        assert all(o % ckptarena.ALIGN == 0 for o in record_offsets(path / name)), name
-    for name in (checkpoint.MODEL, checkpoint.TRAINER, checkpoint.RANKS):
+    for name in (saving.MODEL, saving.TRAINER):
+        assert all(o % staging.ALIGN == 0 for o in record_offsets(path / name)), name
+    for name in (saving.MODEL, saving.TRAINER, saving.RANKS):
         crcs_check(path / name)
-    model = torch.load(path / checkpoint.MODEL, weights_only=True)
+    model = torch.load(path / saving.MODEL, weights_only=True)
     assert model.keys() == bert.state_dict().keys()
     assert all(torch.equal(model[k], v) for k, v in bert.state_dict().items())
 
@@ -229,13 +229,13 @@ def test_a_direct_write_the_kernel_refuses_goes_on_buffered(tmp_path: Path) -> N
     path.write_bytes(b"\0" * 8192)
     data = bytes(range(100))
     buffered = os.open(path, os.O_WRONLY)
-    direct = ckptdirect._open_direct(path)
+    direct = odirect._open_direct(path)
     if direct is None:
         pytest.skip(f"{tmp_path} refuses O_DIRECT at open")
     try:
         with pytest.raises(OSError):
             os.pwrite(direct, data, 4096)
-        assert ckptdirect._pwrite(direct, memoryview(data), 4096, buffered) == 100
+        assert odirect._pwrite(direct, memoryview(data), 4096, buffered) == 100
     finally:
         os.close(direct)
         os.close(buffered)
@@ -252,12 +252,12 @@ def test_direct_writes_refused_part_way_still_make_a_valid_zip(  # type: ignore[
     original, views, arena = staged
     probe = tmp_path / "probe"
     probe.touch()
-    direct = ckptdirect._open_direct(probe)
+    direct = odirect._open_direct(probe)
     if direct is None:
         pytest.skip(f"{tmp_path} refuses O_DIRECT at open")
     os.close(direct)
-    monkeypatch.setattr(ckptdirect, "CHUNK", 3 * ckptarena.ALIGN + 100)
-    ckptdirect.save(views, tmp_path / "m.pt", arena)
+    monkeypatch.setattr(odirect, "CHUNK", 3 * staging.ALIGN + 100)
+    odirect.save(views, tmp_path / "m.pt", arena)
     check_loads(tmp_path / "m.pt", original)
 
 
@@ -267,18 +267,18 @@ def test_crcs_of_records_past_4_gib_go_where_zip64_puts_them(tmp_path: Path) -> 
     path = tmp_path / "big.pt"
     small = {"after": torch.arange(20), "last": torch.ones(3)}
     state = {"big": torch.empty((4 << 30) + 100, dtype=torch.uint8), **small}
-    layout = {"save.storage_alignment": ckptarena.ALIGN, "save.compute_crc32": False}
+    layout = {"save.storage_alignment": staging.ALIGN, "save.compute_crc32": False}
     with config.patch(layout), torch.serialization.skip_data():  # type: ignore[attr-defined]
         torch.save(state, path)
     fd = os.open(path, os.O_RDWR)
     try:
-        records = {r.name.partition("/")[2]: r for r in ckptzip.records(fd)}
+        records = {r.name.partition("/")[2]: r for r in zipcrc.records(fd)}
         assert {n: (r.data, r.size) for n, r in records.items()} == data_offsets(path)
         for key, t in enumerate(small.values(), start=1):
             os.pwrite(fd, t.numpy().tobytes(), records[f"data/{key}"].data)
         del records["data/0"]  # 4 GiB of zeros: too long to read back in a test
         crcs = [(r, zlib.crc32(os.pread(fd, r.size, r.data))) for r in records.values()]
-        ckptzip.set_crcs(fd, crcs)
+        zipcrc.set_crcs(fd, crcs)
         last = records["data/2"]
         descriptor = os.pread(fd, 24, last.data + last.size)
     finally:
@@ -292,8 +292,8 @@ def test_crcs_of_records_past_4_gib_go_where_zip64_puts_them(tmp_path: Path) -> 
 
 
 def test_a_zip_not_laid_out_as_torch_writes_it_is_refused(tmp_path: Path) -> None:
-    """Where a CRC's place is not certain (a compressed record, no zip at all), ckptzip says so,
-    and ckptdirect's caller saves the plain way rather than set a field it is not sure of."""
+    """Where a CRC's place is not certain (a compressed record, no zip at all), zipcrc says so,
+    and odirect's caller saves the plain way rather than set a field it is not sure of."""
     deflated = tmp_path / "deflated.zip"
     with zipfile.ZipFile(deflated, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("m/data.pkl", b"x" * 1000)
@@ -301,15 +301,15 @@ def test_a_zip_not_laid_out_as_torch_writes_it_is_refused(tmp_path: Path) -> Non
     for path, why in ((deflated, "compressed"), (tmp_path / "junk", "no end of central")):
         fd = os.open(path, os.O_RDONLY)
         try:
-            with pytest.raises(ckptzip.BadZip, match=why):
-                ckptzip.records(fd)
+            with pytest.raises(zipcrc.BadZip, match=why):
+                zipcrc.records(fd)
         finally:
             os.close(fd)
 
 
 def test_this_torch_has_what_direct_writes_need() -> None:
     """On every torch of the stacks matrix (2.9 and the pin): the probe finds the options."""
-    assert ckptdirect.unavailable() is None, ckptdirect.unavailable()
+    assert odirect.unavailable() is None, odirect.unavailable()
 
 
 def test_any_failure_of_the_direct_write_saves_the_plain_way_once_said(  # type: ignore[no-untyped-def]
@@ -325,10 +325,10 @@ def test_any_failure_of_the_direct_write_saves_the_plain_way_once_said(  # type:
         calls.append(args)
         raise AttributeError("'PyTorchFileReader' object has no attribute 'get_record_size'")
 
-    monkeypatch.setattr(checkpoint, "_direct_off", [])
-    monkeypatch.setattr(ckptdirect, "save", broken)
+    monkeypatch.setattr(saving, "_direct_off", [])
+    monkeypatch.setattr(odirect, "save", broken)
     for name in ("model.pt", "trainer.pt"):
-        checkpoint._save(views, tmp_path / name, arena)
+        saving._save(views, tmp_path / name, arena)
         check_loads(tmp_path / name, original)
     assert len(calls) == 1  # decided once: the second file did not try again
     err = capfd.readouterr().err.splitlines()
@@ -340,13 +340,13 @@ def test_a_torch_without_the_save_options_saves_the_plain_way(  # type: ignore[n
     staged, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     original, views, arena = staged
-    monkeypatch.setattr(checkpoint, "_direct_off", [])
-    monkeypatch.setattr(ckptdirect, "unavailable", lambda: "torch 2.6 has no config")
-    with pytest.raises(ckptdirect.Unsuitable, match="has no config"):
-        ckptdirect.save(views, tmp_path / "direct.pt", arena)
+    monkeypatch.setattr(saving, "_direct_off", [])
+    monkeypatch.setattr(odirect, "unavailable", lambda: "torch 2.6 has no config")
+    with pytest.raises(odirect.Unsuitable, match="has no config"):
+        odirect.save(views, tmp_path / "direct.pt", arena)
     for name in ("model.pt", "trainer.pt"):
-        checkpoint._save(views, tmp_path / name, arena)
+        saving._save(views, tmp_path / name, arena)
         check_loads(tmp_path / name, original)
-        assert record_offsets(tmp_path / name)[0] % ckptarena.ALIGN  # torch.save's layout
+        assert record_offsets(tmp_path / name)[0] % staging.ALIGN  # torch.save's layout
     err = capfd.readouterr().err
     assert err.count("direct writes off") == 1 and "torch 2.6 has no config" in err

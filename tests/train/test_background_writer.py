@@ -1,4 +1,4 @@
-"""Checkpoint writes in a writer process (ckptwriter): training goes on, the atomic-save
+"""Checkpoint writes in a writer process (background): training goes on, the atomic-save
 guarantees hold, and a kill of the trainer or of its writer, at any point, leaves the previous
 checkpoint as the newest complete one."""
 
@@ -18,7 +18,8 @@ import torch
 from tests.conftest import ROOT, wait_for
 from tests.train import ckpt_hooks
 from tests.train.test_checkpoint import META, one_step, setup
-from trainmaster.train import checkpoint, ckptdir, ckptwriter
+from trainmaster.run import checkpoints
+from trainmaster.train.checkpoint import background, saving
 from trainmaster.train.dataset import Position
 from trainmaster.train.loop import param_checksum
 
@@ -27,8 +28,8 @@ from trainmaster.train.loop import param_checksum
 pytestmark = pytest.mark.stacks
 
 
-def stage(step: int, rt, bert, opt, sched) -> checkpoint.Staged:  # type: ignore[no-untyped-def]
-    staged = checkpoint.stage(
+def stage(step: int, rt, bert, opt, sched) -> saving.Staged:  # type: ignore[no-untyped-def]
+    staged = saving.stage(
         step=step,
         rt=rt,
         model=bert,
@@ -46,7 +47,7 @@ def hold(monkeypatch: pytest.MonkeyPatch, folder: Path, step: int) -> None:
     """The writer stops half-way through `step` until release(folder)."""
     os.mkfifo(folder.parent / ckpt_hooks.RELEASE)
     hook = functools.partial(ckpt_hooks.hold_at, step)
-    monkeypatch.setattr(checkpoint, "mid_save_hooks", [hook])
+    monkeypatch.setattr(saving, "mid_save_hooks", [hook])
 
 
 def held_at(folder: Path) -> int | None:
@@ -75,15 +76,15 @@ def folder(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def writer(folder: Path):  # type: ignore[no-untyped-def]
-    done: list[ckptwriter.Written] = []
-    w = ckptwriter.BackgroundWriter(folder, keep=3, on_written=done.append)
+    done: list[background.Written] = []
+    w = background.BackgroundWriter(folder, keep=3, on_written=done.append)
     w.done = done  # type: ignore[attr-defined]
     yield w
     w.close()
 
 
 def test_what_is_written_is_the_state_at_the_save(
-    folder: Path, writer: ckptwriter.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
+    folder: Path, writer: background.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Training updates the weights and optimizer state in place while the writer process
     writes: the checkpoint holds the state at the save, not whatever training reached since."""
@@ -102,14 +103,14 @@ def test_what_is_written_is_the_state_at_the_save(
     assert done[0].bytes == sum(f.stat().st_size for f in done[0].path.glob("*.pt"))
     assert param_checksum(bert) != at_save
     _, _, bert2, opt2, sched2 = setup()
-    checkpoint.load_model(done[0].path, bert2)
+    saving.load_model(done[0].path, bert2)
     assert param_checksum(bert2) == at_save
-    assert checkpoint.load_trainer(done[0].path, opt2, sched2) == 1
+    assert saving.load_trainer(done[0].path, opt2, sched2) == 1
     exp_avg = [s for s in opt2.state_dict()["state"].values()]
     assert exp_avg and all(int(s["step"]) == 1 for s in exp_avg)  # not 2: the state at the save
     # The same file format as a synchronous save: tied weights once, every key there.
-    monkeypatch.setattr(checkpoint, "mid_save_hooks", [])
-    sync = checkpoint.save(
+    monkeypatch.setattr(saving, "mid_save_hooks", [])
+    sync = saving.save(
         folder.parent / "sync",
         step=1,
         rt=rt,
@@ -121,8 +122,8 @@ def test_what_is_written_is_the_state_at_the_save(
         keep=1,
     )
     assert sync is not None
-    ours = torch.load(done[0].path / checkpoint.MODEL, weights_only=True)
-    theirs = torch.load(sync / checkpoint.MODEL, weights_only=True)
+    ours = torch.load(done[0].path / saving.MODEL, weights_only=True)
+    theirs = torch.load(sync / saving.MODEL, weights_only=True)
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], v) for k, v in theirs.items())
     storages = [{v.untyped_storage().data_ptr() for v in d.values()} for d in (ours, theirs)]
@@ -130,7 +131,7 @@ def test_what_is_written_is_the_state_at_the_save(
 
 
 def test_a_second_save_waits_for_the_first(
-    folder: Path, writer: ckptwriter.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
+    folder: Path, writer: background.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, rt, bert, opt, sched = setup()
     hold(monkeypatch, folder, 10)
@@ -144,31 +145,31 @@ def test_a_second_save_waits_for_the_first(
     release(folder)
     submitter.join(60)
     writer.wait()
-    assert [c.step for c in ckptdir.complete(folder)] == [10, 20]
-    assert not list(folder.glob(f"{ckptdir.TMP_PREFIX}*"))
+    assert [c.step for c in checkpoints.complete(folder)] == [10, 20]
+    assert not list(folder.glob(f"{checkpoints.TMP_PREFIX}*"))
 
 
 def test_a_failed_write_fails_the_next_wait_with_its_exception(
-    folder: Path, writer: ckptwriter.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
+    folder: Path, writer: background.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, rt, bert, opt, sched = setup()
     writer.submit(stage(10, rt, bert, opt, sched))
     writer.wait()
-    monkeypatch.setattr(checkpoint, "mid_save_hooks", [functools.partial(ckpt_hooks.crash_at, 20)])
+    monkeypatch.setattr(saving, "mid_save_hooks", [functools.partial(ckpt_hooks.crash_at, 20)])
     writer.submit(stage(20, rt, bert, opt, sched))
     with pytest.raises(ckpt_hooks.Crash, match="disk full at step 20") as raised:
         writer.wait()
     assert any("writing step 20" in note for note in raised.value.__notes__)
     writer.wait()  # reported once
-    latest = ckptdir.latest(folder)
+    latest = checkpoints.latest(folder)
     assert latest is not None and latest.step == 10
     writer.submit(stage(30, rt, bert, opt, sched))  # the same writer goes on
     writer.wait()
-    assert [c.step for c in ckptdir.complete(folder)] == [10, 30]
+    assert [c.step for c in checkpoints.complete(folder)] == [10, 30]
 
 
 def test_a_writer_killed_mid_write_fails_the_next_wait_and_a_new_one_takes_over(
-    folder: Path, writer: ckptwriter.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
+    folder: Path, writer: background.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, rt, bert, opt, sched = setup()
     writer.submit(stage(10, rt, bert, opt, sched))
@@ -179,21 +180,21 @@ def test_a_writer_killed_mid_write_fails_the_next_wait_and_a_new_one_takes_over(
     first = writer.pid
     assert first is not None and first != os.getpid()
     os.kill(first, signal.SIGKILL)
-    with pytest.raises(ckptwriter.WriterDied, match=rf"pid {first}\) was killed by SIGKILL"):
+    with pytest.raises(background.WriterDied, match=rf"pid {first}\) was killed by SIGKILL"):
         writer.wait()
-    assert list(folder.glob(f"{ckptdir.TMP_PREFIX}step_20-*"))  # the torn write is there...
-    latest = ckptdir.latest(folder)
+    assert list(folder.glob(f"{checkpoints.TMP_PREFIX}step_20-*"))  # the torn write is there...
+    latest = checkpoints.latest(folder)
     assert latest is not None and latest.step == 10  # ...and not taken for a checkpoint
-    monkeypatch.setattr(checkpoint, "mid_save_hooks", [])
+    monkeypatch.setattr(saving, "mid_save_hooks", [])
     writer.submit(stage(30, rt, bert, opt, sched))
     writer.wait()
     assert writer.pid not in (None, first)
-    assert [c.step for c in ckptdir.complete(folder)] == [10, 30]
-    assert not list(folder.glob(f"{ckptdir.TMP_PREFIX}*"))  # the next save cleared it
+    assert [c.step for c in checkpoints.complete(folder)] == [10, 30]
+    assert not list(folder.glob(f"{checkpoints.TMP_PREFIX}*"))  # the next save cleared it
 
 
 def test_a_writer_ignores_sigterm_the_trainer_decides(
-    folder: Path, writer: ckptwriter.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
+    folder: Path, writer: background.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A preemption's SIGTERM reaches the whole process group: the writer finishes its write
     (the trainer's preemption checkpoint may be the one in flight)."""
@@ -205,7 +206,7 @@ def test_a_writer_ignores_sigterm_the_trainer_decides(
     os.kill(writer.pid, signal.SIGTERM)
     release(folder)
     writer.wait()
-    latest = ckptdir.latest(folder)
+    latest = checkpoints.latest(folder)
     assert latest is not None and latest.step == 10
 
 
@@ -214,18 +215,18 @@ import functools, sys, threading
 from pathlib import Path
 from tests.train import ckpt_hooks
 from tests.train.test_checkpoint import setup, one_step
-from tests.train.test_ckptwriter import stage
-from trainmaster.train import checkpoint, ckptwriter
+from tests.train.test_background_writer import stage
+from trainmaster.train.checkpoint import background, saving
 from trainmaster.train.loop import param_checksum
 
 folder = Path(sys.argv[1])
 _, rt, bert, opt, sched = setup()
-writer = ckptwriter.BackgroundWriter(folder, keep=3)
+writer = background.BackgroundWriter(folder, keep=3)
 one_step(bert, opt, sched)
 writer.submit(stage(10, rt, bert, opt, sched))
 writer.wait()
 (folder.parent / "sum10").write_text(param_checksum(bert))
-checkpoint.mid_save_hooks.append(functools.partial(ckpt_hooks.hold_at, 20))
+saving.mid_save_hooks.append(functools.partial(ckpt_hooks.hold_at, 20))
 one_step(bert, opt, sched)
 writer.submit(stage(20, rt, bert, opt, sched))
 for _ in range(3):  # training goes on while step 20 is being written
@@ -263,34 +264,34 @@ def test_a_trainer_killed_during_a_write_leaves_the_previous_checkpoint(folder: 
             child.wait(60)
     with pytest.raises(OSError):  # nobody left to release: the held write is gone for good
         os.open(tmp_path / ckpt_hooks.RELEASE, os.O_WRONLY | os.O_NONBLOCK)
-    assert list(folder.glob(f"{ckptdir.TMP_PREFIX}step_20-*"))  # the torn write is there...
-    latest = ckptdir.latest(folder)
+    assert list(folder.glob(f"{checkpoints.TMP_PREFIX}step_20-*"))  # the torn write is there...
+    latest = checkpoints.latest(folder)
     assert latest is not None and latest.step == 10  # ...and not taken for a checkpoint
     _, _, bert, opt, sched = setup()
-    checkpoint.load_model(latest.path, bert)
-    assert checkpoint.load_trainer(latest.path, opt, sched) == 10
+    saving.load_model(latest.path, bert)
+    assert saving.load_trainer(latest.path, opt, sched) == 10
     assert param_checksum(bert) == (tmp_path / "sum10").read_text()
 
 
 def test_the_shared_buffer_is_reused_and_tied_weights_share_a_slot() -> None:
-    from trainmaster.train import ckptarena
+    from trainmaster.train.checkpoint import staging
 
     _, _, bert, _, _ = setup()
     state = bert.state_dict()
-    skeleton, tensors = ckptarena.flatten(state)
+    skeleton, tensors = staging.flatten(state)
     views = {(v.data_ptr(), tuple(v.shape), v.stride()) for v in state.values()}
     assert len(tensors) == len(views) < len(state)  # the MLM decoder is the word embeddings
-    layout, size = ckptarena.layout_of(tensors)
-    fd = ckptarena.shared_fd()
+    layout, size = staging.layout_of(tensors)
+    fd = staging.shared_fd()
     os.ftruncate(fd, size)
-    arena = ckptarena.Arena(fd, size, layout)
+    arena = staging.Arena(fd, size, layout)
     try:
         arena.fill(tensors)
-        back = ckptarena.unflatten(skeleton, arena.views)
+        back = staging.unflatten(skeleton, arena.views)
         assert back.keys() == state.keys()
         assert all(torch.equal(back[k], v) for k, v in state.items())
         assert len({id(t) for t in back.values()}) == len(views)  # still tied, saved once
-        assert all(s.offset % ckptarena.ALIGN == 0 for s in layout)
+        assert all(s.offset % staging.ALIGN == 0 for s in layout)
     finally:
         arena.close()
         os.close(fd)

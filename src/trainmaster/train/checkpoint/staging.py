@@ -1,10 +1,10 @@
-"""The staging buffer the trainer and its checkpoint writer process share (ckptwriter).
+"""The staging buffer the trainer and its checkpoint writer process share (background).
 
 A checkpoint's tensors are copied into one block of shared memory, allocated at the first save
 and reused by every later one, so a save costs the training thread one memory copy (torch's
 copy_, which releases the GIL) and no allocation, and the writer process reads the same pages
 without a second copy: each tensor starts on a page of its own, so the writer hands its pages
-to the disk directly (ckptdirect). What is not a tensor (the structure of the state dicts, the
+to the disk directly (odirect). What is not a tensor (the structure of the state dicts, the
 scheduler, the RNG states) is small and travels pickled with each write request, each tensor
 replaced by its Slot in the block.
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-# Each tensor starts on a page of its own: ckptdirect writes the whole pages of each with
+# Each tensor starts on a page of its own: odirect writes the whole pages of each with
 # O_DIRECT, which needs the memory, the file offset and the length aligned to the disk's block.
 ALIGN = 4096
 
@@ -121,7 +121,7 @@ class Arena:
         """Copy the live tensors in (the training thread's share of a save)."""
         for dst, src in zip(self.views, tensors, strict=True):
             if src.device.type not in ("cpu", "cuda"):
-                src = src.cpu()  # XLA: through its own transfer, as checkpoint.to_cpu does
+                src = src.cpu()  # XLA: through its own transfer, as saving.to_cpu does
             dst.copy_(src)
 
     def close(self) -> None:

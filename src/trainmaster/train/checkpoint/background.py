@@ -4,15 +4,15 @@
 A writer thread in the trainer still competed with training for the GIL (torch.save pickles
 and writes in Python; `python bench/checkpoint_cost.py` measures the cost per step, bench/README.md
 keeps the figures).
-So rank 0 copies the staged state into a shared buffer (ckptarena; copy_ releases the GIL) and
-hands the rest to a long-lived writer process (ckptproc), which runs checkpoint.write() on it.
+So rank 0 copies the staged state into a shared buffer (staging; copy_ releases the GIL) and
+hands the rest to a long-lived writer process (writerproc), which runs saving.write() on it.
 The trainer starts it while it starts up itself, so that the writer's own start (a Python and
 torch) is not paid by the first save. The guarantees of a synchronous save are kept:
 
 - a half-written checkpoint is never taken for a good one: write() is the same atomic
   temporary-folder-then-rename as before, so a kill mid-write (of the trainer, the writer or
   both) leaves a .tmp-* folder that readers ignore, and the previous complete checkpoint; a
-  writer whose trainer died drops its write rather than publish it (ckptproc);
+  writer whose trainer died drops its write rather than publish it (writerproc);
 - at most one write is in flight, and the buffer is not touched while it is: submit() (and
   the trainer, before staging) first waits for the previous write;
 - the last write completes before the trainer exits: it calls wait() before its summary;
@@ -37,7 +37,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from trainmaster.train import checkpoint, ckptarena
+from trainmaster.train.checkpoint import saving, staging
 
 # Set (to anything) to wait for every write before training goes on, as a synchronous save
 # would: bench/checkpoint_cost.py measures what the background write saves against it.
@@ -69,7 +69,7 @@ class BackgroundWriter:
     ) -> None:
         self.folder, self.keep, self.on_written = folder, keep, on_written
         self._proc: subprocess.Popen[bytes] | None = None
-        self._arena: ckptarena.Arena | None = None
+        self._arena: staging.Arena | None = None
         self._fd = -1
         self._commands: Connection | None = None
         self._answers: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -86,25 +86,25 @@ class BackgroundWriter:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def submit(self, staged: checkpoint.Staged) -> None:
+    def submit(self, staged: saving.Staged) -> None:
         """Copy `staged` into the shared buffer once the previous write is done and have the
         writer process write it; returns without waiting for the write."""
         self.wait()
-        skeleton, tensors = ckptarena.flatten(
+        skeleton, tensors = staging.flatten(
             (staged.model, staged.trainer, staged.ranks, staged.meta)
         )
-        layout, size = ckptarena.layout_of(tensors)
+        layout, size = staging.layout_of(tensors)
         if self._proc is None:
             self.start()
         if self._arena is None or self._arena.layout != layout:  # the first save, as a rule
             if self._arena is not None:
                 self._arena.close()
             os.ftruncate(self._fd, size)
-            self._arena = ckptarena.Arena(self._fd, size, layout)
+            self._arena = staging.Arena(self._fd, size, layout)
         assert self._commands is not None
         self._arena.fill(tensors)
         request = (staged.step, str(self.folder), self.keep, size, layout, skeleton)
-        message = pickle.dumps((*request, checkpoint.mid_save_hooks))
+        message = pickle.dumps((*request, saving.mid_save_hooks))
         self._step = staged.step
         try:
             self._commands.send_bytes(message)
@@ -139,11 +139,11 @@ class BackgroundWriter:
     def start(self) -> None:
         """Start the writer process (submit does, if this was not called)."""
         self._stop()
-        self._fd = ckptarena.shared_fd()
+        self._fd = staging.shared_fd()
         cmd_r, cmd_w = os.pipe()
         res_r, res_w = os.pipe()
         fds = (cmd_r, res_w, self._fd)
-        argv = [sys.executable, "-m", "trainmaster.train.ckptproc", *map(str, fds)]
+        argv = [sys.executable, "-m", "trainmaster.train.checkpoint.writerproc", *map(str, fds)]
         env = os.environ | {"OMP_NUM_THREADS": "1"}
         try:
             proc = subprocess.Popen([*argv, str(os.getpid())], pass_fds=fds, env=env)

@@ -1,4 +1,4 @@
-"""A checkpoint file written from the shared staging block (ckptarena) past the page cache.
+"""A checkpoint file written from the shared staging block (staging) past the page cache.
 
 torch.save copies every byte into the kernel's page cache: system CPU in the writer process
 that a machine with few cores takes from training. The same bytes written with O_DIRECT from the
@@ -10,7 +10,7 @@ zip:
    headers and pickle, with a hole where each storage's bytes go;
 2. each storage's bytes pwritten into its hole straight from the block, the whole pages with
    O_DIRECT, the tail (< 4096 bytes, its page shared with the next zip header) buffered;
-3. every record's CRC-32 set in the zip's headers (ckptzip), computed from the bytes written:
+3. every record's CRC-32 set in the zip's headers (zipcrc), computed from the bytes written:
    the block's for a storage, the file's for the records torch wrote itself (the pickle,
    version, byte order). Without them every zip reader that checks takes the file for corrupt.
    isal's crc32 (zlib's function, several times faster) keeps that a small part of a write
@@ -20,14 +20,14 @@ Which record holds which tensor: torch.save numbers storages in the order it pic
 the pickler visits dicts, lists and tuples in their iteration order, the order of walk() below.
 That is checked against the file itself (each record's pickled type and size, in order, read
 from the zip's own directory: no torch internals); a mismatch, a state that does not live in
-the block, or a zip whose headers are not where ckptzip expects them raises Unsuitable, and the
+the block, or a zip whose headers are not where zipcrc expects them raises Unsuitable, and the
 caller saves the plain way instead (crc32 on). O_DIRECT refused (tmpfs, not Linux) falls back to
 buffered writes of the same bytes, with the same CRCs: they are computed from the block,
 whichever way its bytes went.
 
 The whole path is an optimisation on torch's serialization options (torch.utils.serialization.
 config's save.storage_alignment and save.compute_crc32, torch.serialization.skip_data), which
-not every torch has: unavailable() probes them once per process, and checkpoint._save takes any
+not every torch has: unavailable() probes them once per process, and saving._save takes any
 failure here, not only Unsuitable, as "save the plain way" (docs/architecture.md, "Private and
 too-new APIs").
 """
@@ -46,8 +46,8 @@ from typing import Any
 import torch
 from isal.isal_zlib import crc32
 
-from trainmaster.train import ckptzip
-from trainmaster.train.ckptarena import ALIGN, Arena, Spec
+from trainmaster.train.checkpoint import zipcrc
+from trainmaster.train.checkpoint.staging import ALIGN, Arena, Spec
 
 CHUNK = 64 << 20  # bytes per pwrite: a bounded call, well under Linux's 2 GB cap
 
@@ -101,7 +101,7 @@ def save(obj: Any, path: Path, arena: Arena) -> int:
         holes, whole = _records(fd, slots)
         crcs = [(r, crc32(os.pread(fd, r.size, r.data))) for r in whole]
         crcs += _fill(fd, path, arena, holes)
-        ckptzip.set_crcs(fd, crcs)
+        zipcrc.set_crcs(fd, crcs)
         os.fsync(fd)  # one inode: the direct writes' metadata, the tails and the CRCs
     finally:
         os.close(fd)
@@ -183,12 +183,12 @@ def _check(pickled: bytes, slots: list[Spec], sizes: dict[str, int]) -> None:
 
 def _records(
     fd: int, slots: list[Spec]
-) -> tuple[list[tuple[ckptzip.Record, Spec]], list[ckptzip.Record]]:
+) -> tuple[list[tuple[zipcrc.Record, Spec]], list[zipcrc.Record]]:
     """The record of each storage with its slot, and the records torch wrote whole, from the
     zip's central directory (names inside the archive: "data.pkl", "data/0", ...)."""
     try:
-        found = {r.name.partition("/")[2]: r for r in ckptzip.records(fd)}
-    except ckptzip.BadZip as why:
+        found = {r.name.partition("/")[2]: r for r in zipcrc.records(fd)}
+    except zipcrc.BadZip as why:
         raise Unsuitable(str(why)) from None
     pickled = found.get("data.pkl")
     if pickled is None:
@@ -207,8 +207,8 @@ def _records(
 
 
 def _fill(
-    buffered: int, path: Path, arena: Arena, holes: list[tuple[ckptzip.Record, Spec]]
-) -> list[tuple[ckptzip.Record, int]]:
+    buffered: int, path: Path, arena: Arena, holes: list[tuple[zipcrc.Record, Spec]]
+) -> list[tuple[zipcrc.Record, int]]:
     """Each record's bytes into its hole, whole pages direct where the kernel allows it; returns
     each record's CRC-32, of the bytes written."""
     block = memoryview(arena.buffer)
