@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import TRN1_ZONES, tm, tm_here, trn1_config
+from tests.conftest import assert_user_error
 from trainmaster import api
 from trainmaster.cluster import plan, spec
 from trainmaster.errors import ConfigError
@@ -118,8 +119,8 @@ def test_bad_input_through_the_installed_command(job: Path, tmp_path: Path) -> N
         "--set",
         'cluster.kubernetes_version="1.29"',
     )
-    assert result.returncode == 2
-    assert result.stderr.startswith(
+    line = assert_user_error(result, where="job.toml: cluster.kubernetes_version")
+    assert line.startswith(
         "error: job.toml: cluster.kubernetes_version: EKS 1.29 is not in standard or extended "
         "support on "
     )

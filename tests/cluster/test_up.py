@@ -174,8 +174,7 @@ def test_down_asks_first(plan_dir: Path, fake_tools: dict[str, str]) -> None:
     result = tm(
         "cluster", "down", "--plan", str(plan_dir), "--discard-data", env=fake_tools, stdin=""
     )
-    assert result.returncode == 2
-    assert result.stderr.startswith("error: --yes:") and "confirmation" in result.stderr
+    assert_user_error(result, "confirmation", where="--yes")
     assert calls(fake_tools) == []
 
 
@@ -187,13 +186,12 @@ def test_scale(plan_dir: Path, fake_tools: dict[str, str]) -> None:
         "--name trn1-32xlarge --nodes 4 --nodes-min 4 --nodes-max 4"
     ]
     bad = tm("cluster", "scale", "--nodes", "-1", "--plan", str(plan_dir), env=fake_tools)
-    assert bad.returncode == 2 and "--nodes" in bad.stderr
+    assert_user_error(bad, "--nodes")
 
 
 def test_commands_without_a_plan_say_how_to_make_one(tmp_path: Path) -> None:
     result = tm("cluster", "up", "--plan", str(tmp_path / "nowhere"))
-    assert result.returncode == 2
-    assert "trainmaster cluster plan" in result.stderr and "Traceback" not in result.stderr
+    assert_user_error(result, "trainmaster cluster plan")
 
 
 def test_down_keeps_the_runs_or_asks_to_discard_them(

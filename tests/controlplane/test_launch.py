@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import assert_user_error
 from tests.controlplane import kubejobs as kj
 from tests.controlplane.conftest import RealKube, _kube_module
 
@@ -111,10 +112,10 @@ def test_status_list_logs_cancel(real_kube: RealKube, job_ns: str) -> None:
     assert handle in listed
     # kwok's nodes serve no container logs: logs says so in one line, not "no pod"
     logs = kj.tm(real_kube, job_ns, "logs", handle)
-    assert logs.returncode == 2 and "pods/log" in logs.stderr and "no pod" not in logs.stderr
+    assert "no pod" not in assert_user_error(logs, "pods/log")
     kj.ok(kj.tm(real_kube, job_ns, "cancel", handle))
     real_kube.wait_for(lambda: not kj.pods(real_kube, job_ns, job), 60, "the pods deleted")
     gone = kj.tm(real_kube, job_ns, "status", handle)
-    assert gone.returncode == 2 and f"no job {job}" in gone.stderr
+    assert_user_error(gone, f"no job {job}")
     cms = real_kube.core.list_namespaced_config_map(job_ns).items
     assert f"{job}-config" not in {c.metadata.name for c in cms}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, sigint_default
+from tests.conftest import assert_user_error, run_cli, sigint_default
 from tests.data.helpers import rewrite, write_docs
 from trainmaster.data.corpus import pydoc_documents
 from trainmaster.data.shards import read_arrays
@@ -102,10 +102,7 @@ def test_bad_input_exit_2_one_line(
     if "--output" not in args:
         args += ["--output", str(tmp_path / "new")]
     r = run_cli("data", "prepare", *args)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], r.stderr
-    assert "Traceback" not in r.stderr
+    assert_user_error(r, message)
     assert not (tmp_path / "new").exists()
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, assert_user_error, run_cli
 from trainmaster import api
 from trainmaster.config import jobfile
 from trainmaster.export import torchx
@@ -148,4 +148,5 @@ def test_cli_writes_the_component(tmp_path: Path) -> None:
         "--set",
         "job.nproc_per_node=64",
     )
-    assert bad.returncode == 2 and "job.nproc_per_node" in bad.stderr and not bad.stdout
+    assert_user_error(bad, "job.nproc_per_node")
+    assert not bad.stdout

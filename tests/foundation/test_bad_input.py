@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import assert_user_error, run_cli
 
 GOOD = """
 [job]
@@ -203,12 +203,9 @@ def test_bad_input_is_one_clear_line(
     if text is not None:
         path.write_text(text)
     result = run_cli(*[a.replace("{f}", str(path)) for a in args], cwd=tmp_path)
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2, result.stderr
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    assert lines[0].startswith("error: ")
-    assert expected.lower() in lines[0].lower(), lines[0]
+    line = assert_user_error(result)
+    assert "Traceback" not in result.stdout
+    assert expected.lower() in line.lower(), line
 
 
 def test_enough_cases() -> None:
@@ -237,7 +234,4 @@ def test_a_job_name_that_is_no_dns1035_label_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "job.toml"
     path.write_text(GOOD.replace('name = "t"', 'name = "1bert"'))
     result = run_cli("config", "validate", str(path))
-    assert result.returncode == 2, result.stdout
-    [line] = result.stderr.strip().splitlines()
-    assert line.startswith("error: job.toml: job.name: ") and "DNS-1035 label" in line, line
-    assert "start with a letter" in line
+    assert_user_error(result, "DNS-1035 label", "start with a letter", where="job.toml: job.name")

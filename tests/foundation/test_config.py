@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import assert_user_error
 from trainmaster import api
 from trainmaster.config.presets import JOB_PRESETS
 from trainmaster.errors import ConfigError
@@ -174,17 +175,11 @@ def test_missing_script_is_refused_before_anything_starts(tmp_path: Path) -> Non
     job = tmp_path / "job.toml"
     job.write_text('[job]\nname = "mine"\nentrypoint = "nope/train.py"\n')
     result = run_cli("launch", str(job), "--set", f'job.storage="{store}"', cwd=tmp_path)
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "job.entrypoint: no such file" in lines[0], result.stderr
-    assert str(tmp_path / "nope" / "train.py") in lines[0]
+    assert_user_error(result, "job.entrypoint: no such file", str(tmp_path / "nope" / "train.py"))
     assert not (store / "runs" / "mine").exists()
     job.write_text('[job]\nname = "mine"\nentrypoint = "-m no_such_package_here.train"\n')
     result = run_cli("launch", str(job), "--set", f'job.storage="{store}"', cwd=tmp_path)
-    assert (
-        result.returncode == 2
-        and "job.entrypoint: no module 'no_such_package_here'" in result.stderr
-    )
+    assert_user_error(result, "job.entrypoint: no module 'no_such_package_here'")
     assert not (store / "runs" / "mine").exists()
 
 

@@ -52,7 +52,7 @@ def test_the_newest_checkpoint_is_copied_and_verified(run: RunPaths, tmp_path: P
     older = run_cli("export", "checkpoint", "bert", str(dest), "--step", "10", "--storage", storage)
     assert older.returncode == 0 and (dest / "bert" / "step_10" / "meta.json").exists()
     none = run_cli("export", "checkpoint", "bert", str(dest), "--step", "30", "--storage", storage)
-    assert none.returncode == 2 and "have: 10, 20" in none.stderr  # .tmp-step_30 is not complete
+    assert_user_error(none, "have: 10, 20")  # .tmp-step_30 is not complete
 
 
 def test_a_copy_that_differs_never_gets_the_final_name(
@@ -108,4 +108,4 @@ def test_to_s3_every_file_checked_and_the_manifest_last(
 
 def test_kubernetes_jobs_are_refused_with_the_way_out() -> None:
     shown = run_cli("export", "checkpoint", "kubernetes://ml/bert", "/tmp/x")
-    assert shown.returncode == 2 and "kubectl cp" in shown.stderr
+    assert_user_error(shown, "kubectl cp")

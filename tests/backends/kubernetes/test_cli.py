@@ -57,8 +57,7 @@ def test_real_launch_refuses_the_example_account(tmp_path: Path) -> None:
         "--kubeconfig",
         str(tmp_path / "none"),
     )
-    assert result.returncode == 2
-    assert "example account 123456789012" in result.stderr
+    assert_user_error(result, "example account 123456789012")
 
 
 def test_kubernetes_commands_against_the_fake_api(fake: FakeCluster) -> None:
@@ -116,7 +115,7 @@ def test_kubernetes_commands_against_the_fake_api(fake: FakeCluster) -> None:
     assert logs.returncode == 0 and logs.stdout == "[default0]:step 1 loss 11.2\n", logs.stderr
     assert "# bert-large-trn1-worker-0" in logs.stderr
     bad = run_cli("logs", "bert-large-trn1", "--rank", "3", *kube)
-    assert bad.returncode == 2 and "--rank: kubernetes jobs" in bad.stderr
+    assert_user_error(bad, "--rank: kubernetes jobs")
     cancelled = run_cli("cancel", "bert-large-trn1", *kube)
     assert (
         cancelled.returncode == 0

@@ -21,7 +21,7 @@ from tests.backends.kubernetes.schemas import (
     validate_volcano_job,
 )
 from tests.backends.kubernetes.test_volcano import job_cfg, pod_spec, script_of
-from tests.conftest import run_cli
+from tests.conftest import assert_user_error, run_cli
 from trainmaster import api
 from trainmaster.backends.kubernetes import stage, volcano
 from trainmaster.compile import lock
@@ -369,7 +369,7 @@ def test_pod0_waits_for_another_jobs_lock_and_runs_nothing(tmp_path: Path) -> No
         )
     finally:
         theirs.release()
-    assert result.returncode == 2 and "someone-else" in result.stderr
+    assert_user_error(result, "someone-else")
     assert not (tmp_path / "ran").exists()
 
 

@@ -230,9 +230,8 @@ def test_hoisting_leaves_everything_else_alone() -> None:
 
 def test_an_unknown_backend_is_one_line_naming_the_option() -> None:
     result = run_cli("status", "j", "--backend", "slurm")
-    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "error: --backend: unknown backend 'slurm'; use local or kubernetes"
-    ]
+    line = assert_user_error(result, where="--backend")
+    assert line == "error: --backend: unknown backend 'slurm'; use local or kubernetes"
 
 
 def test_the_real_backends_are_chosen_once_in_api() -> None:

@@ -308,7 +308,7 @@ def test_storage_not_writable(tmp_path: Path) -> None:
     blocker.write_text("")
     path = job_file(tmp_path, "nowrite")
     result = run_cli("launch", str(path), "--storage", str(blocker / "storage"))
-    assert result.returncode == 2 and "storage is not writable" in result.stderr
+    assert_user_error(result, "storage is not writable")
 
 
 def test_existing_job_name_is_refused_unless_resume(
@@ -316,11 +316,7 @@ def test_existing_job_name_is_refused_unless_resume(
 ) -> None:
     path = job_file(tmp_path, "straight")
     result = run_cli("launch", str(path), "--storage", str(pydoc_storage))
-    assert (
-        result.returncode == 2
-        and "job straight exists" in result.stderr
-        and "--resume" in result.stderr
-    )
+    assert_user_error(result, "job straight exists", "--resume")
 
 
 def test_etcd_requested_but_not_installed(pydoc_storage: Path, tmp_path: Path) -> None:
