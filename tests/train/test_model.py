@@ -56,6 +56,39 @@ def test_masked_head_loss_and_gradients_equal_bert_for_pretraining(shard: dict) 
     assert worst < 1e-5
 
 
+def test_an_eager_forward_reads_nothing_on_the_host(shard: dict) -> None:
+    """A value read on the host (`.item()`, `bool(tensor)`, `nonzero`) is a GPU sync: none in
+    the forward and backward of the masked-head model, counted on the CPU by the profiler's
+    aten ops (the read transformers' SDPA path makes of a [B, S] mask is `aten::is_nonzero`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    bert = model.build(tiny_cfg(), 4096, "sdpa")
+    batch = batch_of(shard, slice(0, 8))
+    assert int((batch["attention_mask"] == 0).sum()) > 0  # padding: the mask matters
+    reads = {"aten::is_nonzero", "aten::_local_scalar_dense", "aten::nonzero", "aten::item"}
+
+    def host_reads(net: torch.nn.Module) -> int:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            net(**batch)[0].backward()
+        return sum(e.name in reads for e in prof.events())
+
+    ours = model.Pretraining(bert)
+    assert ours.mask_per_query and host_reads(ours) == 0
+    ours.mask_per_query = False  # the [B, S] mask as transformers takes it: one read
+    assert host_reads(ours) >= 1
+
+
+def test_the_mask_per_query_gives_the_same_loss(shard: dict) -> None:
+    bert = model.build(tiny_cfg(), 4096, "sdpa").eval()
+    batch = batch_of(shard, slice(0, 16))
+    net = model.Pretraining(bert)
+    with torch.no_grad():
+        per_query = net(**batch)[0]
+        net.mask_per_query = False
+        per_key = net(**batch)[0]
+    assert per_query.item() == pytest.approx(per_key.item(), abs=1e-6)
+
+
 def test_unused_slots_do_not_count(shard: dict) -> None:
     """Extra slots labelled -100 (pointing anywhere) change nothing."""
     bert = model.build(tiny_cfg(), 4096).eval()

@@ -63,6 +63,12 @@ class Pretraining(nn.Module):
     def __init__(self, model: BertForPreTraining) -> None:
         super().__init__()
         self.model = model
+        # transformers' SDPA path asks the device whether a [B, S] mask is all ones
+        # (`torch.all(mask == 1)`, read on the host) in every eager forward: a GPU sync per
+        # micro-batch. The same mask as [B, S, S] takes its other path, which builds the same
+        # additive mask without reading anything (compiled graphs skip the read already, so
+        # eager and compiled now run the same masked kernel).
+        self.mask_per_query = model.bert.attn_implementation == "sdpa"
 
     def forward(
         self,
@@ -73,6 +79,9 @@ class Pretraining(nn.Module):
         mlm_labels: torch.Tensor,
         nsp_labels: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.mask_per_query:
+            seq = attention_mask.size(1)
+            attention_mask = attention_mask[:, None, :].expand(-1, seq, -1)
         out = self.model.bert(
             input_ids=input_ids,
             token_type_ids=token_type_ids,
