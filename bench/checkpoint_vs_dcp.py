@@ -9,9 +9,10 @@ torch it runs on. One process, a world-1 gloo process group, BERT (fp32, micro-b
 differ only in how a checkpoint of model + optimizer is taken every --every steps:
 
   none  no checkpoint
-  ours  train/checkpoint: the live tensors copied into the shared block (the `stage` + `submit`
-        of the trainer) and written by the long-lived writer process, O_DIRECT, into a temporary
-        folder renamed when complete
+  ours  train/checkpoint: the live tensors copied into the shared block beside the next forward
+        and backward, awaited before the next optimizer step (the trainer's `stage`, `submit`,
+        `before_update`), and written by the long-lived writer process, O_DIRECT, into a
+        temporary folder renamed when complete
   dcp   torch.distributed.checkpoint.async_save(async_checkpointer_type=PROCESS) with a
         DefaultStager (shared memory, async staging; pinned memory and non-blocking copies only
         where CUDA is), the state dicts from get_state_dict(); staging overlaps the next
@@ -89,7 +90,7 @@ class Ours:
         self.writer.submit(Staged(step, detached(net.state_dict()), trainer, [], meta))
 
     def before_step(self) -> None:
-        pass  # submit() returns once the tensors are copied
+        self.writer.before_update()  # the copy into the block ran beside forward and backward
 
     def drain(self) -> None:
         self.writer.wait()

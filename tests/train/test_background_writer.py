@@ -19,7 +19,7 @@ from tests.conftest import ROOT, wait_for
 from tests.train import ckpt_hooks
 from tests.train.test_checkpoint import META, one_step, setup
 from trainmaster.run import checkpoints
-from trainmaster.train.checkpoint import background, saving
+from trainmaster.train.checkpoint import background, saving, staging
 from trainmaster.train.dataset import Position
 from trainmaster.train.loop import param_checksum
 
@@ -130,6 +130,67 @@ def test_what_is_written_is_the_state_at_the_save(
     assert len(storages[0]) == len(storages[1]) < len(ours)  # tied weights written once
 
 
+def slow_copy(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """A stand-in for a slow device-to-host copy into the block: (started, let_go)."""
+    started, let_go = threading.Event(), threading.Event()
+    real = staging.Arena.fill
+
+    def fill(self: staging.Arena, tensors: list[torch.Tensor]) -> None:
+        started.set()
+        assert let_go.wait(120)
+        real(self, tensors)
+
+    monkeypatch.setattr(staging.Arena, "fill", fill)
+    return started, let_go
+
+
+def test_the_copy_runs_beside_the_next_step_and_only_the_update_waits(
+    folder: Path, writer: background.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save costs training what is left of its copy into the block when the next step's
+    optimizer update comes (forward and backward change no saved tensor): submit() returns
+    while the copy is still held, before_update() waits for it, and the checkpoint holds the
+    values of its step although training updated them right after."""
+    _, rt, bert, opt, sched = setup()
+    one_step(bert, opt, sched)
+    at_save = param_checksum(bert)
+    started, let_go = slow_copy(monkeypatch)
+    writer.submit(stage(1, rt, bert, opt, sched))  # returns: the copy runs in its thread
+    assert started.wait(60) and not let_go.is_set()
+    waited: list[float | None] = []
+    update = threading.Thread(target=lambda: waited.append(writer.before_update()))
+    update.start()
+    update.join(timeout=0.5)
+    assert update.is_alive()  # the optimizer may not touch the tensors yet
+    let_go.set()
+    update.join(timeout=60)
+    assert not update.is_alive() and waited and (waited[0] or 0) > 0
+    assert writer.before_update() is None  # one wait per save
+    one_step(bert, opt, sched)  # the update, and the next
+    writer.wait()
+    done = writer.done  # type: ignore[attr-defined]
+    assert [w.step for w in done] == [1] and param_checksum(bert) != at_save
+    _, _, bert2, _, _ = setup()
+    saving.load_model(done[0].path, bert2)
+    assert param_checksum(bert2) == at_save
+
+
+def test_a_copy_that_fails_fails_the_next_wait_and_publishes_nothing(
+    folder: Path, writer: background.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, rt, bert, opt, sched = setup()
+
+    def broken(self: staging.Arena, tensors: list[torch.Tensor]) -> None:
+        raise RuntimeError("the device copy failed")
+
+    monkeypatch.setattr(staging.Arena, "fill", broken)
+    writer.submit(stage(1, rt, bert, opt, sched))
+    writer.before_update()  # nothing to protect any more: returns
+    with pytest.raises(RuntimeError, match="the device copy failed"):
+        writer.wait()
+    assert checkpoints.latest(folder) is None and not list(folder.iterdir())
+
+
 def test_a_second_save_waits_for_the_first(
     folder: Path, writer: background.BackgroundWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -216,7 +277,7 @@ from pathlib import Path
 from tests.train import ckpt_hooks
 from tests.train.test_checkpoint import setup, one_step
 from tests.train.test_background_writer import stage
-from trainmaster.train.checkpoint import background, saving
+from trainmaster.train.checkpoint import background, saving, staging
 from trainmaster.train.loop import param_checksum
 
 folder = Path(sys.argv[1])

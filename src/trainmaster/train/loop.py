@@ -67,6 +67,7 @@ class Trainer(TrainerSetup):
         )
         if staged is not None and self.writer is not None:
             self.writer.submit(staged)
+            self.saved = step
             if os.environ.get(checkpoint.SYNC_ENV):
                 self.writer.wait()
             goodput.record(p.run.timeline, "checkpoint", t=t0, end=time.time(), step=step)
@@ -85,7 +86,7 @@ class Trainer(TrainerSetup):
             if not pending:
                 window_t0, window_wall = t0, time.time()
             wd.where = f"step {step + 1}: data, forward, backward (gradient all_reduce), optimizer"
-            result = self.stepper(batches, accum, self.loader.consumed)
+            result = self.stepper(batches, accum, self.loader.consumed, self._before_update)
             wd.where = f"step {step + 1}: loss all_reduce"
             # One more float in the all-reduce: the ranks' SIGTERM votes (preempt.py).
             votes = torch.full(
@@ -129,6 +130,17 @@ class Trainer(TrainerSetup):
                 hook(self.plan.run.dir, rt.rank, step)
         wd.stop()
         return self._finish(step, first_step_s)
+
+    def _before_update(self) -> None:
+        """The last checkpoint's copy into the writer's block ran beside this step's forward
+        and backward; what is left of it before the update is checkpoint time (goodput)."""
+        if self.writer is not None:
+            t1 = time.time()
+            waited = self.writer.before_update()
+            if waited is not None:
+                goodput.record(
+                    self.plan.run.timeline, "checkpoint", t=t1, end=t1 + waited, step=self.saved
+                )
 
     def _drain(self, step: int) -> None:
         """Rank 0: wait until the checkpoint write in flight is complete (goodput: a stand-still)."""

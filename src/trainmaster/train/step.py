@@ -73,8 +73,14 @@ class Stepper:
             yield self.ddp.no_sync() if inner and self.ddp is not None else contextlib.nullcontext()
 
     def __call__(
-        self, batches: Iterator[Batch], accum: int, consumed: Callable[[], None] | None = None
+        self,
+        batches: Iterator[Batch],
+        accum: int,
+        consumed: Callable[[], None] | None = None,
+        before_update: Callable[[], None] | None = None,
     ) -> StepResult:
+        """consumed: after each micro-batch; before_update: before the optimizer changes the
+        parameters (a checkpoint's copy of them may still be running: checkpoint/staging.py)."""
         rt = self.rt
         totals = torch.zeros(3, device=rt.device, dtype=torch.float32)
         for ctx in self._contexts(accum):
@@ -89,6 +95,8 @@ class Stepper:
         rt.reduce_gradients(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
         lr = float(self.scheduler.get_last_lr()[0])
+        if before_update is not None:
+            before_update()
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -77,6 +77,7 @@ class TrainerSetup:
         self.flops = model_mod.flops_for(cfg, plan.vocab_size)
         self.metrics: MetricsLog | None = None
         self.writer: BackgroundWriter | None = None
+        self.saved = 0  # the step of the last checkpoint submitted to the writer
         self.net_plugin: str | None = None
         self.preempt = preempt.Preemption().install()
         self.watchdog = Watchdog(

@@ -4,8 +4,9 @@
 A writer thread in the trainer still competed with training for the GIL (torch.save pickles
 and writes in Python; `python bench/checkpoint_cost.py` measures the cost per step, bench/README.md
 keeps the figures).
-So rank 0 copies the staged state into a shared buffer (staging; copy_ releases the GIL) and
-hands the rest to a long-lived writer process (writerproc), which runs saving.write() on it.
+So rank 0 copies the staged state into a shared buffer (staging; copy_ releases the GIL) while
+the next step's forward and backward run, and hands it to a long-lived writer process
+(writerproc), which runs saving.write() on it.
 The trainer starts it while it starts up itself, so that the writer's own start (a Python and
 torch) is not paid by the first save. The guarantees of a synchronous save are kept:
 
@@ -15,6 +16,8 @@ torch) is not paid by the first save. The guarantees of a synchronous save are k
   writer whose trainer died drops its write rather than publish it (writerproc);
 - at most one write is in flight, and the buffer is not touched while it is: submit() (and
   the trainer, before staging) first waits for the previous write;
+- a checkpoint holds the values of its step: the optimizer's next update waits for the copy
+  (before_update(); on a GPU the training stream waits on the GPU, the host does not);
 - the last write completes before the trainer exits: it calls wait() before its summary;
 - a write that failed fails training at the next wait(), with the writer's exception, as a
   synchronous save would have (torchrun then restarts it from the last good checkpoint); a
@@ -23,6 +26,7 @@ torch) is not paid by the first save. The guarantees of a synchronous save are k
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import queue
@@ -77,6 +81,7 @@ class BackgroundWriter:
         # to see that a second save waits for the first rather than overlap it).
         self.waiting_for: int | None = None
         self._step: int | None = None
+        self._fill: staging.Fill | None = None  # the last submit's copy into the block
 
     @property
     def busy(self) -> bool:
@@ -88,7 +93,8 @@ class BackgroundWriter:
 
     def submit(self, staged: saving.Staged) -> None:
         """Copy `staged` into the shared buffer once the previous write is done and have the
-        writer process write it; returns without waiting for the write."""
+        writer process write it; returns without waiting for the copy (staging.Fill) or the
+        write. Call before_update() before the optimizer changes the staged tensors."""
         self.wait()
         skeleton, tensors = staging.flatten(
             (staged.model, staged.trainer, staged.ranks, staged.meta)
@@ -102,18 +108,30 @@ class BackgroundWriter:
             os.ftruncate(self._fd, size)
             self._arena = staging.Arena(self._fd, size, layout)
         assert self._commands is not None
-        self._arena.fill(tensors)
         request = (staged.step, str(self.folder), self.keep, size, layout, skeleton)
         message = pickle.dumps((*request, saving.mid_save_hooks))
         self._step = staged.step
-        try:
-            self._commands.send_bytes(message)
-        except OSError:
-            self.wait()  # the writer is gone: raises WriterDied
-            raise
+        commands, answers = self._commands, self._answers
+
+        def send() -> None:  # the bytes are in the block: the writer may take them
+            with contextlib.suppress(OSError):  # the writer is gone: its listener says so
+                commands.send_bytes(message)
+
+        def failed(exc: BaseException) -> None:  # wait() raises it, as a failed write
+            answers.put(("error", exc, "".join(traceback.format_exception(exc))))
+
+        self._fill = staging.Fill(self._arena, tensors, then=send, failed=failed)
+
+    def before_update(self) -> float | None:
+        """Before the optimizer changes the tensors of the last submit(): wait for their copy
+        into the block (on a GPU, the training stream waits). The seconds waited here, or
+        None when no copy was pending (the trainer counts the wait as checkpoint time)."""
+        fill, self._fill = self._fill, None
+        return fill.before_update() if fill is not None else None
 
     def wait(self) -> None:
         """Block until no write is in flight; raise the exception of one that failed."""
+        self._fill = None  # an answer comes after the copy: nothing to wait for before updates
         if self._step is None:
             return
         step, self.waiting_for = self._step, self._step

@@ -15,9 +15,14 @@ The block is a memfd (anonymous shared memory, not limited by the size of /dev/s
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import os
+import sys
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +113,7 @@ class Arena:
 
     def __init__(self, fd: int, size: int, layout: Layout) -> None:
         self.size, self.layout = size, layout
+        self._pinned = 0  # the block's address while it is page-locked for a GPU
         self._map = mmap.mmap(fd, size)
         # Each view has a storage of its own (frombuffer), so torch.save writes every tensor
         # alone, exactly as it would write the trainer's own tensors.
@@ -118,16 +124,99 @@ class Arena:
         return self._map
 
     def fill(self, tensors: list[torch.Tensor]) -> None:
-        """Copy the live tensors in (the training thread's share of a save)."""
+        """Copy the live tensors in. From a GPU into a pinned block (pin_for_cuda) the copies
+        are only queued, on the caller's current stream."""
         for dst, src in zip(self.views, tensors, strict=True):
             if src.device.type not in ("cpu", "cuda"):
                 src = src.cpu()  # XLA: through its own transfer, as saving.to_cpu does
-            dst.copy_(src)
+            dst.copy_(src, non_blocking=bool(self._pinned))
+
+    def pin_for_cuda(self) -> None:
+        """Page-lock the block (cudaHostRegister), so that copies from a GPU run on its copy
+        engine while it computes. Where that fails the copies still work, slower and each one
+        waited for by the copying thread; said once."""
+        if self._pinned:
+            return
+        anchor = ctypes.c_char.from_buffer(self._map)  # the block's address, then let go
+        ptr = ctypes.addressof(anchor)
+        del anchor
+        err = torch.cuda.cudart().cudaHostRegister(ptr, self.size, 0)
+        if int(err) != 0:
+            print(f"checkpoint: staging block not page-locked ({err})", file=sys.stderr)
+            return
+        self._pinned = ptr
 
     def close(self) -> None:
+        if self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(self._pinned)
+            self._pinned = 0
         self.views = []
         with contextlib.suppress(BufferError):  # a tensor still views it: unmapped with it
             self._map.close()
+
+
+class Fill:
+    """One checkpoint's copy into the block, while training goes on: the next step's forward
+    and backward read the saved tensors and change none of them (gradients are not saved), so
+    only the optimizer's update has to wait, in before_update(). `then` runs once the bytes are
+    in the block (it hands them to the writer process), `failed` if the copy raised.
+
+    On the CPU the copy runs in a thread (copy_ releases the GIL). From a GPU, a side stream
+    copies, after the step's last kernels (an event on the training stream), into the pinned
+    block; before_update() then makes the training stream wait on the GPU, not the host. XLA
+    tensors are copied right here, on the training thread: its lazy tensors are not for two
+    threads."""
+
+    def __init__(
+        self,
+        arena: Arena,
+        tensors: list[torch.Tensor],
+        then: Callable[[], None],
+        failed: Callable[[BaseException], None],
+    ) -> None:
+        self._queued = threading.Event()  # every copy done (CPU) or queued on the side stream
+        self._copied: Any = None  # the side stream's event after the copies (CUDA)
+        self._then, self._failed = then, failed
+        devices = {t.device.type for t in tensors}
+        cuda = next((t.device for t in tensors if t.is_cuda), None)
+        if not devices <= {"cpu", "cuda"}:
+            self._copy(arena, tensors, None)
+            return
+        ready = None
+        if cuda is not None:
+            arena.pin_for_cuda()
+            ready = torch.cuda.current_stream(cuda).record_event()
+        threading.Thread(
+            target=self._copy, args=(arena, tensors, ready), name="checkpoint-copy", daemon=True
+        ).start()
+
+    def _copy(self, arena: Arena, tensors: list[torch.Tensor], ready: Any) -> None:
+        try:
+            if ready is None:
+                arena.fill(tensors)
+            else:
+                side = torch.cuda.Stream(device=next(t.device for t in tensors if t.is_cuda))
+                with torch.cuda.stream(side):
+                    side.wait_event(ready)
+                    arena.fill(tensors)
+                    self._copied = side.record_event()
+        except BaseException as exc:
+            self._queued.set()
+            self._failed(exc)
+            return
+        self._queued.set()
+        if self._copied is not None:
+            self._copied.synchronize()
+        self._then()
+
+    def before_update(self) -> float:
+        """Block until the optimizer may change the saved tensors; the seconds this thread
+        waited (on a GPU the wait is the stream's)."""
+        t0 = time.perf_counter()
+        self._queued.wait()
+        if self._copied is not None:
+            torch.cuda.current_stream(self._copied.device).wait_event(self._copied)
+        return time.perf_counter() - t0
 
 
 def _view(buf: mmap.mmap, spec: Spec) -> torch.Tensor:
