@@ -5,14 +5,16 @@
 
 Run it with each stack's Python (`.venv/bin/python`, `.venv-trn1/bin/python`): it measures the
 torch it runs on. One process, a world-1 gloo process group, BERT (fp32, micro-batch 2, seq 128,
-20 masked positions) and AdamW on the CPU, the same random batch every step, three loops that
-differ only in how a checkpoint of model + optimizer is taken every --every steps:
+20 masked positions) and AdamW on the CPU, the same random batch every step, loops that differ
+only in how a checkpoint of model + optimizer is taken every --every steps:
 
   none  no checkpoint
   ours  train/checkpoint: the live tensors copied into the shared block beside the next forward
         and backward, awaited before the next optimizer step (the trainer's `stage`, `submit`,
         `before_update`), and written by the long-lived writer process, O_DIRECT, into a
         temporary folder renamed when complete
+  ours_copy_waited  the same, but the save call itself waits for the copy (as before the copy
+        ran beside the next step): what the overlap saves, side by side
   dcp   torch.distributed.checkpoint.async_save(async_checkpointer_type=PROCESS) with a
         DefaultStager (shared memory, async staging; pinned memory and non-blocking copies only
         where CUDA is), the state dicts from get_state_dict(); staging overlaps the next
@@ -35,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +49,7 @@ from trainmaster.config import jobfile
 from trainmaster.train.checkpoint import BackgroundWriter, Staged, detached
 from trainmaster.train.model import Pretraining, build
 
-VARIANTS = ("none", "ours", "dcp")
+VARIANTS = ("none", "ours", "ours_copy_waited", "dcp")
 SEQ, PRED, BATCH = 128, 20, 2
 
 
@@ -73,7 +76,8 @@ def setup(model_name: str) -> tuple[Pretraining, torch.optim.Optimizer, dict[str
 class Ours:
     """The trainer's way (train/loop.py `_save`): wait, stage the live tensors, submit."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, copy_waited: bool = False) -> None:
+        self.copy_waited = copy_waited
         self.writer = BackgroundWriter(folder, keep=2, on_written=self._written)
         self.writer.start()
         self.written: list[float] = []
@@ -88,6 +92,8 @@ class Ours:
         trainer = {"optimizer": detached(opt.state_dict()), "step": step}
         meta = {"format": 1, "step": step}
         self.writer.submit(Staged(step, detached(net.state_dict()), trainer, [], meta))
+        if self.copy_waited:
+            self.writer.before_update()
 
     def before_step(self) -> None:
         self.writer.before_update()  # the copy into the block ran beside forward and backward
@@ -108,7 +114,8 @@ class Dcp:
 
         cuda = torch.cuda.is_available()
         self.stager = DefaultStager(StagingOptions(cuda, True, True, cuda))
-        self.folder, self.response, self.written = folder, None, []  # type: ignore[var-annotated]
+        self.folder, self.written = folder, []  # type: ignore[var-annotated]
+        self.response: Any = None  # torch's AsyncSaveResponse of the write in flight
         self.kept: list[Path] = []
 
     def save(self, step: int, net: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
@@ -126,18 +133,18 @@ class Dcp:
             async_checkpointer_type=AsyncCheckpointerType.PROCESS,
             async_stager=self.stager,
         )
-        self.response.upload_completion.add_done_callback(  # type: ignore[union-attr]
+        self.response.upload_completion.add_done_callback(
             lambda _: self.written.append(time.perf_counter() - t0)
         )
         self.kept.append(path)
 
     def before_step(self) -> None:
         if self.response is not None:
-            self.response.staging_completion.result()  # type: ignore[union-attr]
+            self.response.staging_completion.result()
 
     def drain(self) -> None:
         if self.response is not None:
-            self.response.upload_completion.result()  # type: ignore[union-attr]
+            self.response.upload_completion.result()
             self.response = None
         for old in self.kept[:-2]:
             shutil.rmtree(old, ignore_errors=True)
@@ -150,8 +157,12 @@ class Dcp:
 
 def loop(variant: str, model_name: str, steps: int, every: int, folder: Path) -> dict[str, Any]:
     net, opt, batch = setup(model_name)
-    writer = {"none": None, "ours": Ours, "dcp": Dcp}[variant]
-    saver = writer(folder) if writer else None
+    savers: dict[str, Callable[[Path], Ours | Dcp]] = {
+        "ours": Ours,
+        "ours_copy_waited": lambda f: Ours(f, copy_waited=True),
+        "dcp": Dcp,
+    }
+    saver = savers[variant](folder) if variant in savers else None
     stalls: list[float] = []  # per save: the save call, then the wait before the next update
 
     def step() -> None:
@@ -199,7 +210,7 @@ def main() -> None:
     ap.add_argument("--model", default="bert-base", help="bert-tiny | bert-base | bert-large")
     ap.add_argument("--steps", type=int, default=24, help="timed steps per loop")
     ap.add_argument("--every", type=int, default=4, help="a checkpoint every N steps")
-    ap.add_argument("--rounds", type=int, default=2, help="run the three this many times")
+    ap.add_argument("--rounds", type=int, default=2, help="run the variants this many times")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
