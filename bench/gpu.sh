@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# BERT-large phase 1 (seq 128, bf16) on one CUDA GPU, eager and torch.compile: one JSON line
-# (seq/s, MFU against the catalog's peak, peak memory, time to first step per mode).
+# BERT-large phase 1 (seq 128, bf16) on one CUDA GPU: one JSON line with seq/s eager and
+# compiled, MFU against the catalog's peak, time to first step compiled cold and warm, the
+# checkpoint stand-still per save, and a hand-written loop's seq/s in the same run.
 #
-#   bench/gpu.sh [--dry] [--steps 50] [--warmup 5] [--batch 0] [--modes eager,compile]
-#                [--peak-tflops T]
+#   bench/gpu.sh [--dry] [--steps 50] [--warmup 5] [--batch 0] [--peak-tflops T]
+#                [--modes eager,compile,compile_warm,handwritten,checkpoint]
 #
 # On a CUDA machine, first the Python already there ($PYTHON, default python3): when its torch is
 # a CUDA build inside pyproject's range and the bench's other packages are there (gpu_env.py),
@@ -22,7 +23,7 @@ args=()
 for arg in "$@"; do
   case "$arg" in
     --dry) dry=1 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$arg") ;;
   esac
 done

@@ -1,7 +1,15 @@
 """BERT-large phase 1 on one GPU, eager and torch.compile: what bench/gpu.sh runs.
 
-    python bench/gpu_bench.py [--steps 50] [--batch 0] [--modes eager,compile]
-                              [--peak-tflops T] [--dry]
+    python bench/gpu_bench.py [--steps 50] [--batch 0] [--peak-tflops T] [--dry]
+        [--modes eager,compile,compile_warm,handwritten,checkpoint]
+        [--ckpt-steps 250] [--ckpt-every 100]
+
+The modes, each in a fresh process, in this order: eager; compile with an empty compile cache
+(cold) and compile_warm with the cache compile left (the trainer's cache settings,
+compile/cache.py), which is what a restarted or precompiled job meets; handwritten, a loop as a
+user writes it (gpu_modes.py); checkpoint, the trainer's eager step without saves and then with
+a bert-large + Adam checkpoint every --ckpt-every steps (the stand-still per save). "summary"
+gathers the headline figures.
 
 Seq 128, max_pred 20, vocab 30,522, bf16 autocast, one GPU, the trainer's own parts: model
 (masked-positions-only MLM head, SDPA attention), fused AdamW, Stepper, ShardLoader and the
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -34,7 +43,7 @@ from typing import Any
 STARTED = time.time()
 SEQ, PRED, VOCAB = 128, 20, 30522
 CANDIDATES = (512, 256, 128, 64, 32, 16, 8)
-MODES = ("eager", "compile")
+MODES = ("eager", "compile", "compile_warm", "handwritten", "checkpoint")
 # NVIDIA's own figure for this workload on one GPU (phase 1, seq 128): AMP fp16, micro-batch
 # 256 accumulated to 8,192 sequences per GPU, NGC 21.11; NVIDIA/DeepLearningExamples
 # PyTorch/LanguageModeling/BERT/README.md (commit 729963d), table "Pre-training NVIDIA DGX A100
@@ -58,7 +67,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=None, help="timed steps per mode (50; dry 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (5; dry 1)")
     ap.add_argument("--batch", type=int, default=None, help="micro-batch; 0 = fit (dry 4)")
-    ap.add_argument("--modes", default="eager,compile", help="comma-separated: eager,compile")
+    ap.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help="comma-separated, of: " + ", ".join(MODES) + " (compile_warm reuses compile's cache)",
+    )
+    ap.add_argument("--ckpt-steps", type=int, default=None, help="checkpoint mode: steps (250)")
+    ap.add_argument(
+        "--ckpt-every", type=int, default=None, help="checkpoint mode: save every (100)"
+    )
     ap.add_argument(
         "--peak-tflops",
         type=float,
@@ -79,6 +96,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a.steps = a.steps if a.steps is not None else (2 if a.dry else 50)
     a.warmup = a.warmup if a.warmup is not None else (1 if a.dry else 5)
     a.batch = a.batch if a.batch is not None else (4 if a.dry else 0)
+    a.ckpt_steps = a.ckpt_steps if a.ckpt_steps is not None else (4 if a.dry else 250)
+    a.ckpt_every = a.ckpt_every if a.ckpt_every is not None else (2 if a.dry else 100)
+    if a.ckpt_every < 1 or a.ckpt_steps <= a.ckpt_every:
+        ap.error("--ckpt-every must be at least 1 and below --ckpt-steps")
     for name in ("steps", "warmup", "batch"):
         if getattr(a, name) < (1 if name == "steps" else 0):
             ap.error(f"--{name} must be {'at least 1' if name == 'steps' else 'non-negative'}")
@@ -115,7 +136,8 @@ def _setup(a: argparse.Namespace, mode: str, batch: int) -> tuple[Any, Any, Any,
     rt = Runtime(Env(), kind, bf16=precision == "bf16")
     bert = model.build(cfg, VOCAB, rt.options.attn_implementation).to(rt.device)
     opt = optim.make_optimizer(cfg, bert, kind)
-    stepper = Stepper(bert, opt, optim.make_scheduler(cfg, opt), rt, compile=mode == "compile")
+    compiled = mode.startswith("compile")
+    stepper = Stepper(bert, opt, optim.make_scheduler(cfg, opt), rt, compile=compiled)
     loader = ShardLoader(
         fmt.list_shards(Path(a.data)),
         rank=0,
@@ -166,6 +188,11 @@ def child(a: argparse.Namespace) -> dict[str, Any]:
     cuda = not a.dry
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    if mode in ("handwritten", "checkpoint"):
+        import gpu_modes  # beside this file: the script's folder is on sys.path
+
+        run = gpu_modes.handwritten if mode == "handwritten" else gpu_modes.checkpoint
+        return run(a, batch, _setup)
     rt, stepper, batches, flops = _setup(a, mode, batch)
     float(stepper(batches, 1).losses[0])  # the first step: compiled here in compile mode
     first = time.time() - STARTED
@@ -203,7 +230,13 @@ def _peak_tflops(a: argparse.Namespace, rt: Any) -> float | None:
     return known[0] if known else None
 
 
-def _run_child(a: argparse.Namespace, mode: str, batch: int, data: Path) -> dict[str, Any]:
+def _run_child(
+    a: argparse.Namespace, mode: str, batch: int, data: Path, cache: Path
+) -> dict[str, Any]:
+    """One mode in a fresh process; the compile modes share one empty compile cache, so that
+    compile runs cold and compile_warm after it warm (the trainer's cache settings)."""
+    from trainmaster.compile.cache import env
+
     cmd = [
         sys.executable,
         __file__,
@@ -219,14 +252,42 @@ def _run_child(a: argparse.Namespace, mode: str, batch: int, data: Path) -> dict
         str(a.warmup),
         "--modes",
         mode,
+        "--ckpt-steps",
+        str(a.ckpt_steps),
+        "--ckpt-every",
+        str(a.ckpt_every),
     ]
     cmd += ["--dry"] if a.dry else []
     cmd += ["--peak-tflops", str(a.peak_tflops)] if a.peak_tflops else []
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    environ = os.environ | (env("inductor", cache) if mode.startswith("compile") else {})
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=environ)
     if proc.returncode != 0:
         return {"mode": mode, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The headline figures, from the modes that ran (None where a mode did not run)."""
+    by = {r["mode"]: r for r in results if "error" not in r}
+
+    def get(mode: str, key: str) -> Any:
+        return by.get(mode, {}).get(key)
+
+    ours, hand = (
+        get("compile", "seq_per_s") or get("eager", "seq_per_s"),
+        get("handwritten", "seq_per_s"),
+    )
+    return {
+        "seq_per_s_eager": get("eager", "seq_per_s"),
+        "seq_per_s_compiled": get("compile_warm", "seq_per_s") or get("compile", "seq_per_s"),
+        "mfu_compiled": get("compile_warm", "mfu") or get("compile", "mfu"),
+        "first_step_s_eager": get("eager", "time_to_first_step_s"),
+        "first_step_s_compile_cold": get("compile", "time_to_first_step_s"),
+        "first_step_s_compile_warm": get("compile_warm", "time_to_first_step_s"),
+        "standstill_per_save_s": get("checkpoint", "standstill_per_save_s"),
+        "vs_handwritten": round(ours / hand, 3) if ours and hand else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             if batch == 0:
                 print(json.dumps({"error": f"not even a micro-batch of {CANDIDATES[-1]} fits"}))
                 return 1
-        results = [_run_child(a, mode, batch, data) for mode in a.modes]
+        cache = Path(d) / "compile-cache"
+        results = [_run_child(a, mode, batch, data, cache) for mode in a.modes]
     import torch
 
     cuda = torch.cuda.is_available() and not a.dry
@@ -278,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                 "transformers": _version("transformers"),
                 "python": sys.executable,
                 "results": results,
+                "summary": summary(results),
                 "published": PUBLISHED,
             }
         )

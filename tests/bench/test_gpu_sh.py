@@ -64,7 +64,8 @@ def test_without_a_gpu_it_says_so() -> None:
 
 
 def test_dry_run_prints_one_json_line_of_the_real_shape() -> None:
-    r = _run("--dry", "--modes", "eager", "--steps", "1", "--warmup", "0", timeout=600)
+    modes = "eager,handwritten,checkpoint"  # compile's modes take minutes on a CPU
+    r = _run("--dry", "--modes", modes, "--steps", "1", "--warmup", "0", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1
@@ -75,7 +76,7 @@ def test_dry_run_prints_one_json_line_of_the_real_shape() -> None:
         out["published"]["seq_per_s"] == 580
         and "DeepLearningExamples" in out["published"]["source"]
     )
-    (res,) = out["results"]
+    res, hand, ckpt = out["results"]
     assert set(res) == {
         "mode",
         "seq_per_s",
@@ -90,3 +91,12 @@ def test_dry_run_prints_one_json_line_of_the_real_shape() -> None:
     assert res["seq_per_s"] > 0 and res["time_to_first_step_s"] > 0
     assert res["mfu"] is None and res["peak_memory_gib"] is None  # no GPU, no catalog peak
     assert 0 < res["final_loss"] < 20  # a real loss came back from the trainer's step
+    assert hand["mode"] == "handwritten" and hand["seq_per_s"] > 0 and 0 < hand["final_loss"] < 20
+    assert ckpt["mode"] == "checkpoint" and ckpt["saves"] == 1  # 4 steps, a save every 2
+    assert ckpt["checkpoint_gb"] > 0 and ckpt["write_mb_per_s"] > 0
+    assert isinstance(ckpt["standstill_per_save_s"], float) and ckpt["host_wait_per_save_s"] >= 0
+    summary = out["summary"]
+    assert summary["seq_per_s_eager"] == res["seq_per_s"]
+    assert summary["standstill_per_save_s"] == ckpt["standstill_per_save_s"]
+    assert summary["vs_handwritten"] == round(res["seq_per_s"] / hand["seq_per_s"], 3)
+    assert summary["first_step_s_compile_cold"] is None  # not run: said, not made up
