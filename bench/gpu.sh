@@ -4,7 +4,7 @@
 # checkpoint stand-still per save, and a hand-written loop's seq/s in the same run.
 #
 #   bench/gpu.sh [--dry] [--steps 50] [--warmup 5] [--batch 0] [--peak-tflops T]
-#                [--modes eager,compile,compile_warm,handwritten,checkpoint]
+#                [--modes eager,compile,compile_warm,compile_layers,handwritten,checkpoint]
 #
 # On a CUDA machine, first the Python already there ($PYTHON, default python3): when its torch is
 # a CUDA build inside pyproject's range and the bench's other packages are there (gpu_env.py),

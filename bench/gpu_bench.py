@@ -6,7 +6,9 @@
 
 The modes, each in a fresh process, in this order: eager; compile with an empty compile cache
 (cold) and compile_warm with the cache compile left (the trainer's cache settings,
-compile/cache.py), which is what a restarted or precompiled job meets; handwritten, a loop as a
+compile/cache.py), which is what a restarted or precompiled job meets; compile_layers, cold in
+a cache of its own, each encoder layer and the head compiled alone (TRAINMASTER_COMPILE_SCOPE=
+layers: one layer traced instead of 24); handwritten, a loop as a
 user writes it (gpu_modes.py); checkpoint, the trainer's eager step without saves and then with
 a bert-large + Adam checkpoint every --ckpt-every steps (the stand-still per save). "summary"
 gathers the headline figures.
@@ -43,7 +45,7 @@ from typing import Any
 STARTED = time.time()
 SEQ, PRED, VOCAB = 128, 20, 30522
 CANDIDATES = (512, 256, 128, 64, 32, 16, 8)
-MODES = ("eager", "compile", "compile_warm", "handwritten", "checkpoint")
+MODES = ("eager", "compile", "compile_warm", "compile_layers", "handwritten", "checkpoint")
 # NVIDIA's own figure for this workload on one GPU (phase 1, seq 128): AMP fp16, micro-batch
 # 256 accumulated to 8,192 sequences per GPU, NGC 21.11; NVIDIA/DeepLearningExamples
 # PyTorch/LanguageModeling/BERT/README.md (commit 729963d), table "Pre-training NVIDIA DGX A100
@@ -236,6 +238,7 @@ def _run_child(
     """One mode in a fresh process; the compile modes share one empty compile cache, so that
     compile runs cold and compile_warm after it warm (the trainer's cache settings)."""
     from trainmaster.compile.cache import env
+    from trainmaster.train.step import COMPILE_SCOPE_ENV
 
     cmd = [
         sys.executable,
@@ -259,7 +262,11 @@ def _run_child(
     ]
     cmd += ["--dry"] if a.dry else []
     cmd += ["--peak-tflops", str(a.peak_tflops)] if a.peak_tflops else []
-    environ = os.environ | (env("inductor", cache) if mode.startswith("compile") else {})
+    environ = dict(os.environ)
+    if mode == "compile_layers":  # cold too, in a cache of its own
+        environ |= env("inductor", cache.with_name("layers-cache")) | {COMPILE_SCOPE_ENV: "layers"}
+    elif mode.startswith("compile"):
+        environ |= env("inductor", cache)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=environ)
     if proc.returncode != 0:
         return {"mode": mode, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -285,6 +292,8 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         "first_step_s_eager": get("eager", "time_to_first_step_s"),
         "first_step_s_compile_cold": get("compile", "time_to_first_step_s"),
         "first_step_s_compile_warm": get("compile_warm", "time_to_first_step_s"),
+        "first_step_s_compile_layers_cold": get("compile_layers", "time_to_first_step_s"),
+        "seq_per_s_compile_layers": get("compile_layers", "seq_per_s"),
         "standstill_per_save_s": get("checkpoint", "standstill_per_save_s"),
         "vs_handwritten": round(ours / hand, 3) if ours and hand else None,
     }

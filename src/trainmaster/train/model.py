@@ -88,7 +88,17 @@ class Pretraining(nn.Module):
             attention_mask=attention_mask,
             return_dict=False,
         )
-        sequence, pooled = out[0], out[1]
+        return self.head_and_loss(out[0], out[1], mlm_positions, mlm_labels, nsp_labels)
+
+    def head_and_loss(
+        self,
+        sequence: torch.Tensor,
+        pooled: torch.Tensor,
+        mlm_positions: torch.Tensor,
+        mlm_labels: torch.Tensor,
+        nsp_labels: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The masked-positions head and both losses (compiled on its own by compile_layers)."""
         hidden = sequence.size(-1)
         index = mlm_positions.unsqueeze(-1).expand(-1, -1, hidden)
         picked = torch.gather(sequence, 1, index)  # [B, P, d]: only the prediction slots
@@ -100,6 +110,16 @@ class Pretraining(nn.Module):
             self.model.cls.seq_relationship(pooled).float(), nsp_labels.reshape(-1)
         )
         return mlm + nsp, mlm.detach(), nsp.detach()
+
+
+def compile_layers(net: Pretraining, backend: str) -> None:
+    """torch.compile per region instead of the whole model: each encoder layer, and the head
+    with its losses. The layers are one module class, so they share one compiled graph (their
+    weights are its inputs): a cold compile traces one layer instead of all of them, which is
+    most of a cold start (bench/compile_cache.py --scopes model,layers measures both)."""
+    for layer in net.model.bert.encoder.layer:
+        layer.compile(backend=backend)
+    net.head_and_loss = torch.compile(net.head_and_loss, backend=backend)  # type: ignore[method-assign]
 
 
 def encoder_params(num_layers: int, hidden: int, intermediate: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,9 +23,12 @@ from torch.optim.lr_scheduler import LRScheduler
 from transformers import BertForPreTraining
 
 from trainmaster.train.device import Batch, Runtime
-from trainmaster.train.model import Pretraining
+from trainmaster.train.model import Pretraining, compile_layers
 
 MAX_GRAD_NORM = 1.0
+# An A/B knob while a GPU measures it (bench/gpu.sh): "layers" compiles each encoder layer and
+# the head (model.compile_layers) instead of the whole model; unset: the whole model.
+COMPILE_SCOPE_ENV = "TRAINMASTER_COMPILE_SCOPE"
 
 
 @dataclass
@@ -61,7 +65,9 @@ class Stepper:
         self.optimizer, self.scheduler, self.rt = optimizer, scheduler, rt
         net: nn.Module = Pretraining(model)
         backend = rt.options.compile_backend  # None on XLA: it compiles its graphs anyway
-        if compile and backend is not None:
+        if compile and backend is not None and os.environ.get(COMPILE_SCOPE_ENV) == "layers":
+            compile_layers(net, backend)  # type: ignore[arg-type]
+        elif compile and backend is not None:
             net = torch.compile(net, backend=backend)  # type: ignore[assignment]
         self.ddp = _ddp(net, rt) if rt.distributed and rt.kind != "xla" else None
         self.net: nn.Module = self.ddp if self.ddp is not None else net
