@@ -26,7 +26,6 @@ torch) is not paid by the first save. The guarantees of a synchronous save are k
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import queue
@@ -81,7 +80,8 @@ class BackgroundWriter:
         # to see that a second save waits for the first rather than overlap it).
         self.waiting_for: int | None = None
         self._step: int | None = None
-        self._fill: staging.Fill | None = None  # the last submit's copy into the block
+        self._fill: staging.Fill | None = None  # the last submit's copy, until before_update
+        self._copying: staging.Fill | None = None  # the same, until the block is unmapped
 
     @property
     def busy(self) -> bool:
@@ -110,17 +110,21 @@ class BackgroundWriter:
         assert self._commands is not None
         request = (staged.step, str(self.folder), self.keep, size, layout, skeleton)
         message = pickle.dumps((*request, saving.mid_save_hooks))
-        self._step = staged.step
         commands, answers = self._commands, self._answers
 
         def send() -> None:  # the bytes are in the block: the writer may take them
-            with contextlib.suppress(OSError):  # the writer is gone: its listener says so
+            try:
                 commands.send_bytes(message)
+            except OSError:
+                pass  # the writer is gone: its listener says so
+            except Exception as exc:  # e.g. the pipe closed under us: wait() must not hang
+                failed(exc)
 
         def failed(exc: BaseException) -> None:  # wait() raises it, as a failed write
             answers.put(("error", exc, "".join(traceback.format_exception(exc))))
 
-        self._fill = staging.Fill(self._arena, tensors, then=send, failed=failed)
+        self._fill = self._copying = staging.Fill(self._arena, tensors, then=send, failed=failed)
+        self._step = staged.step  # once a Fill exists: an answer will come
 
     def before_update(self) -> float | None:
         """Before the optimizer changes the tensors of the last submit(): wait for their copy
@@ -201,6 +205,9 @@ class BackgroundWriter:
         if self._proc is not None:
             self._proc.wait()
             self._proc = None
+        if self._copying is not None:  # a copy may still read or write the block
+            self._copying.settle()
+            self._copying = None
         if self._arena is not None:
             self._arena.close()
             self._arena = None

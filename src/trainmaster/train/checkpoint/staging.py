@@ -114,6 +114,7 @@ class Arena:
     def __init__(self, fd: int, size: int, layout: Layout) -> None:
         self.size, self.layout = size, layout
         self._pinned = 0  # the block's address while it is page-locked for a GPU
+        self._pin_failed = False
         self._map = mmap.mmap(fd, size)
         # Each view has a storage of its own (frombuffer), so torch.save writes every tensor
         # alone, exactly as it would write the trainer's own tensors.
@@ -134,25 +135,38 @@ class Arena:
     def pin_for_cuda(self) -> None:
         """Page-lock the block (cudaHostRegister), so that copies from a GPU run on its copy
         engine while it computes. Where that fails the copies still work, slower and each one
-        waited for by the copying thread; said once."""
-        if self._pinned:
+        waited for by the copying thread; said once, not tried again."""
+        if self._pinned or self._pin_failed:
             return
         anchor = ctypes.c_char.from_buffer(self._map)  # the block's address, then let go
         ptr = ctypes.addressof(anchor)
         del anchor
-        err = torch.cuda.cudart().cudaHostRegister(ptr, self.size, 0)
+        err = _in_own_thread(torch.cuda.cudart().cudaHostRegister, ptr, self.size, 0)
         if int(err) != 0:
+            self._pin_failed = True
             print(f"checkpoint: staging block not page-locked ({err})", file=sys.stderr)
             return
         self._pinned = ptr
 
     def close(self) -> None:
         if self._pinned:
-            torch.cuda.cudart().cudaHostUnregister(self._pinned)
+            _in_own_thread(torch.cuda.cudart().cudaHostUnregister, self._pinned)
             self._pinned = 0
         self.views = []
         with contextlib.suppress(BufferError):  # a tensor still views it: unmapped with it
             self._map.close()
+
+
+def _in_own_thread(call: Callable[..., Any], *args: Any) -> Any:
+    """A CUDA runtime call whose failure must not reach training: the runtime keeps a failed
+    call's error per host thread until cudaGetLastError reads it, which torch does after its
+    next kernel launch in that thread (and raises). torch binds no cudaGetLastError, so the
+    call runs in a thread of its own, whose error dies with it."""
+    out: list[Any] = []
+    worker = threading.Thread(target=lambda: out.append(call(*args)), name="checkpoint-pin")
+    worker.start()
+    worker.join()
+    return out[0] if out else -1
 
 
 class Fill:
@@ -175,6 +189,7 @@ class Fill:
         failed: Callable[[BaseException], None],
     ) -> None:
         self._queued = threading.Event()  # every copy done (CPU) or queued on the side stream
+        self._settled = threading.Event()  # the copies are over, done or failed
         self._copied: Any = None  # the side stream's event after the copies (CUDA)
         self._then, self._failed = then, failed
         devices = {t.device.type for t in tensors}
@@ -200,14 +215,20 @@ class Fill:
                     side.wait_event(ready)
                     arena.fill(tensors)
                     self._copied = side.record_event()
+            self._queued.set()
+            if self._copied is not None:
+                self._copied.synchronize()  # an asynchronous copy's error surfaces here
         except BaseException as exc:
             self._queued.set()
             self._failed(exc)
             return
-        self._queued.set()
-        if self._copied is not None:
-            self._copied.synchronize()
+        finally:
+            self._settled.set()
         self._then()
+
+    def settle(self) -> None:
+        """Until the copy is over, whatever its outcome: before the block is unmapped."""
+        self._settled.wait()
 
     def before_update(self) -> float:
         """Block until the optimizer may change the saved tensors; the seconds this thread
