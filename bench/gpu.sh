@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # BERT-large phase 1 (seq 128, bf16) on one CUDA GPU: one JSON line with seq/s eager and
 # compiled, MFU against the catalog's peak, time to first step compiled cold and warm, the
-# checkpoint stand-still per save, and a hand-written loop's seq/s in the same run.
+# checkpoint stand-still per save, a hand-written loop's seq/s, and the same job through
+# `trainmaster launch` (its summary's seq/s, MFU, stand-still and cost line), in the same run.
 #
 #   bench/gpu.sh [--dry] [--steps 50] [--warmup 5] [--batch 0] [--peak-tflops T]
-#                [--modes eager,compile,compile_warm,compile_layers,handwritten,checkpoint]
+#                [--modes eager,compile,compile_warm,compile_layers,handwritten,checkpoint,launch]
 #
 # On a CUDA machine, first the Python already there ($PYTHON, default python3): when its torch is
 # a CUDA build inside pyproject's range and the bench's other packages are there (gpu_env.py),
@@ -15,6 +16,8 @@
 # CUDA build) and this project. --batch 0 fits the micro-batch to the GPU's memory.
 # --dry (or TRAINMASTER_GPU_DRY=1): installs nothing and runs on the CPU with $PYTHON (default
 # .venv/bin/python): bert-tiny in fp32, 2 steps, to check the arguments and the JSON shape.
+# The launch mode runs the CLI, so it needs all of pyproject's dependencies; where one is missing,
+# its result names it and the other modes still report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +26,7 @@ args=()
 for arg in "$@"; do
   case "$arg" in
     --dry) dry=1 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) args+=("$arg") ;;
   esac
 done

@@ -1,7 +1,7 @@
 """BERT-large phase 1 on one GPU, eager and torch.compile: what bench/gpu.sh runs.
 
     python bench/gpu_bench.py [--steps 50] [--batch 0] [--peak-tflops T] [--dry]
-        [--modes eager,compile,compile_warm,handwritten,checkpoint]
+        [--modes eager,compile,compile_warm,compile_layers,handwritten,checkpoint,launch]
         [--ckpt-steps 250] [--ckpt-every 100]
 
 The modes, each in a fresh process, in this order: eager; compile with an empty compile cache
@@ -10,8 +10,9 @@ compile/cache.py), which is what a restarted or precompiled job meets; compile_l
 a cache of its own, each encoder layer and the head compiled alone (TRAINMASTER_COMPILE_SCOPE=
 layers: one layer traced instead of 24); handwritten, a loop as a
 user writes it (gpu_modes.py); checkpoint, the trainer's eager step without saves and then with
-a bert-large + Adam checkpoint every --ckpt-every steps (the stand-still per save). "summary"
-gathers the headline figures.
+a bert-large + Adam checkpoint every --ckpt-every steps (the stand-still per save); launch, the
+whole job through `trainmaster launch` and `status --json` (--ckpt-steps steps, compiled, warm
+from compile's cache; gpu_modes.py). "summary" gathers the headline figures.
 
 Seq 128, max_pred 20, vocab 30,522, bf16 autocast, one GPU, the trainer's own parts: model
 (masked-positions-only MLM head, SDPA attention), fused AdamW, Stepper, ShardLoader and the
@@ -45,7 +46,15 @@ from typing import Any
 STARTED = time.time()
 SEQ, PRED, VOCAB = 128, 20, 30522
 CANDIDATES = (512, 256, 128, 64, 32, 16, 8)
-MODES = ("eager", "compile", "compile_warm", "compile_layers", "handwritten", "checkpoint")
+MODES = (
+    "eager",
+    "compile",
+    "compile_warm",
+    "compile_layers",
+    "handwritten",
+    "checkpoint",
+    "launch",
+)
 # NVIDIA's own figure for this workload on one GPU (phase 1, seq 128): AMP fp16, micro-batch
 # 256 accumulated to 8,192 sequences per GPU, NGC 21.11; NVIDIA/DeepLearningExamples
 # PyTorch/LanguageModeling/BERT/README.md (commit 729963d), table "Pre-training NVIDIA DGX A100
@@ -190,9 +199,11 @@ def child(a: argparse.Namespace) -> dict[str, Any]:
     cuda = not a.dry
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    if mode in ("handwritten", "checkpoint"):
+    if mode in ("handwritten", "checkpoint", "launch"):
         import gpu_modes  # beside this file: the script's folder is on sys.path
 
+        if mode == "launch":
+            return gpu_modes.launch(a, batch, VOCAB)
         run = gpu_modes.handwritten if mode == "handwritten" else gpu_modes.checkpoint
         return run(a, batch, _setup)
     rt, stepper, batches, flops = _setup(a, mode, batch)
@@ -236,7 +247,9 @@ def _run_child(
     a: argparse.Namespace, mode: str, batch: int, data: Path, cache: Path
 ) -> dict[str, Any]:
     """One mode in a fresh process; the compile modes share one empty compile cache, so that
-    compile runs cold and compile_warm after it warm (the trainer's cache settings)."""
+    compile runs cold and compile_warm after it warm (the trainer's cache settings). The cache
+    is the default cacheset of the launch mode's storage (STORAGE/cache/default)."""
+    from gpu_modes import STORAGE_ENV
     from trainmaster.compile.cache import env
     from trainmaster.train.step import COMPILE_SCOPE_ENV
 
@@ -267,6 +280,8 @@ def _run_child(
         environ |= env("inductor", cache.with_name("layers-cache")) | {COMPILE_SCOPE_ENV: "layers"}
     elif mode.startswith("compile"):
         environ |= env("inductor", cache)
+    elif mode == "launch":  # the launcher sets the cache's variables from the job's cacheset
+        environ |= {STORAGE_ENV: str(cache.parents[1])}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=environ)
     if proc.returncode != 0:
         return {"mode": mode, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -296,6 +311,11 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         "seq_per_s_compile_layers": get("compile_layers", "seq_per_s"),
         "standstill_per_save_s": get("checkpoint", "standstill_per_save_s"),
         "vs_handwritten": round(ours / hand, 3) if ours and hand else None,
+        "seq_per_s_launch": get("launch", "seq_per_s"),
+        "mfu_launch": get("launch", "mfu"),
+        "first_step_s_launch": get("launch", "time_to_first_step_s"),
+        "standstill_per_save_s_launch": get("launch", "standstill_per_save_s"),
+        "cost_line_launch": get("launch", "cost_line"),
     }
 
 
@@ -327,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
             if batch == 0:
                 print(json.dumps({"error": f"not even a micro-batch of {CANDIDATES[-1]} fits"}))
                 return 1
-        cache = Path(d) / "compile-cache"
+        cache = Path(d) / "storage" / "cache" / "default"
+        cache.mkdir(parents=True)
         results = [_run_child(a, mode, batch, data, cache) for mode in a.modes]
     import torch
 

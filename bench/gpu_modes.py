@@ -8,12 +8,24 @@ checkpoints taken while it trains. Each runs in a fresh child process, as the ot
                every --ckpt-every steps through the trainer's writer (stage, submit, the copy
                beside the next step, before_update). The extra seconds per save is the
                stand-still that the GPU sees; the host's own wait is reported beside it
+  launch       the job as a user runs it: `trainmaster launch JOB --follow` (local backend, one
+               node, one worker, the trainer's own loop, compiled, a checkpoint every
+               --ckpt-every of --ckpt-steps + --ckpt-every steps, preflight on), then
+               `status JOB --json`: the run's own figures (summary.json: average seq/s and MFU,
+               first step, compile cache and counters, stand-still per save and at the end)
+               and its cost line. Its storage's cacheset is the one compile and compile_warm
+               filled, so a compiled launch after them starts warm, as one after `trainmaster
+               precompile` does
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -131,4 +143,78 @@ def checkpoint(a: argparse.Namespace, batch: int, setup: Any) -> dict[str, Any]:
         "host_wait_per_save_s": round(statistics.median(host_waits), 4) if saves else None,
         "checkpoint_gb": round(written[-1].bytes / 1e9, 3) if written else None,
         "write_mb_per_s": round(written[-1].mb_per_s, 1) if written else None,
+    }
+
+
+STORAGE_ENV = "TRAINMASTER_STORAGE"  # the launch mode's storage root (the CLI reads it too)
+JOB = "gpu-bench"
+
+
+def _job_file(a: argparse.Namespace, batch: int, root: Path, vocab: int) -> Path:
+    from trainmaster.config import jobfile
+
+    sets = [
+        f'job.name="{JOB}"',
+        "job.nnodes=1",
+        "job.nproc_per_node=1",
+        "job.max_restarts=0",
+        f'model.preset="{"bert-tiny" if a.dry else "bert-large"}"',
+        f"model.vocab_size={vocab}",  # the other modes' model: the corpus's vocab is smaller
+        f'data.dataset="{Path(a.data).resolve()}"',
+        'train.device="cpu"' if a.dry else 'train.device="cuda"',
+        'train.precision="fp32"' if a.dry else 'train.precision="bf16"',
+        f"train.batch_size={batch}",
+        f"train.global_batch_size={batch}",
+        "train.lr=1e-4",
+        "train.warmup_steps=1",
+        # one save more than the checkpoint mode's: the median is of the later saves, not
+        # of the first, which also maps the writer's block (and page-locks it on a GPU)
+        f"train.max_steps={a.ckpt_steps + a.ckpt_every}",
+        f"train.checkpoint_every={a.ckpt_every}",
+        f"train.compile={'false' if a.dry else 'true'}",  # a CPU compiles for minutes
+    ]
+    path = root / "gpu-bench.toml"
+    path.write_text(jobfile.render(jobfile.preset("local-cpu", sets), "bench/gpu.sh launch"))
+    return path
+
+
+def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "trainmaster", "--storage", str(root), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+
+
+def launch(a: argparse.Namespace, batch: int, vocab: int) -> dict[str, Any]:
+    root = Path(os.environ[STORAGE_ENV])
+    job = _job_file(a, batch, root, vocab)
+    t0 = time.perf_counter()
+    run = _cli(root, "launch", str(job), "--follow")
+    wall = time.perf_counter() - t0
+    if run.returncode != 0:
+        last = (run.stderr.strip() or run.stdout.strip() or "no output").splitlines()[-1]
+        raise SystemExit(f"trainmaster launch failed ({run.returncode}): {last}")
+    status = _cli(root, "status", JOB, "--json")
+    if status.returncode != 0:
+        raise SystemExit(f"trainmaster status failed: {status.stderr.strip()}")
+    view = json.loads(status.stdout)
+    s, saves = view["summary"], view["summary"]["checkpoint_saves"]
+    return {
+        "mode": "launch",
+        "phase": view["phase"],
+        "steps": s["steps"],
+        "seq_per_s": s["avg_seq_per_s"],
+        "mfu": s["avg_mfu"],
+        "time_to_first_step_s": round(s["time_to_first_step_s"], 2),
+        "wall_s": round(wall, 2),
+        "compile_cache": s["compile_cache"],
+        "compile_counters": s.get("compile_counters") or {},
+        "saves": saves["count"],
+        "standstill_per_save_s": saves.get("per_save_blocked_s"),
+        "max_standstill_per_save_s": saves.get("max_per_save_blocked_s"),
+        "final_wait_s": saves.get("final_wait_s"),
+        "write_mb_per_s": saves["mb_per_s"],
+        "goodput": s["goodput"]["ratio"],
+        "final_loss": round(s["final_loss"], 4),
+        "cost_line": next(
+            (x.strip() for n in view["notes"] for x in n.splitlines() if "cost so far" in x), None
+        ),
     }

@@ -64,7 +64,7 @@ def test_without_a_gpu_it_says_so() -> None:
 
 
 def test_dry_run_prints_one_json_line_of_the_real_shape() -> None:
-    modes = "eager,handwritten,checkpoint"  # compile's modes take minutes on a CPU
+    modes = "eager,handwritten,checkpoint,launch"  # compile's modes take minutes on a CPU
     r = _run("--dry", "--modes", modes, "--steps", "1", "--warmup", "0", timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
@@ -76,7 +76,7 @@ def test_dry_run_prints_one_json_line_of_the_real_shape() -> None:
         out["published"]["seq_per_s"] == 580
         and "DeepLearningExamples" in out["published"]["source"]
     )
-    res, hand, ckpt = out["results"]
+    res, hand, ckpt, job = out["results"]
     assert set(res) == {
         "mode",
         "seq_per_s",
@@ -95,7 +95,16 @@ def test_dry_run_prints_one_json_line_of_the_real_shape() -> None:
     assert ckpt["mode"] == "checkpoint" and ckpt["saves"] == 1  # 4 steps, a save every 2
     assert ckpt["checkpoint_gb"] > 0 and ckpt["write_mb_per_s"] > 0
     assert isinstance(ckpt["standstill_per_save_s"], float) and ckpt["host_wait_per_save_s"] >= 0
+    # launch: the real CLI, 6 steps, a save every 2 (steps 2 and 4 while training, 6 at the end)
+    assert job["mode"] == "launch" and job["phase"] == "succeeded" and job["steps"] == 6
+    assert job["saves"] == 3 and job["final_wait_s"] > 0
+    assert 0 <= job["standstill_per_save_s"] <= job["max_standstill_per_save_s"]
+    assert job["seq_per_s"] > 0 and job["time_to_first_step_s"] > 0 and job["mfu"] is None
+    assert job["compile_cache"] == "off" and 0 < job["final_loss"] < 20 and 0 < job["goodput"] < 1
+    assert job["cost_line"].startswith("cost so far $") and "1 x cpu at $" in job["cost_line"]
     summary = out["summary"]
+    assert summary["seq_per_s_launch"] == job["seq_per_s"]
+    assert summary["standstill_per_save_s_launch"] == job["standstill_per_save_s"]
     assert summary["seq_per_s_eager"] == res["seq_per_s"]
     assert summary["standstill_per_save_s"] == ckpt["standstill_per_save_s"]
     assert summary["vs_handwritten"] == round(res["seq_per_s"] / hand["seq_per_s"], 3)

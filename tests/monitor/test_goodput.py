@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from trainmaster.monitor import report
 from trainmaster.run import goodput
 
 
@@ -143,8 +144,37 @@ def test_save_stats_sum_writes_and_stalls() -> None:
         "mb_per_s": 26.7,
         "blocked_s": 0.3,
         "max_blocked_s": 0.2,
+        "per_save_blocked_s": 0.15,
+        "max_per_save_blocked_s": 0.2,
+        "final_wait_s": 0.0,
     }
     assert goodput.save_stats([])["mb_per_s"] is None
+
+
+def test_a_save_stands_still_for_its_staging_and_its_copy_and_the_end_apart() -> None:
+    """A save's waits are the staging (t) and the copy's rest before the next update (t + 1);
+    the last save and the drain of its write (`final`) are the end's, not a save's."""
+    events = [
+        ckpt(10, 10.05, 10),
+        ckpt(11, 11.25, 10),  # the copy of step 10's checkpoint, waited before step 11's update
+        ckpt(20, 20.1, 20),
+        ckpt(30, 30.1, 30),
+        {**ckpt(30.1, 32.1, 30), "final": True},
+    ]
+    stats = goodput.save_stats(events)
+    assert stats["per_save_blocked_s"] == pytest.approx(0.2)  # median of 0.3 and 0.1
+    assert stats["max_per_save_blocked_s"] == pytest.approx(0.3)
+    assert stats["final_wait_s"] == pytest.approx(2.1)
+    assert stats["blocked_s"] == pytest.approx(2.5)  # goodput's checkpoint time: all of it
+    text = report.standstill(stats)
+    assert text == (
+        "training stood still 0.20 s per save (at most 0.30 s), 2.10 s at the end for the last write"
+    )
+    only_end = goodput.save_stats(events[-2:])
+    assert only_end["per_save_blocked_s"] is None
+    assert report.standstill(only_end) == "2.10 s at the end for the last write"
+    older = {k: v for k, v in stats.items() if "per_save" not in k and k != "final_wait_s"}
+    assert report.standstill(older) == "training waited 2.50 s"
 
 
 def test_record_and_read_back_skip_a_torn_line(tmp_path: Path) -> None:

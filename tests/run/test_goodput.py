@@ -44,11 +44,15 @@ def test_report_and_summary_account_for_a_killed_worker(
     assert sum(g[k] for k in goodput.KINDS) == pytest.approx(g["wall"], abs=0.01)
     saves = s["checkpoint_saves"]  # step 10 before the kill; 20, 30, 40 after it
     assert saves["count"] == 4 and saves["max_s"] > 0 and saves["mb_per_s"] > 0
+    # 10, 20 and 30 while training; 40 is the end's (the trainer marks the wait for its write)
+    assert saves["per_save_blocked_s"] > 0 and saves["final_wait_s"] > 0
+    assert saves["blocked_s"] >= saves["final_wait_s"] + saves["per_save_blocked_s"] - 0.002
 
     result = run_cli("report", job, "--storage", str(pydoc_storage))
     assert result.returncode == 0, result.stderr
     rep = report.make_report(Storage(pydoc_storage), job)
     assert rep.goodput is not None
+    assert rep.saves is not None and "s per save" in report.standstill(rep.saves)
     # The same function over the same events: the parts agree with the summary's; the report
     # runs on to the end state.json records (the trainers' exit), so its wall is longer.
     for part in PARTS:

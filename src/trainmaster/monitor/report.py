@@ -125,11 +125,27 @@ class Report:
                 (
                     "checkpoint saves",
                     f"{s['count']}, {s['total_s']:.2f} s writing (max "
-                    f"{s['max_s']:.2f} s, {s['mb_per_s']} MB/s) in the background; training "
-                    f"waited {s['blocked_s']:.2f} s",
+                    f"{s['max_s']:.2f} s, {s['mb_per_s']} MB/s) in the background; "
+                    + standstill(s),
                 )
             )
         return out
+
+
+def standstill(s: dict[str, Any]) -> str:
+    """How long training stood still for its checkpoints: per save while it trained, and at
+    the end (the last save and its write). A summary written before the split has the total."""
+    if "per_save_blocked_s" not in s:
+        return f"training waited {s['blocked_s']:.2f} s"
+    parts = []
+    if s["per_save_blocked_s"] is not None:
+        parts.append(
+            f"training stood still {s['per_save_blocked_s']:.2f} s per save (at most "
+            f"{s['max_per_save_blocked_s']:.2f} s)"
+        )
+    if s["final_wait_s"]:
+        parts.append(f"{s['final_wait_s']:.2f} s at the end for the last write")
+    return ", ".join(parts) or "training never waited"
 
 
 def _mean(values: list[float]) -> float | None:

@@ -228,10 +228,19 @@ def save_stats(
     events: Iterable[dict[str, Any]], *, launched_at: float | None = None
 ) -> dict[str, Any]:
     """summary.json's `checkpoint_saves`: the writes (background; MB/s over their time) and
-    how long training stood still for them."""
+    how long training stood still for them: in all (blocked_s), per save while training went
+    on (the median and the largest of each save's waits: staging, then the copy's rest before
+    the next update), and at the end (final_wait_s: the last save and the wait for its write,
+    which the trainer marks `final`; nothing trains after it)."""
     evs = [e for e in events if launched_at is None or e["t"] >= launched_at]
     saves = [e for e in evs if e["event"] == "save" and isinstance(e.get("end"), (int, float))]
-    stalls = [e["end"] - e["t"] for e in evs if e["event"] == "checkpoint" and "end" in e]
+    waits = [e for e in evs if e["event"] == "checkpoint" and "end" in e]
+    stalls = [e["end"] - e["t"] for e in waits]
+    at_end = {e.get("step") for e in waits if e.get("final")}
+    per_save: dict[Any, float] = {}
+    for e in waits:
+        if e.get("step") not in at_end:
+            per_save[e.get("step")] = per_save.get(e.get("step"), 0.0) + e["end"] - e["t"]
     secs = [e["end"] - e["t"] for e in saves]
     total_bytes = sum(int(e.get("bytes", 0)) for e in saves)
     return {
@@ -242,6 +251,9 @@ def save_stats(
         "mb_per_s": round(total_bytes / 1e6 / sum(secs), 1) if secs and sum(secs) > 0 else None,
         "blocked_s": round(sum(stalls), 3),
         "max_blocked_s": round(max(stalls), 3) if stalls else None,
+        "per_save_blocked_s": round(statistics.median(per_save.values()), 3) if per_save else None,
+        "max_per_save_blocked_s": round(max(per_save.values()), 3) if per_save else None,
+        "final_wait_s": round(sum(e["end"] - e["t"] for e in waits if e.get("step") in at_end), 3),
     }
 
 

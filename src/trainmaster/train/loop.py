@@ -147,7 +147,9 @@ class Trainer(TrainerSetup):
         if self.writer is not None:
             t0 = time.time()
             self.writer.wait()
-            goodput.record(self.plan.run.timeline, "checkpoint", t=t0, end=time.time(), step=step)
+            goodput.record(
+                self.plan.run.timeline, "checkpoint", t=t0, end=time.time(), step=step, final=True
+            )
 
     def _stop_preempted(self, step: int) -> None:
         """Checkpoint this step, wait for its write, record the preemption, stop (Preempted)."""
