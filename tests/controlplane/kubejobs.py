@@ -74,6 +74,19 @@ def launch(kube: RealKube, ns: str, job_file: Path, *sets: str) -> str:
     return handle
 
 
+def job_gone(kube: RealKube, ns: str, job: str) -> bool:
+    """The Volcano Job itself is gone (after cancel its pods go first: Foreground deletion)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        kube.custom.get_namespaced_custom_object("batch.volcano.sh", "v1alpha1", ns, "jobs", job)
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
+
+
 def status(kube: RealKube, ns: str, handle: str) -> dict[str, Any]:
     return dict(json.loads(ok(tm(kube, ns, "status", handle, "--json"))))
 

@@ -6,12 +6,13 @@ job commands on the same server: status, list, logs (kwok's nodes serve no logs)
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.conftest import assert_user_error
+from tests.conftest import assert_user_error, cli_command, cli_env
 from tests.controlplane import kubejobs as kj
 from tests.controlplane.conftest import RealKube, _kube_module
 
@@ -115,7 +116,57 @@ def test_status_list_logs_cancel(real_kube: RealKube, job_ns: str) -> None:
     assert "no pod" not in assert_user_error(logs, "pods/log")
     kj.ok(kj.tm(real_kube, job_ns, "cancel", handle))
     real_kube.wait_for(lambda: not kj.pods(real_kube, job_ns, job), 60, "the pods deleted")
+    real_kube.wait_for(lambda: kj.job_gone(real_kube, job_ns, job), 60, "the job deleted")
     gone = kj.tm(real_kube, job_ns, "status", handle)
     assert_user_error(gone, f"no job {job}")
     cms = real_kube.core.list_namespaced_config_map(job_ns).items
     assert f"{job}-config" not in {c.metadata.name for c in cms}
+
+
+HOLD = "trainmaster.test/hold"  # the test's own finalizer: the Job stays "being deleted"
+
+
+def test_a_launch_waits_for_a_cancelled_job_of_its_name(real_kube: RealKube, job_ns: str) -> None:
+    """`cancel` deletes in the Foreground: the Job stays until its pods are gone (on a cluster
+    each after its grace period; here a finalizer holds it). A launch of the same name meanwhile
+    says it waits, and goes on once the old Job is gone; one held past the wait is refused
+    naming job.name."""
+    from trainmaster.backends.kubernetes import jobs
+    from trainmaster.errors import UserError
+
+    handle = kj.launch(real_kube, job_ns, kj.TRN1)
+    job = handle.rsplit("/", 1)[1]
+    api = (*BATCH[:2], job_ns, BATCH[2], job)
+    old_uid = real_kube.custom.get_namespaced_custom_object(*api)["metadata"]["uid"]
+    real_kube.custom.patch_namespaced_custom_object(*api, {"metadata": {"finalizers": [HOLD]}})
+    kj.ok(kj.tm(real_kube, job_ns, "cancel", handle))
+    real_kube.wait_for(lambda: not kj.pods(real_kube, job_ns, job), 60, "the pods deleted")
+    assert real_kube.custom.get_namespaced_custom_object(*api)["metadata"]["deletionTimestamp"]
+    st = kj.status(real_kube, job_ns, handle)  # not "running" while it goes
+    assert st["phase"] == "cancelled" and "being deleted" in st["message"]
+
+    cluster = jobs.connect(str(real_kube.kubeconfig), None, job_ns)
+    with pytest.raises(UserError) as held:
+        jobs._wait_until_deleted(cluster, job, job_ns, timeout_s=0)
+    assert held.value.where == "job.name" and "still being deleted" in str(held.value)
+
+    cmd = cli_command(
+        *("--kubeconfig", str(real_kube.kubeconfig), "--backend", "kubernetes"),
+        *("--namespace", job_ns, "launch", str(kj.TRN1), "--set", f"kubernetes.image={kj.IMAGE}"),
+    )
+    with subprocess.Popen(
+        cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stderr is not None
+        said = proc.stderr.readline()  # the launch has seen the old Job being deleted
+        assert f"the cancelled job {job} is still being deleted" in said, said
+        left = [f for f in real_kube.custom.get_namespaced_custom_object(*api)["metadata"].get(
+            "finalizers", []) if f != HOLD]  # fmt: skip
+        real_kube.custom.patch_namespaced_custom_object(*api, {"metadata": {"finalizers": left}})
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.split()[0] == handle
+    new = real_kube.custom.get_namespaced_custom_object(*api)
+    assert new["metadata"]["uid"] != old_uid and not new["metadata"].get("deletionTimestamp")
+    kj.bound(real_kube, job_ns, job, 2, "0")
+    kj.ok(kj.tm(real_kube, job_ns, "cancel", handle))

@@ -119,7 +119,7 @@ def test_kubernetes_commands_against_the_fake_api(fake: FakeCluster) -> None:
     cancelled = run_cli("cancel", "bert-large-trn1", *kube)
     assert (
         cancelled.returncode == 0
-        and "cancelled (Volcano job and its pods deleted)" in cancelled.stdout
+        and "cancelled (the Volcano job and its pods are being deleted)" in cancelled.stdout
     )
     assert ("default", "bert-large-trn1") not in fake.jobs
 

@@ -295,8 +295,7 @@ def test_list_only_our_jobs(fake: FakeCluster, cluster: kubernetes.Cluster) -> N
         jobs["bert-large-trn1"].phase,
         jobs["bert-large-trn1"].nodes,
     ) == ("failed", "pending", 2)
-    assert calls(fake, "GET", "/jobs")[0][2]["labelSelector"] == [
-        "app.kubernetes.io/managed-by=trainmaster"
-    ]
+    (listed,) = [c for c in calls(fake, "GET", "/jobs") if c[1].endswith("/jobs")]
+    assert listed[2]["labelSelector"] == ["app.kubernetes.io/managed-by=trainmaster"]
     everywhere = {(j.namespace, j.name) for j in kubernetes.list_jobs(cluster, all_namespaces=True)}
     assert ("ml", "bert-large-p5") in everywhere and len(everywhere) == 3

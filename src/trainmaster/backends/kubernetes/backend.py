@@ -7,6 +7,7 @@ when a command really talks to a cluster; `--dry-run` needs none.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -108,9 +109,10 @@ class KubernetesBackend:
                 where="kubernetes.image",
             )
         cluster = self._cluster(dry_run.namespace)
-        name = jobs.submit(cluster, list(dry_run.objects), dry_run=server_dry_run)["metadata"][
-            "name"
-        ]
+        created = jobs.submit(
+            cluster, list(dry_run.objects), dry_run=server_dry_run, say=_to_stderr
+        )
+        name = created["metadata"]["name"]
         if server_dry_run:
             return base.Submitted(
                 name,
@@ -204,7 +206,7 @@ class KubernetesBackend:
         from trainmaster.backends.kubernetes import jobs
 
         jobs.cancel(self._cluster(), job)
-        return f"{job}: cancelled (Volcano job and its pods deleted)"
+        return f"{job}: cancelled (the Volcano job and its pods are being deleted)"
 
     def list(self) -> list[base.JobStatus]:
         from trainmaster.backends.kubernetes import jobs, progressmap
@@ -259,6 +261,11 @@ class KubernetesBackend:
 
 
 STALE_S = 60.0  # a record older than this, of a running job, is said to be old
+
+
+def _to_stderr(text: str) -> None:
+    """Why a command waits, said as it starts waiting (stdout keeps the command's answer)."""
+    print(text, file=sys.stderr, flush=True)
 
 
 def _progress_fields(record: RunProgress | None, phase: str, now: float) -> dict[str, Any]:

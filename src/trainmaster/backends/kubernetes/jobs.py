@@ -8,6 +8,8 @@ k8s_client.py; both are re-exported here for the CLI.
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,19 +62,59 @@ __all__ = [
 ]
 
 
-def _job_exists(cluster: Cluster, name: str, ns: str) -> bool:
+# How long a launch waits for a cancelled job of the same name to go: `cancel` deletes it in
+# the Foreground, so the Job stays until its pods are gone, each after its grace period.
+DELETING_WAIT_S = 180.0
+
+
+def _job_state(cluster: Cluster, name: str, ns: str) -> str:
+    """ "absent", "deleting" (cancelled, its pods still going) or "live"."""
     try:
         with call(cluster, "get", JOBS, name, ns):
-            cluster.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+            job = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
     except NotFound:
-        return False
-    return True
+        return "absent"
+    return "deleting" if obj(job)["metadata"].get("deletionTimestamp") else "live"
+
+
+def _job_exists(cluster: Cluster, name: str, ns: str) -> bool:
+    return _job_state(cluster, name, ns) != "absent"
+
+
+def _wait_until_deleted(
+    cluster: Cluster,
+    name: str,
+    ns: str,
+    timeout_s: float,
+    say: Callable[[str], None] | None = None,
+) -> None:
+    """A job of this name being deleted (cancel, then launch again): wait for it to go, so the
+    new one is not refused as existing. Polled: a launch waits here at most timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    told = False
+    while _job_state(cluster, name, ns) == "deleting":
+        if say is not None and not told:
+            say(f"waiting up to {timeout_s:.0f} s: the cancelled job {name} is still being deleted")
+            told = True
+        if time.monotonic() > deadline:
+            raise UserError(
+                f"job {name} in namespace {ns} is still being deleted after {timeout_s:.0f} s "
+                "(its pods are terminating); launch again when `trainmaster list` no longer "
+                "shows it, or choose another job.name",
+                where="job.name",
+            )
+        time.sleep(0.5)
 
 
 def submit(
-    cluster: Cluster, objects: list[dict[str, Any]], *, dry_run: bool = False
+    cluster: Cluster,
+    objects: list[dict[str, Any]],
+    *,
+    dry_run: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Create the ConfigMaps, then the Job; `dry_run` has the API server check them, persisting nothing.
+    A cancelled job of the same name still being deleted is waited for (`say` tells the user).
 
     Fields are validated strictly (an unknown field is an error, not silently dropped). When the
     Job cannot be created, the ConfigMaps made for it are removed again; once the Job exists it
@@ -86,6 +128,8 @@ def submit(
         "or choose another job.name",
         where="job.name",
     )
+    if not dry_run:
+        _wait_until_deleted(cluster, name, ns, DELETING_WAIT_S, say)
     made: list[str] = []
     try:
         for cm in maps:
