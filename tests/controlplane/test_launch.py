@@ -6,6 +6,7 @@ job commands on the same server: status, list, logs (kwok's nodes serve no logs)
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -144,6 +145,8 @@ def test_a_launch_waits_for_a_cancelled_job_of_its_name(real_kube: RealKube, job
     assert real_kube.custom.get_namespaced_custom_object(*api)["metadata"]["deletionTimestamp"]
     st = kj.status(real_kube, job_ns, handle)  # not "running" while it goes
     assert st["phase"] == "cancelled" and "being deleted" in st["message"]
+    listed = json.loads(kj.ok(kj.tm(real_kube, job_ns, "list", "--json")))
+    assert [j["phase"] for j in listed if j["job"] == job] == ["cancelled"]
 
     cluster = jobs.connect(str(real_kube.kubeconfig), None, job_ns)
     with pytest.raises(UserError) as held:

@@ -228,7 +228,10 @@ def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[JobSumm
             JobSummary(
                 name=meta["name"],
                 namespace=meta.get("namespace", cluster.namespace),
-                phase=PHASES.get(vphase, "pending"),
+                # deleted (cancel): the Job stays until its pods are gone, whatever Volcano says
+                phase="cancelled"
+                if meta.get("deletionTimestamp")
+                else PHASES.get(vphase, "pending"),
                 volcano_phase=vphase,
                 nodes=sum(int(t.get("replicas", 0)) for t in job.get("spec", {}).get("tasks", [])),
                 running=int(st.get("running", 0)),
