@@ -11,8 +11,9 @@ a cache of its own, each encoder layer and the head compiled alone (TRAINMASTER_
 layers: one layer traced instead of 24); handwritten, a loop as a
 user writes it (gpu_modes.py); checkpoint, the trainer's eager step without saves and then with
 a bert-large + Adam checkpoint every --ckpt-every steps (the stand-still per save); launch, the
-whole job through `trainmaster launch` and `status --json` (--ckpt-steps steps, compiled, warm
-from compile's cache; gpu_modes.py). "summary" gathers the headline figures.
+whole job through `trainmaster launch` and `status --json` (--ckpt-steps + --ckpt-every steps,
+compiled, in compile's cacheset: its compile_counters say how much it found there;
+gpu_modes.py). "summary" gathers the headline figures.
 
 Seq 128, max_pred 20, vocab 30,522, bf16 autocast, one GPU, the trainer's own parts: model
 (masked-positions-only MLM head, SDPA attention), fused AdamW, Stepper, ShardLoader and the
@@ -197,7 +198,7 @@ def child(a: argparse.Namespace) -> dict[str, Any]:
 
     mode, batch = a.child, a.batch
     cuda = not a.dry
-    if cuda:
+    if cuda and mode != "launch":  # launch trains in processes of its own: no CUDA here
         torch.cuda.reset_peak_memory_stats()
     if mode in ("handwritten", "checkpoint", "launch"):
         import gpu_modes  # beside this file: the script's folder is on sys.path
@@ -282,6 +283,8 @@ def _run_child(
         environ |= env("inductor", cache)
     elif mode == "launch":  # the launcher sets the cache's variables from the job's cacheset
         environ |= {STORAGE_ENV: str(cache.parents[1])}
+        if a.peak_tflops:  # the trainer's MFU where the catalog does not know the GPU
+            environ |= {"TRAINMASTER_PEAK_TFLOPS": str(a.peak_tflops)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=environ)
     if proc.returncode != 0:
         return {"mode": mode, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}

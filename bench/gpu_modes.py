@@ -14,8 +14,10 @@ checkpoints taken while it trains. Each runs in a fresh child process, as the ot
                `status JOB --json`: the run's own figures (summary.json: average seq/s and MFU,
                first step, compile cache and counters, stand-still per save and at the end)
                and its cost line. Its storage's cacheset is the one compile and compile_warm
-               filled, so a compiled launch after them starts warm, as one after `trainmaster
-               precompile` does
+               filled; its compile_counters say how many graphs it found there (the trainer's
+               graphs may differ from the bench's Stepper's; compile_cache says "cold" as no
+               precompile wrote the cacheset's fingerprint). Its stand-still is the waits the
+               trainer recorded (timeline.jsonl), not the checkpoint mode's extra time
 """
 
 from __future__ import annotations

@@ -202,3 +202,25 @@ def test_a_custom_script_says_where_it_resumed_after_its_start() -> None:
         want = goodput.breakdown(killed_once(), launched_at=100, ended_at=126)
         assert g is not None and want is not None
         assert g.steps_lost == 2 and g.restarts == 1 and g.seconds == want.seconds
+
+
+def test_a_step_saved_again_after_a_restart_is_another_save_and_only_the_last_end_counts() -> None:
+    """Run 1 saves step 10 and is preempted at 20 (its end); run 2 resumes, is killed after
+    staging step 30, and run 3 saves step 30 again and ends at 40."""
+    events = [
+        {"event": "start", "t": 0},
+        ckpt(10, 10.1, 10),
+        ckpt(20, 20.2, 20),
+        {**ckpt(20.2, 21.2, 20), "final": True},
+        {"event": "start", "t": 30},
+        ckpt(35, 35.3, 30),
+        {"event": "start", "t": 40},
+        ckpt(45, 45.5, 30),
+        ckpt(50, 50.1, 40),
+        {**ckpt(50.1, 52.1, 40), "final": True},
+    ]
+    stats = goodput.save_stats(events)
+    # saves while training: 0.1 (10), 0.3 (30, run 2), 0.5 (30, run 3); not 0.8 for one "30"
+    assert stats["per_save_blocked_s"] == pytest.approx(0.3)
+    assert stats["max_per_save_blocked_s"] == pytest.approx(0.5)
+    assert stats["final_wait_s"] == pytest.approx(2.1)  # run 3's end, not run 1's as well

@@ -181,9 +181,12 @@ class Backend(Protocol):
         server_dry_run: bool = False,
         on_wait: Waiting | None = None,
         on_start: Callable[[str], None] | None = None,
+        on_note: Callable[[str], None] | None = None,
     ) -> Submitted:
         """Start what plan() checked. server_dry_run: have the backend's server check it, start
-        nothing. A precompile plan is awaited where the backend can (local), else submitted."""
+        nothing. A precompile plan is awaited where the backend can (local), else submitted.
+        on_note hears why the submit waits, as it starts waiting (kubernetes: a cancelled job
+        of the same name still being deleted)."""
         ...
 
     def status(self, job: str) -> JobStatus: ...

@@ -100,7 +100,10 @@ def launch(
         typer.echo(dry.render(), nl=False)
         return
     sub = backend.submit(
-        dry, server_dry_run=dry_run_server, on_wait=lock_waiting(cfg.train.cacheset, wait_lock)
+        dry,
+        server_dry_run=dry_run_server,
+        on_wait=lock_waiting(cfg.train.cacheset, wait_lock),
+        on_note=lambda text: typer.echo(text, err=True),
     )
     for note in sub.notes:  # e.g. train.compile: is the cacheset warm (after precompile) or cold
         typer.echo(note, err=True)

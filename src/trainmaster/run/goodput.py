@@ -14,7 +14,10 @@ all times from time.time():
                                                              host-sync window; on CPU one step)
     {"event": "checkpoint", "t": T0, "end": T1, "step": S}   training stood still for the save of
                                                              step S (gather, wait for the previous
-                                                             write, copy to CPU memory)
+                                                             write, copy to CPU memory, the
+                                                             copy's rest before the next update);
+                                                             "final": true on the wait for the
+                                                             last write as the trainer ends
     {"event": "save", "t": T0, "end": T1, "step": S, "bytes": N}
                                                              step S's background write finished
                                                              (it overlapped training)
@@ -231,16 +234,26 @@ def save_stats(
     how long training stood still for them: in all (blocked_s), per save while training went
     on (the median and the largest of each save's waits: staging, then the copy's rest before
     the next update), and at the end (final_wait_s: the last save and the wait for its write,
-    which the trainer marks `final`; nothing trains after it)."""
+    which the trainer marks `final`; nothing trains after it). A save is one step's waits in
+    one trainer run (between start events): a restart that saves the step again is another."""
     evs = [e for e in events if launched_at is None or e["t"] >= launched_at]
     saves = [e for e in evs if e["event"] == "save" and isinstance(e.get("end"), (int, float))]
     waits = [e for e in evs if e["event"] == "checkpoint" and "end" in e]
     stalls = [e["end"] - e["t"] for e in waits]
-    at_end = {e.get("step") for e in waits if e.get("final")}
-    per_save: dict[Any, float] = {}
-    for e in waits:
-        if e.get("step") not in at_end:
-            per_save[e.get("step")] = per_save.get(e.get("step"), 0.0) + e["end"] - e["t"]
+    # One save's waits: the same step in the same trainer run (a restart may save it again).
+    per_key: dict[tuple[int, Any], float] = {}
+    ends: list[tuple[int, Any]] = []
+    run = 0
+    for e in evs:
+        if e["event"] == "start":
+            run += 1
+        elif e["event"] == "checkpoint" and "end" in e:
+            key = (run, e.get("step"))
+            per_key[key] = per_key.get(key, 0.0) + e["end"] - e["t"]
+            if e.get("final") and key not in ends:
+                ends.append(key)
+    per_save = {k: v for k, v in per_key.items() if k not in ends}
+    final_wait = per_key[ends[-1]] if ends else 0.0  # the last run's end: the last write
     secs = [e["end"] - e["t"] for e in saves]
     total_bytes = sum(int(e.get("bytes", 0)) for e in saves)
     return {
@@ -253,7 +266,7 @@ def save_stats(
         "max_blocked_s": round(max(stalls), 3) if stalls else None,
         "per_save_blocked_s": round(statistics.median(per_save.values()), 3) if per_save else None,
         "max_per_save_blocked_s": round(max(per_save.values()), 3) if per_save else None,
-        "final_wait_s": round(sum(e["end"] - e["t"] for e in waits if e.get("step") in at_end), 3),
+        "final_wait_s": round(final_wait, 3),
     }
 
 

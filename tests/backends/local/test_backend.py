@@ -74,6 +74,7 @@ class FakeBackend:
         server_dry_run: bool = False,
         on_wait: Any = None,
         on_start: Callable[[str], None] | None = None,
+        on_note: Callable[[str], None] | None = None,
     ) -> Submitted:
         self.calls.append(("submit", (dry_run.job, server_dry_run)))
         return Submitted(dry_run.job, (f"submitted {dry_run.job}",), ("a note",))

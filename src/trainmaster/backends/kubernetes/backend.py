@@ -7,7 +7,6 @@ when a command really talks to a cluster; `--dry-run` needs none.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,6 +96,7 @@ class KubernetesBackend:
         server_dry_run: bool = False,
         on_wait: base.Waiting | None = None,
         on_start: Callable[[str], None] | None = None,
+        on_note: Callable[[str], None] | None = None,
     ) -> base.Submitted:
         from trainmaster.backends.kubernetes import jobs
 
@@ -109,9 +109,7 @@ class KubernetesBackend:
                 where="kubernetes.image",
             )
         cluster = self._cluster(dry_run.namespace)
-        created = jobs.submit(
-            cluster, list(dry_run.objects), dry_run=server_dry_run, say=_to_stderr
-        )
+        created = jobs.submit(cluster, list(dry_run.objects), dry_run=server_dry_run, say=on_note)
         name = created["metadata"]["name"]
         if server_dry_run:
             return base.Submitted(
@@ -261,11 +259,6 @@ class KubernetesBackend:
 
 
 STALE_S = 60.0  # a record older than this, of a running job, is said to be old
-
-
-def _to_stderr(text: str) -> None:
-    """Why a command waits, said as it starts waiting (stdout keeps the command's answer)."""
-    print(text, file=sys.stderr, flush=True)
 
 
 def _progress_fields(record: RunProgress | None, phase: str, now: float) -> dict[str, Any]:

@@ -201,6 +201,13 @@ class JobSummary:
     kind: str
 
 
+def _listed_phase(vphase: str, deleting: bool) -> str:
+    """Volcano's phase in our words; a live job being deleted (cancel: the Job stays until
+    its pods are gone) is cancelled, an ended one keeps its outcome."""
+    phase = PHASES.get(vphase, "pending")
+    return "cancelled" if deleting and phase in ("pending", "running") else phase
+
+
 def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[JobSummary]:
     """Jobs trainmaster made (label app.kubernetes.io/managed-by=trainmaster), newest first."""
     if all_namespaces:
@@ -228,10 +235,7 @@ def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[JobSumm
             JobSummary(
                 name=meta["name"],
                 namespace=meta.get("namespace", cluster.namespace),
-                # deleted (cancel): the Job stays until its pods are gone, whatever Volcano says
-                phase="cancelled"
-                if meta.get("deletionTimestamp")
-                else PHASES.get(vphase, "pending"),
+                phase=_listed_phase(vphase, bool(meta.get("deletionTimestamp"))),
                 volcano_phase=vphase,
                 nodes=sum(int(t.get("replicas", 0)) for t in job.get("spec", {}).get("tasks", [])),
                 running=int(st.get("running", 0)),

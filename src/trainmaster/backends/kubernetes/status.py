@@ -143,7 +143,8 @@ def status(cluster: Cluster, name: str, *, find_rank0: bool = True) -> JobStatus
         attempt=int(st.get("version", 0)),
     )
     out.pods = pods(cluster, name)
-    if meta.get("deletionTimestamp"):  # cancel deletes it in the Foreground: pods go first
+    if meta.get("deletionTimestamp") and out.phase in ("pending", "running"):
+        # cancelled (deleted in the Foreground: pods go first); an ended job keeps its outcome
         out.phase, out.message = "cancelled", "being deleted (its pods go first)"
     unbound = len(out.pods) < out.min_available or any(not p.node for p in out.pods)
     if out.phase in ("pending", "running") and unbound:

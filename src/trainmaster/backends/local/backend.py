@@ -102,6 +102,7 @@ class LocalBackend:
         server_dry_run: bool = False,
         on_wait: Waiting | None = None,
         on_start: Callable[[str], None] | None = None,
+        on_note: Callable[[str], None] | None = None,  # nothing here waits but the lock
     ) -> Submitted:
         dry = _own(dry_run)
         if server_dry_run:  # no server here: the same as --dry-run
