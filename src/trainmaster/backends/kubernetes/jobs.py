@@ -27,11 +27,11 @@ from trainmaster.backends.kubernetes.client import (
 )
 from trainmaster.backends.kubernetes.names import GROUP, PLURAL, VERSION
 from trainmaster.backends.kubernetes.status import (
-    PHASES,
     JobStatus,
     PodInfo,
     as_run_state,
     logs,
+    phase_of,
     pods,
     rank0_pod,
     status,
@@ -201,13 +201,6 @@ class JobSummary:
     kind: str
 
 
-def _listed_phase(vphase: str, deleting: bool) -> str:
-    """Volcano's phase in our words; a live job being deleted (cancel: the Job stays until
-    its pods are gone) is cancelled, an ended one keeps its outcome."""
-    phase = PHASES.get(vphase, "pending")
-    return "cancelled" if deleting and phase in ("pending", "running") else phase
-
-
 def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[JobSummary]:
     """Jobs trainmaster made (label app.kubernetes.io/managed-by=trainmaster), newest first."""
     if all_namespaces:
@@ -235,7 +228,7 @@ def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[JobSumm
             JobSummary(
                 name=meta["name"],
                 namespace=meta.get("namespace", cluster.namespace),
-                phase=_listed_phase(vphase, bool(meta.get("deletionTimestamp"))),
+                phase=phase_of(vphase, bool(meta.get("deletionTimestamp"))),
                 volcano_phase=vphase,
                 nodes=sum(int(t.get("replicas", 0)) for t in job.get("spec", {}).get("tasks", [])),
                 running=int(st.get("running", 0)),

@@ -56,6 +56,14 @@ PHASES = {
 }
 
 
+def phase_of(vphase: str, deleting: bool) -> str:
+    """Volcano's phase in our words; a live job being deleted (cancel deletes in the
+    Foreground: the Job stays until its pods are gone) is cancelled, an ended one keeps its
+    outcome."""
+    phase = PHASES.get(vphase, "pending")
+    return "cancelled" if deleting and phase in ("pending", "running") else phase
+
+
 @dataclass
 class PodInfo:
     name: str
@@ -131,7 +139,7 @@ def status(cluster: Cluster, name: str, *, find_rank0: bool = True) -> JobStatus
     out = JobStatus(
         name=name,
         namespace=cluster.namespace,
-        phase=PHASES.get(vphase, "pending"),
+        phase=phase_of(vphase, bool(meta.get("deletionTimestamp"))),
         volcano_phase=vphase,
         retries=int(st.get("retryCount", 0)),
         min_available=int(spec.get("minAvailable", 0)),
@@ -143,9 +151,8 @@ def status(cluster: Cluster, name: str, *, find_rank0: bool = True) -> JobStatus
         attempt=int(st.get("version", 0)),
     )
     out.pods = pods(cluster, name)
-    if meta.get("deletionTimestamp") and out.phase in ("pending", "running"):
-        # cancelled (deleted in the Foreground: pods go first); an ended job keeps its outcome
-        out.phase, out.message = "cancelled", "being deleted (its pods go first)"
+    if out.phase != PHASES.get(vphase, "pending"):  # phase_of: cancelled while it goes
+        out.message = "being deleted (its pods go first)"
     unbound = len(out.pods) < out.min_available or any(not p.node for p in out.pods)
     if out.phase in ("pending", "running") and unbound:
         # the gang waits: the scheduler's reason is on the PodGroup (waiting.py)
