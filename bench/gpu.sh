@@ -5,7 +5,7 @@
 # `trainmaster launch` (its summary's seq/s, MFU, stand-still and cost line), in the same run.
 #
 #   bench/gpu.sh [--dry] [--steps 50] [--warmup 5] [--batch 0] [--peak-tflops T]
-#                [--modes eager,compile,compile_warm,compile_layers,handwritten,checkpoint,launch]
+#                [--modes eager,compile,compile_warm,profile,compile_layers,handwritten,checkpoint,launch]
 #
 # On a CUDA machine, first the Python already there ($PYTHON, default python3): when its torch is
 # a CUDA build inside pyproject's range and the bench's other packages are there (gpu_env.py),

@@ -1,12 +1,14 @@
 """BERT-large phase 1 on one GPU, eager and torch.compile: what bench/gpu.sh runs.
 
     python bench/gpu_bench.py [--steps 50] [--batch 0] [--peak-tflops T] [--dry]
-        [--modes eager,compile,compile_warm,compile_layers,handwritten,checkpoint,launch]
+        [--modes eager,compile,compile_warm,profile,compile_layers,handwritten,checkpoint,launch]
         [--ckpt-steps 250] [--ckpt-every 100]
 
 The modes, each in a fresh process, in this order: eager; compile with an empty compile cache
 (cold) and compile_warm with the cache compile left (the trainer's cache settings,
-compile/cache.py), which is what a restarted or precompiled job meets; compile_layers, cold in
+compile/cache.py), which is what a restarted or precompiled job meets; profile, a few compiled
+steps in that cache under torch.profiler: GPU busy share, device time by kind of kernel, the
+attention kernel, syncs per step (gpu_profile.py); compile_layers, cold in
 a cache of its own, each encoder layer and the head compiled alone (TRAINMASTER_COMPILE_SCOPE=
 layers: one layer traced instead of 24); handwritten, a loop as a
 user writes it (gpu_modes.py); checkpoint, the trainer's eager step without saves and then with
@@ -51,6 +53,7 @@ MODES = (
     "eager",
     "compile",
     "compile_warm",
+    "profile",
     "compile_layers",
     "handwritten",
     "checkpoint",
@@ -200,8 +203,12 @@ def child(a: argparse.Namespace) -> dict[str, Any]:
     cuda = not a.dry
     if cuda and mode != "launch":  # launch trains in processes of its own: no CUDA here
         torch.cuda.reset_peak_memory_stats()
+    if mode == "profile":
+        import gpu_profile  # beside this file: the script's folder is on sys.path
+
+        return gpu_profile.profile(a, batch, _setup)
     if mode in ("handwritten", "checkpoint", "launch"):
-        import gpu_modes  # beside this file: the script's folder is on sys.path
+        import gpu_modes
 
         if mode == "launch":
             return gpu_modes.launch(a, batch, VOCAB)
@@ -279,7 +286,7 @@ def _run_child(
     environ = dict(os.environ)
     if mode == "compile_layers":  # cold too, in a cache of its own
         environ |= env("inductor", cache.with_name("layers-cache")) | {COMPILE_SCOPE_ENV: "layers"}
-    elif mode.startswith("compile"):
+    elif mode.startswith("compile") or mode == "profile":
         environ |= env("inductor", cache)
     elif mode == "launch":  # the launcher sets the cache's variables from the job's cacheset
         environ |= {STORAGE_ENV: str(cache.parents[1])}
@@ -319,6 +326,9 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         "first_step_s_launch": get("launch", "time_to_first_step_s"),
         "standstill_per_save_s_launch": get("launch", "standstill_per_save_s"),
         "cost_line_launch": get("launch", "cost_line"),
+        "gpu_busy_compiled": get("profile", "gpu_busy"),
+        "syncs_per_step": get("profile", "syncs_per_step"),
+        "attention_kernel": get("profile", "attention"),
     }
 
 

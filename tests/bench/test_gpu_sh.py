@@ -3,6 +3,7 @@ real run needs a CUDA machine; README says whether it has run on one)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -63,9 +64,19 @@ def test_without_a_gpu_it_says_so() -> None:
     assert_user_error(r, "needs a CUDA machine")
 
 
-def test_dry_run_prints_one_json_line_of_the_real_shape() -> None:
-    modes = "eager,handwritten,checkpoint,launch"  # compile's modes take minutes on a CPU
-    r = _run("--dry", "--modes", modes, "--steps", "1", "--warmup", "0", timeout=600)
+def test_dry_run_prints_one_json_line_of_the_real_shape(tmp_path: Path) -> None:
+    modes = "eager,handwritten,checkpoint,launch,profile"  # compile's take minutes on a CPU
+    r = _run(
+        "--dry",
+        "--modes",
+        modes,
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        timeout=600,
+        env={**ENV, "TRAINMASTER_BENCH_OUT": str(tmp_path)},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1
@@ -76,7 +87,7 @@ def test_dry_run_prints_one_json_line_of_the_real_shape() -> None:
         out["published"]["seq_per_s"] == 580
         and "DeepLearningExamples" in out["published"]["source"]
     )
-    res, hand, ckpt, job = out["results"]
+    res, hand, ckpt, job, prof = out["results"]
     assert set(res) == {
         "mode",
         "seq_per_s",
@@ -102,7 +113,17 @@ def test_dry_run_prints_one_json_line_of_the_real_shape() -> None:
     assert job["seq_per_s"] > 0 and job["time_to_first_step_s"] > 0 and job["mfu"] is None
     assert job["compile_cache"] == "off" and 0 < job["final_loss"] < 20 and 0 < job["goodput"] < 1
     assert job["cost_line"].startswith("cost so far $") and "1 x cpu at $" in job["cost_line"]
+    # profile: eager on a CPU, no kernels; its ops and the chrome trace are real
+    assert prof["mode"] == "profile" and prof["compiled"] is False and prof["profiled_steps"] == 3
+    assert prof["gpu_busy"] is None and prof["syncs_per_step"] is None
+    assert prof["categories_ms_per_step"] == {} and prof["step_ms"] > 0
+    assert prof["attention"] and set(prof["attention"]) <= {"math", "flash (cpu)"}
+    assert any(name.startswith("aten::") for name, _ in prof["top_ms_per_step"])
+    assert Path(prof["trace"]) == tmp_path / "profile-trace.json.gz"
+    trace = json.loads(gzip.decompress(Path(prof["trace"]).read_bytes()))  # what Perfetto opens
+    assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
     summary = out["summary"]
+    assert summary["attention_kernel"] == prof["attention"] and summary["gpu_busy_compiled"] is None
     assert summary["seq_per_s_launch"] == job["seq_per_s"]
     assert summary["standstill_per_save_s_launch"] == job["standstill_per_save_s"]
     assert summary["seq_per_s_eager"] == res["seq_per_s"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,42 @@ def test_compiled_by_layers_the_encoder_layers_share_one_graph(shard: dict) -> N
         again = net(**batch)[0]
     assert len(graphs) == 2  # one encoder layer, one head: not one per layer
     assert got.item() == pytest.approx(want.item(), abs=1e-5) and again.item() == got.item()
+
+
+@pytest.mark.stacks
+def test_a_whole_step_reads_nothing_on_the_host_but_the_optimizers_own_step_count(
+    shard: dict,
+) -> None:
+    """The Stepper's whole step (forward, loss, backward, clipping, schedule, update) reads no
+    tensor on the host: the same profiler count, with one exception, AdamW's step counter,
+    which is a CPU tensor on a CPU (on CUDA its fused kernel keeps it on the device)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainmaster.train import optim
+    from trainmaster.train.device import Runtime
+    from trainmaster.train.preflight import Env
+    from trainmaster.train.step import Stepper
+
+    cfg = tiny_cfg()
+    bert = model.build(cfg, 4096, "sdpa")
+    opt = optim.make_optimizer(cfg, bert, "cpu")
+    stepper = Stepper(bert, opt, optim.make_scheduler(cfg, opt), Runtime(Env(), "cpu", bf16=False))
+    batches = itertools.cycle([batch_of(shard, slice(i, i + 8)) for i in (0, 8, 16)])
+    stepper(batches, 1)  # the optimizer's state exists from here on
+
+    def reads_outside_the_optimizer() -> int:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            stepper(batches, 1)
+        outside = 0
+        for e in prof.events():
+            if e.name not in ("aten::_local_scalar_dense", "aten::is_nonzero"):
+                continue
+            parent = e.cpu_parent
+            while parent is not None and not parent.name.startswith("Optimizer.step"):
+                parent = parent.cpu_parent
+            outside += parent is None
+        return outside
+
+    assert reads_outside_the_optimizer() == 0
+    stepper.net.mask_per_query = False  # type: ignore[assignment]  # the control: [B, S] mask
+    assert reads_outside_the_optimizer() >= 1
