@@ -180,16 +180,26 @@ def _job_file(a: argparse.Namespace, batch: int, root: Path, vocab: int) -> Path
     return path
 
 
-def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+LAUNCH_TIMEOUT_S = 3600
+
+
+def _cli(root: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "trainmaster", "--storage", str(root), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
 def launch(a: argparse.Namespace, batch: int, vocab: int) -> dict[str, Any]:
     root = Path(os.environ[STORAGE_ENV])
     job = _job_file(a, batch, root, vocab)
     t0 = time.perf_counter()
-    run = _cli(root, "launch", str(job), "--follow")
+    try:
+        run = _cli(root, "launch", str(job), "--follow", timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        # Killing the CLI that followed the job leaves its supervisor training: cancel it.
+        _cli(root, "cancel", JOB)
+        raise SystemExit(
+            f"trainmaster launch ran past {LAUNCH_TIMEOUT_S} s; the job is cancelled"
+        ) from None
     wall = time.perf_counter() - t0
     if run.returncode != 0:
         last = (run.stderr.strip() or run.stdout.strip() or "no output").splitlines()[-1]

@@ -130,3 +130,22 @@ def test_dry_run_prints_one_json_line_of_the_real_shape(tmp_path: Path) -> None:
     assert summary["standstill_per_save_s"] == ckpt["standstill_per_save_s"]
     assert summary["vs_handwritten"] == round(res["seq_per_s"] / hand["seq_per_s"], 3)
     assert summary["first_step_s_compile_cold"] is None  # not run: said, not made up
+
+
+def test_a_launch_past_its_time_is_cancelled_not_left_training(
+    tmp_path: Path, pydoc_storage: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launch mode's CLI follows the job; killing it at the time limit would leave the
+    local supervisor training on the GPU: the mode cancels the job first."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_bench
+    import gpu_modes
+
+    a = gpu_bench.parse(["--dry", "--ckpt-steps", "100000"])  # hours of bert-tiny steps
+    a.data = str(pydoc_storage / "datasets" / "pydoc")
+    monkeypatch.setenv(gpu_modes.STORAGE_ENV, str(tmp_path))
+    monkeypatch.setattr(gpu_modes, "LAUNCH_TIMEOUT_S", 20)
+    with pytest.raises(SystemExit, match="ran past 20 s; the job is cancelled"):
+        gpu_modes.launch(a, 4, 30522)
+    status = gpu_modes._cli(tmp_path, "status", gpu_modes.JOB, "--json")
+    assert json.loads(status.stdout)["phase"] == "cancelled", status.stderr

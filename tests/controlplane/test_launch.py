@@ -173,6 +173,16 @@ def test_a_launch_waits_for_a_cancelled_job_of_its_name(real_kube: RealKube, job
         with pytest.raises(UserError) as held:
             jobs._wait_until_deleted(cluster, job, job_ns, timeout_s=0)
         assert held.value.where == "job.name" and "still being deleted" in str(held.value)
+        # a server dry run meanwhile answers for the launch, not for the old job's name
+        dry = kj.tm(
+            real_kube,
+            job_ns,
+            *("launch", str(kj.TRN1), "--dry-run=server", "--set", f"kubernetes.image={kj.IMAGE}"),
+        )
+        assert dry.returncode == 0, dry.stderr
+        assert f"the cancelled job {job} is still being deleted" in dry.stderr
+        assert f"{job}: the API server accepts the Job" in dry.stdout
+        assert real_kube.custom.get_namespaced_custom_object(*api)["metadata"]["uid"] == old_uid
 
         cmd = cli_command(
             *("--kubeconfig", str(real_kube.kubeconfig), "--backend", "kubernetes"),

@@ -51,7 +51,28 @@ def test_the_cost_line_names_the_gpu_rank_0_ran_on(tmp_path: Path) -> None:
     run.rank0.write_text(json.dumps({"node_rank": 0, "device": "NVIDIA H200"}))
     st = state.RunState(job="gpu", phase="running", nnodes=1)
     line = cost.render(cost.progress_of_run(run, st, 10) or pytest.fail("no progress"))
-    assert "1 x cpu with NVIDIA H200 at $" in line
+    # priced as the same GPU on AWS: one of a p5e.48xlarge's eight, not the CPU host's rate
+    share = catalog.get("p5e.48xlarge").price_per_hour / 8
+    assert f"1 x 1/8 of p5e.48xlarge with NVIDIA H200 at ${share:.2f}/node-hour" in line
     run.rank0.write_text(json.dumps({"node_rank": 0, "device": ""}))  # a CPU run says nothing
     price = history.price_of(history.read_config(run), 1, history.device_of(run))
     assert price is not None and price.basis() == "1 x cpu at $1.61/node-hour (catalog)"
+
+
+def test_a_local_gpu_job_is_priced_by_its_gpus_share_unless_the_cluster_says(
+    tmp_path: Path,
+) -> None:
+    from trainmaster.config import jobfile
+
+    two = jobfile.preset("local-cpu", ["job.nproc_per_node=2", "train.global_batch_size=64"])
+    price = history.price_of(two, 1, "NVIDIA H100 80GB HBM3")
+    p5 = catalog.get("p5.48xlarge")
+    assert price is not None and price.per_hour == pytest.approx(p5.price_per_hour * 2 / 8)
+    assert price.basis().startswith("1 x 2/8 of p5.48xlarge with NVIDIA H100 80GB HBM3 at $")
+    unknown = history.price_of(two, 1, "NVIDIA GeForce RTX 4090")  # not in the catalog
+    assert unknown is not None and unknown.per_node_hour == catalog.get("cpu").price_per_hour
+    own = jobfile.preset("local-cpu", ["cluster.price_per_hour=3.5"])
+    mine = history.price_of(own, 1, "NVIDIA H200")  # the user's own figure wins
+    assert (
+        mine is not None and mine.per_node_hour == 3.5 and mine.source == "cluster.price_per_hour"
+    )

@@ -136,15 +136,25 @@ class Price:
 
 
 def price_of(cfg: JobConfig | None, nodes: int | None = None, device: str = "") -> Price | None:
-    """Price per node-hour: [cluster] price_per_hour, else the catalog's for the job's node type
-    (a generic CPU host for local jobs, whatever device it has: device names it, so a local GPU
-    job's line says what it ran on); None without a readable job file."""
+    """Price per node-hour: [cluster] price_per_hour, else the catalog's for the job's node type.
+    A local job runs on the generic CPU host, unless rank 0 ran on a GPU the catalog knows
+    (device, by the driver's name): then its GPUs' share of that GPU's AWS instance type, e.g.
+    1/8 of a p5e.48xlarge for one H200, so a local GPU run costs what the same GPUs would on
+    AWS. None without a readable job file."""
     if cfg is None:
         return None
     inst: catalog.InstanceType = cfg.derived.instance
     n = nodes or cfg.job.nnodes
     if cfg.cluster.price_per_hour is not None:
         return Price(cfg.cluster.price_per_hour, n, inst.name, "cluster.price_per_hour", device)
+    known = catalog.peak_for_device(device) if inst.accelerator == "cpu" and device else None
+    if known is not None:
+        gpu = catalog.get(known[1])
+        used = min(cfg.job.nproc_per_node, gpu.devices)
+        share = gpu.price_per_hour * used / gpu.devices
+        return Price(
+            share, n, f"{used}/{gpu.devices} of {gpu.name}", "catalog, by its GPUs", device
+        )
     return Price(inst.price_per_hour, n, inst.name, "catalog", device)
 
 

@@ -130,10 +130,20 @@ def submit(
     )
     if not dry_run:
         _wait_until_deleted(cluster, name, ns, DELETING_WAIT_S, say)
+    elif _job_state(cluster, name, ns) == "deleting":
+        # The name is taken until the cancelled job has gone, which a launch waits for: the
+        # server checks the same objects under names it generates, so the dry run answers for
+        # the launch and not for the old job.
+        if say is not None:
+            say(
+                f"the cancelled job {name} is still being deleted: a launch now waits up to "
+                f"{DELETING_WAIT_S:.0f} s for it (the server checks the objects under generated names)"
+            )
+        *maps, job = [_generated_name(o) for o in objects]
     made: list[str] = []
     try:
         for cm in maps:
-            cm_name = cm["metadata"]["name"]
+            cm_name = cm["metadata"].get("name") or cm["metadata"]["generateName"]
             try:
                 with call(cluster, "create", "configmaps", cm_name, ns):
                     cluster.core.create_namespaced_config_map(ns, as_body(cm), **opts)
@@ -151,6 +161,7 @@ def submit(
                         GROUP, VERSION, ns, PLURAL, job, **opts
                     )
                 )
+                created["metadata"]["name"] = name  # the job's own (a generated one above)
         except Conflict as exc:
             raise exists from exc
     except (UserError, JobFailed):
@@ -172,6 +183,13 @@ def submit(
                     cm_name, ns, {"metadata": {"ownerReferences": [owner]}}
                 )
     return obj(created)
+
+
+def _generated_name(o: dict[str, Any]) -> dict[str, Any]:
+    """A copy that asks the server for a name of its own (kept within a DNS label's 63)."""
+    meta = {k: v for k, v in o["metadata"].items() if k != "name"}
+    meta["generateName"] = o["metadata"]["name"][:57] + "-"
+    return {**o, "metadata": meta}
 
 
 def _delete_config_map(cluster: Cluster, name: str, ns: str) -> None:
