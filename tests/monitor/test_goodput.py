@@ -177,6 +177,22 @@ def test_a_save_stands_still_for_its_staging_and_its_copy_and_the_end_apart() ->
     assert report.standstill(older) == "training waited 2.50 s"
 
 
+def test_a_timeline_from_before_final_still_puts_its_end_apart() -> None:
+    """Older trainers wrote no `final`: the last save, after the last steps recorded, is the
+    end; a save that steps followed is one made while training."""
+    events = [
+        steps(1, 10, 10),
+        ckpt(10, 10.1, 10),
+        steps(10.1, 30, 30),
+        ckpt(30, 30.1, 30),
+        ckpt(30.1, 32.1, 30),  # the drain of step 30's write, unmarked
+    ]
+    stats = goodput.save_stats(events)
+    assert stats["final_wait_s"] == pytest.approx(2.1) and stats["per_save_blocked_s"] == 0.1
+    crashed = goodput.save_stats([*events[:2], steps(10.1, 30, 30)])  # steps after its save
+    assert crashed["final_wait_s"] == 0.0 and crashed["per_save_blocked_s"] == 0.1
+
+
 def test_record_and_read_back_skip_a_torn_line(tmp_path: Path) -> None:
     path = tmp_path / "timeline.jsonl"
     goodput.record(path, "start", t=1.5, step=0, compiles=False)

@@ -243,15 +243,21 @@ def save_stats(
     # One save's waits: the same step in the same trainer run (a restart may save it again).
     per_key: dict[tuple[int, Any], float] = {}
     ends: list[tuple[int, Any]] = []
-    run = 0
+    run, last = 0, None
     for e in evs:
         if e["event"] == "start":
             run += 1
         elif e["event"] == "checkpoint" and "end" in e:
-            key = (run, e.get("step"))
+            key = last = (run, e.get("step"))
             per_key[key] = per_key.get(key, 0.0) + e["end"] - e["t"]
             if e.get("final") and key not in ends:
                 ends.append(key)
+    if last is not None and not any("final" in e for e in waits):
+        # A timeline from a trainer before `final`: its end is the last save when nothing
+        # trained after it (its last wait comes after the last steps recorded).
+        steps = [e["end"] for e in evs if e["event"] == "steps" and "end" in e]
+        if steps and waits[-1]["t"] >= max(steps):
+            ends.append(last)
     per_save = {k: v for k, v in per_key.items() if k not in ends}
     final_wait = per_key[ends[-1]] if ends else 0.0  # the last run's end: the last write
     secs = [e["end"] - e["t"] for e in saves]
