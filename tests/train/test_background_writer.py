@@ -356,3 +356,48 @@ def test_the_shared_buffer_is_reused_and_tied_weights_share_a_slot() -> None:
     finally:
         arena.close()
         os.close(fd)
+
+
+def test_the_block_is_page_locked_portably_on_the_trainings_gpu_and_a_refusal_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No GPU here: a stand-in for torch's CUDA runtime binding records what the pin asks.
+    It runs on a thread of its own, on the training's device, with the portable flag; the
+    unpin on the same device; a refused pin is said once and never tried again."""
+    calls: list[tuple[str, str, object]] = []
+    answer = {"register": 0}
+
+    class Runtime:
+        def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802
+            calls.append(("register", threading.current_thread().name, flags))
+            return answer["register"]
+
+        def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+            calls.append(("unregister", threading.current_thread().name, ptr))
+            return 0
+
+    devices: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "cudart", Runtime)
+    monkeypatch.setattr(torch.cuda, "set_device", devices.append)
+    gpu = torch.device("cuda", 3)
+    fd = staging.shared_fd()
+    os.ftruncate(fd, staging.ALIGN)
+    try:
+        arena = staging.Arena(fd, staging.ALIGN, ())
+        arena.pin_for_cuda(gpu)
+        arena.pin_for_cuda(gpu)  # pinned already: not again
+        arena.close()
+        assert [c[0] for c in calls] == ["register", "unregister"]
+        assert calls[0][1] == "checkpoint-pin" and calls[0][2] == staging.HOST_REGISTER_PORTABLE
+        assert devices == [gpu, gpu]
+
+        calls.clear()
+        answer["register"] = 2  # cudaErrorMemoryAllocation
+        refused = staging.Arena(fd, staging.ALIGN, ())
+        refused.pin_for_cuda(gpu)
+        refused.pin_for_cuda(gpu)
+        refused.close()
+        assert [c[0] for c in calls] == ["register"]  # once, and nothing to unpin
+        assert capsys.readouterr().err.count("staging block not page-locked (2)") == 1
+    finally:
+        os.close(fd)

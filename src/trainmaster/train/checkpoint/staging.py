@@ -31,6 +31,9 @@ import torch
 # Each tensor starts on a page of its own: odirect writes the whole pages of each with
 # O_DIRECT, which needs the memory, the file offset and the length aligned to the disk's block.
 ALIGN = 4096
+# cudaHostRegisterPortable: the block counts as pinned in every CUDA context, not only in the
+# one of the thread that registers it (a thread of its own: _in_own_thread).
+HOST_REGISTER_PORTABLE = 1
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class Arena:
     def __init__(self, fd: int, size: int, layout: Layout) -> None:
         self.size, self.layout = size, layout
         self._pinned = 0  # the block's address while it is page-locked for a GPU
+        self._pinned_on: torch.device | None = None
         self._pin_failed = False
         self._map = mmap.mmap(fd, size)
         # Each view has a storage of its own (frombuffer), so torch.save writes every tensor
@@ -132,7 +136,7 @@ class Arena:
                 src = src.cpu()  # XLA: through its own transfer, as saving.to_cpu does
             dst.copy_(src, non_blocking=bool(self._pinned))
 
-    def pin_for_cuda(self) -> None:
+    def pin_for_cuda(self, device: torch.device) -> None:
         """Page-lock the block (cudaHostRegister), so that copies from a GPU run on its copy
         engine while it computes. Where that fails the copies still work, slower and each one
         waited for by the copying thread; said once, not tried again."""
@@ -141,29 +145,38 @@ class Arena:
         anchor = ctypes.c_char.from_buffer(self._map)  # the block's address, then let go
         ptr = ctypes.addressof(anchor)
         del anchor
-        err = _in_own_thread(torch.cuda.cudart().cudaHostRegister, ptr, self.size, 0)
+        register = torch.cuda.cudart().cudaHostRegister
+        err = _in_own_thread(device, register, ptr, self.size, HOST_REGISTER_PORTABLE)
         if int(err) != 0:
             self._pin_failed = True
             print(f"checkpoint: staging block not page-locked ({err})", file=sys.stderr)
             return
-        self._pinned = ptr
+        self._pinned, self._pinned_on = ptr, device
 
     def close(self) -> None:
         if self._pinned:
-            _in_own_thread(torch.cuda.cudart().cudaHostUnregister, self._pinned)
+            _in_own_thread(self._pinned_on, torch.cuda.cudart().cudaHostUnregister, self._pinned)
             self._pinned = 0
         self.views = []
         with contextlib.suppress(BufferError):  # a tensor still views it: unmapped with it
             self._map.close()
 
 
-def _in_own_thread(call: Callable[..., Any], *args: Any) -> Any:
+def _in_own_thread(device: torch.device | None, call: Callable[..., Any], *args: Any) -> Any:
     """A CUDA runtime call whose failure must not reach training: the runtime keeps a failed
     call's error per host thread until cudaGetLastError reads it, which torch does after its
     next kernel launch in that thread (and raises). torch binds no cudaGetLastError, so the
-    call runs in a thread of its own, whose error dies with it."""
+    call runs in a thread of its own, whose error dies with it; on the training's device (a new
+    thread starts on device 0, whose context a rank on another GPU must not create). -1 when
+    the thread raised."""
     out: list[Any] = []
-    worker = threading.Thread(target=lambda: out.append(call(*args)), name="checkpoint-pin")
+
+    def run() -> None:
+        if device is not None:
+            torch.cuda.set_device(device)
+        out.append(call(*args))
+
+    worker = threading.Thread(target=run, name="checkpoint-pin")
     worker.start()
     worker.join()
     return out[0] if out else -1
@@ -199,7 +212,7 @@ class Fill:
             return
         ready = None
         if cuda is not None:
-            arena.pin_for_cuda()
+            arena.pin_for_cuda(cuda)
             ready = torch.cuda.current_stream(cuda).record_event()
         threading.Thread(
             target=self._copy, args=(arena, tensors, ready), name="checkpoint-copy", daemon=True
