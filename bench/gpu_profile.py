@@ -4,15 +4,16 @@ The trainer's compiled Stepper (eager in --dry: a CPU compiles for minutes), in 
 cacheset, so warm when compile ran before it: --warmup steps, then PROFILED_STEPS steps under
 torch.profiler (CPU and CUDA activities). It reports, per step:
 
-  gpu_busy            the share of the profiled wall time with a kernel running (the union of
-                      kernel intervals): below ~0.95 the GPU waits for the host
+  gpu_busy            the share of the profiled wall time with a kernel or a copy running (the
+                      union of their intervals): well below 1 the GPU waits for the host (the
+                      profiler's own host overhead lowers it a little against a run without)
   categories          device time by kind of kernel (attention, gemm, optimizer, triton-fused,
                       element-wise, copy, communication, other), milliseconds per step
   attention           which SDPA kernel ran (flash, efficient, cudnn, math): the mask decides
   syncs_per_step      synchronising calls seen by torch.cuda.set_sync_debug_mode("warn")
-  host_reads_per_step aten ops that read a tensor on the host (.item(), bool(t), nonzero);
-                      on a CPU they include reads of CPU tensors (AdamW's step count), which are
-                      no GPU sync
+  host_reads_per_step aten ops that read a tensor's value on the host (.item() and bool(t), both
+                      through _local_scalar_dense; nonzero); on a CPU they include reads of CPU
+                      tensors (AdamW's step count), which are no GPU sync
   top                 the ten kernels (CPU ops in --dry) with the most self time
 
 With TRAINMASTER_BENCH_OUT=DIR the chrome trace goes to DIR/profile-trace.json.gz (open it in
@@ -35,13 +36,16 @@ OUT_ENV = "TRAINMASTER_BENCH_OUT"
 # Kernel name fragments, first match wins (lower case). Names as NVIDIA's libraries and
 # PyTorch's own kernels carry them: cutlass/xmma/nvjet gemms, fmha/flash attention, the fused
 # and foreach optimizer kernels, triton_* from inductor, NCCL, the runtime's copies.
+# Inductor names its kernels after their source ops (triton_poi_fused__scaled_dot_product_...
+# is a layout copy, not attention): its own come first, its matmul templates as gemm.
 CATEGORIES = (
-    ("attention", ("fmha", "flash", "attention", "sdpa")),
     ("communication", ("nccl",)),
     ("copy", ("memcpy", "memset")),
+    ("gemm", ("triton_tem_",)),
+    ("triton", ("triton_",)),
+    ("attention", ("fmha", "flash", "attention", "sdpa")),
     ("optimizer", ("adam", "lpnorm", "multi_tensor_apply")),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas")),
-    ("triton", ("triton_",)),
     ("elementwise", ("elementwise", "reduce_kernel", "softmax", "layer_norm", "dropout")),
 )
 SDPA = {
@@ -51,7 +55,7 @@ SDPA = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
     "aten::_scaled_dot_product_attention_math": "math",
 }
-HOST_READS = {"aten::_local_scalar_dense", "aten::is_nonzero"}
+HOST_READS = {"aten::_local_scalar_dense", "aten::nonzero"}  # bool(t): is_nonzero calls the first
 
 
 def category(kernel: str) -> str:
@@ -96,6 +100,19 @@ def breakdown(
     }
 
 
+def kernels_of(events: Iterable[Any]) -> list[tuple[str, float, float]]:
+    """(name, start_us, end_us) of what ran on the GPU: kernels and copies. record_function
+    spans (Optimizer.step#AdamW.step) are listed on the device too, as user annotations: not
+    kernels, and counted they would double the optimizer's time."""
+    from torch.autograd import DeviceType
+
+    return [
+        (e.name, e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type == DeviceType.CUDA and not e.is_user_annotation
+    ]
+
+
 def _top_cpu_ops(events: Any, steps: int) -> list[list[Any]]:
     """On a CPU (no kernels): the ops with the most self time, ms per step."""
     ranked = sorted(events.key_averages(), key=lambda e: -e.self_cpu_time_total)[:10]
@@ -130,11 +147,7 @@ def profile(a: argparse.Namespace, batch: int, setup: Any) -> dict[str, Any]:
         span_us = (time.perf_counter() - t0) * 1e6
     loss = float(result.losses[0])
     events = prof.events()
-    kernels = [
-        (e.name, e.time_range.start, e.time_range.end)
-        for e in events
-        if e.device_type == DeviceType.CUDA
-    ]
+    kernels = kernels_of(events)
     ops = [e.name for e in events if e.device_type == DeviceType.CPU]
     out = {"mode": "profile", "compiled": cuda, **breakdown(kernels, ops, PROFILED_STEPS, span_us)}
     syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]

@@ -25,6 +25,8 @@ import gpu_profile  # noqa: E402
             "optimizer",
         ),
         ("triton_per_fused_native_layer_norm_0", "triton"),
+        ("triton_poi_fused__scaled_dot_product_efficient_attention_3", "triton"),  # a copy
+        ("triton_tem_fused_mm_0", "gemm"),  # inductor's matmul template
         ("Memcpy HtoD (Pinned -> Device)", "copy"),
         (
             "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
@@ -60,3 +62,24 @@ def test_the_figures_are_per_step_and_the_busy_share_of_the_span() -> None:
     assert out["attention"] == ["efficient"] and out["host_reads_per_step"] == 0.5
     assert out["top_ms_per_step"][0] == ["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n", 1.0]
     assert gpu_profile.breakdown([], ops, 2, 4000.0)["gpu_busy"] is None  # a CPU: no kernels
+
+
+def test_record_function_spans_on_the_device_are_not_kernels() -> None:
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(name: str, device: DeviceType, annotation: bool = False) -> SimpleNamespace:
+        span = SimpleNamespace(start=10.0, end=30.0)
+        return SimpleNamespace(
+            name=name, device_type=device, is_user_annotation=annotation, time_range=span
+        )
+
+    events = [
+        event("Optimizer.step#AdamW.step", DeviceType.CUDA, annotation=True),
+        event("multi_tensor_apply_kernel<FusedAdamMathFunctor>", DeviceType.CUDA),
+        event("aten::_fused_adamw_", DeviceType.CPU),
+    ]
+    assert gpu_profile.kernels_of(events) == [
+        ("multi_tensor_apply_kernel<FusedAdamMathFunctor>", 10.0, 30.0)
+    ]

@@ -144,7 +144,7 @@ def test_a_launch_past_its_time_is_cancelled_not_left_training(
     a = gpu_bench.parse(["--dry", "--ckpt-steps", "100000"])  # hours of bert-tiny steps
     a.data = str(pydoc_storage / "datasets" / "pydoc")
     monkeypatch.setenv(gpu_modes.STORAGE_ENV, str(tmp_path))
-    monkeypatch.setattr(gpu_modes, "LAUNCH_TIMEOUT_S", 20)
+    monkeypatch.setenv(gpu_modes.LAUNCH_TIMEOUT_ENV, "20")
     with pytest.raises(SystemExit, match="ran past 20 s; the job is cancelled"):
         gpu_modes.launch(a, 4, 30522)
     status = gpu_modes._cli(tmp_path, "status", gpu_modes.JOB, "--json")

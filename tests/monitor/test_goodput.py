@@ -178,8 +178,9 @@ def test_a_save_stands_still_for_its_staging_and_its_copy_and_the_end_apart() ->
 
 
 def test_a_timeline_from_before_final_still_puts_its_end_apart() -> None:
-    """Older trainers wrote no `final`: the last save, after the last steps recorded, is the
-    end; a save that steps followed is one made while training."""
+    """Older trainers wrote no `final`: in a finished run (its end event) the last save after
+    the last steps recorded is the end. A run still going, or killed, has no end there: its
+    last save is one made while training; so is a save that steps followed."""
     events = [
         steps(1, 10, 10),
         ckpt(10, 10.1, 10),
@@ -187,10 +188,12 @@ def test_a_timeline_from_before_final_still_puts_its_end_apart() -> None:
         ckpt(30, 30.1, 30),
         ckpt(30.1, 32.1, 30),  # the drain of step 30's write, unmarked
     ]
-    stats = goodput.save_stats(events)
-    assert stats["final_wait_s"] == pytest.approx(2.1) and stats["per_save_blocked_s"] == 0.1
-    crashed = goodput.save_stats([*events[:2], steps(10.1, 30, 30)])  # steps after its save
-    assert crashed["final_wait_s"] == 0.0 and crashed["per_save_blocked_s"] == 0.1
+    finished = goodput.save_stats([*events, {"event": "end", "t": 32.2, "step": 30}])
+    assert finished["final_wait_s"] == pytest.approx(2.1) and finished["per_save_blocked_s"] == 0.1
+    going = goodput.save_stats(events[:4])  # saved step 30, its next steps not flushed yet
+    assert going["final_wait_s"] == 0.0 and going["per_save_blocked_s"] == pytest.approx(0.1)
+    followed = [*events[:2], steps(10.1, 30, 30), {"event": "end", "t": 30.1, "step": 30}]
+    assert goodput.save_stats(followed)["final_wait_s"] == 0.0
 
 
 def test_record_and_read_back_skip_a_torn_line(tmp_path: Path) -> None:

@@ -253,10 +253,12 @@ def save_stats(
             if e.get("final") and key not in ends:
                 ends.append(key)
     if last is not None and not any("final" in e for e in waits):
-        # A timeline from a trainer before `final`: its end is the last save when nothing
-        # trained after it (its last wait comes after the last steps recorded).
+        # A finished run of a trainer before `final`: its end is its last save when nothing
+        # trained after it and the trainer ended after it (a run still going, or killed, has
+        # no end event there: its last save is one made while training).
         steps = [e["end"] for e in evs if e["event"] == "steps" and "end" in e]
-        if steps and waits[-1]["t"] >= max(steps):
+        ended = any(e["event"] == "end" and e["t"] >= waits[-1]["t"] for e in evs)
+        if steps and ended and waits[-1]["t"] >= max(steps):
             ends.append(last)
     per_save = {k: v for k, v in per_key.items() if k not in ends}
     final_wait = per_key[ends[-1]] if ends else 0.0  # the last run's end: the last write
