@@ -227,10 +227,14 @@ def get(name: str, *, where: str = "instance_type") -> InstanceType:
 GPU_INSTANCES = (("H200", "p5e.48xlarge"), ("H100", "p5.48xlarge"), ("A100", "p4d.24xlarge"))
 
 
+def instance_for_device(name: str) -> InstanceType | None:
+    """The instance type whose GPUs are named `name` by the driver ("NVIDIA H200"); None for
+    a device the catalog does not know."""
+    return next((get(instance) for key, instance in GPU_INSTANCES if key in name), None)
+
+
 def peak_for_device(name: str) -> tuple[float, str] | None:
     """(dense bf16 TFLOP/s of one device, the instance type it comes from) for a GPU named
     `name`; None for a device the catalog does not know."""
-    for key, instance in GPU_INSTANCES:
-        if key in name:
-            return get(instance).peak_tflops_per_worker, instance
-    return None
+    inst = instance_for_device(name)
+    return (inst.peak_tflops_per_worker, inst.name) if inst is not None else None

@@ -147,9 +147,8 @@ def price_of(cfg: JobConfig | None, nodes: int | None = None, device: str = "") 
     n = nodes or cfg.job.nnodes
     if cfg.cluster.price_per_hour is not None:
         return Price(cfg.cluster.price_per_hour, n, inst.name, "cluster.price_per_hour", device)
-    known = catalog.peak_for_device(device) if inst.accelerator == "cpu" and device else None
-    if known is not None:
-        gpu = catalog.get(known[1])
+    gpu = catalog.instance_for_device(device) if inst.accelerator == "cpu" and device else None
+    if gpu is not None:
         used = min(cfg.job.nproc_per_node, gpu.devices)
         share = gpu.price_per_hour * used / gpu.devices
         return Price(
