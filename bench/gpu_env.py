@@ -25,8 +25,11 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The distributions the bench imports (its data prepare and the trainer's parts), torch apart;
-# tests/bench/test_gpu_env.py checks this against what a --dry run really imports.
+# The distributions the bench imports, torch apart: its data prepare and the trainer's parts,
+# and for the launch mode the CLI (typer), the trainer's event files (tensorboard) and the
+# job's /metrics (prometheus-client). The rest of pyproject (kubernetes, boto3, jsonschema,
+# matplotlib, psutil, python-etcd) serves the cluster side, which a local GPU job never loads.
+# tests/bench/test_gpu_env.py checks this against what a --dry run of every mode imports.
 NEEDED = (
     "transformers",
     "tokenizers",
@@ -37,6 +40,9 @@ NEEDED = (
     "tomli-w",
     "pyyaml",
     "rich",
+    "typer",
+    "tensorboard",
+    "prometheus-client",
 )
 USABLE, NO_TORCH, MISSING = 0, 3, 4
 
