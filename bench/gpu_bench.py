@@ -149,7 +149,8 @@ def _setup(a: argparse.Namespace, mode: str, batch: int) -> tuple[Any, Any, Any,
         ],
     )
     rt = Runtime(Env(), kind, bf16=precision == "bf16")
-    bert = model.build(cfg, VOCAB, rt.options.attn_implementation).to(rt.device)
+    home = model.home_of(rt.kind, rt.device)  # as the trainer does: on the GPU itself
+    bert = model.build(cfg, VOCAB, rt.options.attn_implementation, home).to(rt.device)
     opt = optim.make_optimizer(cfg, bert, kind)
     compiled = mode.startswith("compile")
     stepper = Stepper(bert, opt, optim.make_scheduler(cfg, opt), rt, compile=compiled)

@@ -121,6 +121,20 @@ def test_weights_are_tied_and_the_same_on_every_rank() -> None:
     assert a.config.vocab_size == 512 and a.config.num_hidden_layers == 2
 
 
+def test_weights_are_made_on_the_device_asked_for_with_every_tensor_there_and_still_tied() -> None:
+    """The meta device stands in for a GPU: no tensor of the model is made on the host first."""
+    bert = model.build(tiny_cfg(), 512, "sdpa", torch.device("meta"))
+    assert {t.device.type for t in (*bert.parameters(), *bert.buffers())} == {"meta"}
+    assert bert.cls.predictions.decoder.weight is bert.bert.embeddings.word_embeddings.weight
+    assert torch.empty(1).device.type == "cpu"  # the device was the build's alone
+
+
+@pytest.mark.parametrize(("kind", "made_there"), [("cuda", True), ("cpu", False), ("xla", False)])
+def test_only_a_cuda_run_makes_its_weights_on_its_device(kind: str, made_there: bool) -> None:
+    device = torch.device("cuda", 3) if kind == "cuda" else torch.device("cpu")
+    assert model.home_of(kind, device) == (device if made_there else None)
+
+
 def test_encoder_parameter_count_matches_the_model() -> None:
     bert = model.build(tiny_cfg(), 1000)
     counted = sum(p.numel() for p in bert.bert.encoder.parameters())

@@ -9,6 +9,7 @@ mean. The loss is the same number as BertForPreTraining's own (tests/train/test_
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -48,13 +49,29 @@ def bert_config(
 
 
 def build(
-    cfg: JobConfig, vocab_size: int, attn_implementation: str | None = None
+    cfg: JobConfig,
+    vocab_size: int,
+    attn_implementation: str | None = None,
+    device: torch.device | str | None = None,
 ) -> BertForPreTraining:
-    """A fresh model (no download): the same weights on every rank for the same seed."""
+    """A fresh model (no download): the same weights on every rank for the same seed.
+
+    `device` is where the weights are made (home_of says which). BERT-large's 340M initial
+    draws take seconds on a host CPU, then a copy to the GPU; made on the GPU they take
+    milliseconds. The draws differ from the CPU's, not between ranks, and DDP starts every rank
+    from rank 0's weights anyway."""
     torch.manual_seed(cfg.train.seed)
-    model = BertForPreTraining(bert_config(cfg, vocab_size, attn_implementation))
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        model = BertForPreTraining(bert_config(cfg, vocab_size, attn_implementation))
     model.tie_weights()
     return model
+
+
+def home_of(kind: str, device: torch.device) -> torch.device | None:
+    """Where build makes a run's weights: on its CUDA device itself; anywhere else on the host
+    (None), as before: a CPU run is there already, and XLA takes a module built on the CPU (the
+    Neuron examples' way; its lazy tensors would trace every initial draw)."""
+    return device if kind == "cuda" else None
 
 
 class Pretraining(nn.Module):

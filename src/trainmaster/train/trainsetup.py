@@ -41,7 +41,12 @@ class TrainerSetup:
         )
         rt = self.rt
         self.plan = plan = checkpoint.agree_on_resume(plan, rt)
-        self.model = model_mod.build(cfg, plan.vocab_size, rt.options.attn_implementation)
+        self.model = model_mod.build(
+            cfg,
+            plan.vocab_size,
+            rt.options.attn_implementation,
+            model_mod.home_of(rt.kind, rt.device),
+        )
         if plan.resume is not None:
             checkpoint.load_model(plan.resume.path, self.model)
         nn.Module.to(self.model, device=rt.device, dtype=rt.model_dtype())

@@ -238,7 +238,8 @@ def save(
 
 
 def load_model(path: Path, model: nn.Module) -> None:
-    """Into the CPU model, before it moves to its device (tied weights are loaded once each)."""
+    """Into the model where it was built (on the host, or its CUDA device: one copy of each
+    tensor either way), before it moves to its device; tied weights are loaded once each."""
     state = torch.load(path / MODEL, map_location="cpu", weights_only=True)
     model.load_state_dict(state)
 
