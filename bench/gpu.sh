@@ -9,15 +9,15 @@
 #
 # On a CUDA machine, first the Python already there ($PYTHON, default python3): when its torch is
 # a CUDA build inside pyproject's range and the bench's other packages are there (gpu_env.py),
-# it runs on them, this checkout's src/ on PYTHONPATH, installing nothing (GPU nodes often reach
-# no registry). Missing packages are named; TRAINMASTER_WHEELS=DIR installs them from a folder
-# of wheels into .venv-gpu (which sees that Python's torch). No usable torch there, or
-# TRAINMASTER_GPU_INSTALL=1: .venv-gpu with torch==2.13.0 from PyPI (the Linux x86_64 wheel is a
-# CUDA build) and this project. --batch 0 fits the micro-batch to the GPU's memory.
-# --dry (or TRAINMASTER_GPU_DRY=1): installs nothing and runs on the CPU with $PYTHON (default
-# .venv/bin/python): bert-tiny in fp32, 2 steps, to check the arguments and the JSON shape.
-# The launch mode runs the CLI, so it needs all of pyproject's dependencies; where one is missing,
-# its result names it and the other modes still report.
+# it runs on them with this checkout's src/ on PYTHONPATH, installing nothing (GPU nodes often
+# reach no registry). Else it names what is missing, and TRAINMASTER_WHEELS=DIR installs that
+# from a folder of wheels (bench/gpu_wheels.py fills it) into .venv-gpu, beside that torch.
+# No usable torch, or TRAINMASTER_GPU_INSTALL=1: .venv-gpu with torch==2.13.0 from PyPI (the
+# Linux x86_64 wheel is a CUDA build) and this project. --batch 0 fits the micro-batch to the
+# GPU's memory. --dry (or TRAINMASTER_GPU_DRY=1): installs nothing and runs on the CPU with
+# $PYTHON (default .venv/bin/python): bert-tiny in fp32, 2 steps, to check the arguments and the
+# JSON shape. The launch mode runs the CLI; it needs no more than the other modes (gpu_env.py).
+#
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,12 +54,14 @@ if [ "${TRAINMASTER_GPU_INSTALL:-0}" != 1 ]; then
     if [ -z "${TRAINMASTER_WHEELS:-}" ]; then exit 2; fi
     # The machine's torch stays: .venv-gpu sees $py's own site-packages (a .pth file: $py may
     # itself be a venv, whose packages --system-site-packages would not show); only what is
-    # missing comes from DIR.
-    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    # missing comes from DIR. The venv gets no pip of its own (an image's Python may lack
+    # ensurepip): $py's pip installs into it, resolving against what it sees, the machine's too.
+    [ -x "$venv/bin/python" ] || "$py" -m venv --without-pip "$venv"
     "$py" -c 'import site; print("\n".join(site.getsitepackages()))' \
       > "$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')/machine-site.pth"
     read -r -a wanted <<< "$("$py" bench/gpu_env.py --missing || true)"
-    "$venv/bin/python" -m pip install --quiet --no-index --find-links "$TRAINMASTER_WHEELS" "${wanted[@]}"
+    "$py" -m pip --python "$venv/bin/python" install --quiet --no-index \
+      --find-links "$TRAINMASTER_WHEELS" "${wanted[@]}"
     "$venv/bin/python" bench/gpu_env.py
     PYTHONPATH="$src" exec "$venv/bin/python" bench/gpu_bench.py ${args[@]+"${args[@]}"}
   fi

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata as md
+import os
 import re
 import sys
 import tomllib
@@ -126,17 +127,23 @@ def main() -> int:
         print(" ".join(f"{p.split()[0]}{specs.get(_norm(p.split()[0]), '')}" for p in missing))
         return MISSING if missing else USABLE
     if missing:
+        wheels = os.environ.get("TRAINMASTER_WHEELS")
+        then = (
+            f"installing them into .venv-gpu from {wheels}"
+            if wheels
+            else "install them, or set TRAINMASTER_WHEELS to a folder of their wheels "
+            "(bench/gpu_wheels.py, on a machine with a registry), or TRAINMASTER_GPU_INSTALL=1 "
+            "to make .venv-gpu from PyPI"
+        )
         print(
             f"gpu.sh: {sys.executable} has torch {torch.__version__} (CUDA {torch.version.cuda}), "
-            f"but not what the bench needs: {', '.join(missing)}. Install them, or set "
-            "TRAINMASTER_WHEELS to a folder of their wheels (pip download on a machine with a "
-            "registry), or TRAINMASTER_GPU_INSTALL=1 to make .venv-gpu from PyPI",
+            f"but not what the bench needs: {', '.join(missing)}; {then}",
             file=sys.stderr,
         )
         return MISSING
     print(
         f"gpu.sh: using {sys.executable}: torch {torch.__version__} (CUDA {torch.version.cuda}), "
-        f"transformers {md.version('transformers')}; installing nothing",
+        f"transformers {md.version('transformers')}; nothing (more) to install",
         file=sys.stderr,
     )
     return USABLE

@@ -3,7 +3,8 @@
 A GPU node's image usually holds a CUDA torch and much of what the bench needs, but not all of
 it, or not in pyproject's ranges (one CUDA image here had transformers 5.17 and no pydantic).
 gpu.sh then installs what is missing from a folder of wheels (TRAINMASTER_WHEELS=DIR) into
-.venv-gpu, beside the image's torch. This fills that folder, on a machine that reaches PyPI:
+.venv-gpu, a venv beside the image's torch that sees the image's packages, with the image's own
+pip. This fills that folder, on a machine that reaches PyPI:
 
     python bench/gpu_wheels.py DIR [--python-version 3.12] [--have FILE]
 
