@@ -363,7 +363,19 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         cache = Path(d) / "storage" / "cache" / "default"
         cache.mkdir(parents=True)
-        results = [_run_child(a, mode, batch, data, cache) for mode in a.modes]
+        print(f"gpu_bench: micro-batch {batch}", file=sys.stderr, flush=True)
+        results = []
+        for mode in a.modes:
+            # Each mode's result as it comes, on stderr: a run stopped at a time limit (a lent
+            # machine's command has 600 s) still leaves what it measured in its output.
+            t0 = time.perf_counter()
+            results.append(_run_child(a, mode, batch, data, cache))
+            took = f"{time.perf_counter() - t0:.0f} s"
+            print(
+                f"gpu_bench: {mode} ({took}): {json.dumps(results[-1])}",
+                file=sys.stderr,
+                flush=True,
+            )
     import torch
 
     cuda = torch.cuda.is_available() and not a.dry

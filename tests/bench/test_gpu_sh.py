@@ -87,6 +87,9 @@ def test_dry_run_prints_one_json_line_of_the_real_shape(tmp_path: Path) -> None:
         out["published"]["seq_per_s"] == 580
         and "DeepLearningExamples" in out["published"]["source"]
     )
+    # Each mode's result also went to stderr as it came: what a run cut off at its limit keeps.
+    said = [x for x in r.stderr.splitlines() if x.startswith("gpu_bench: ") and "): {" in x]
+    assert [json.loads(x.partition("): ")[2]) for x in said] == out["results"]
     res, hand, ckpt, job, prof = out["results"]
     assert set(res) == {
         "mode",
