@@ -21,6 +21,7 @@ price_per_hour` can override the price):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -223,14 +224,19 @@ def get(name: str, *, where: str = "instance_type") -> InstanceType:
 
 
 # A GPU by the name its driver reports (torch.cuda.get_device_name: "NVIDIA H200") -> the
-# instance type whose per-GPU peak applies; the more specific name first.
+# instance type whose per-GPU peak applies. The instances carry the SXM parts: a PCIe or NVL
+# card of the same name has another peak (an H100 PCIe 756 dense bf16 TFLOP/s, not 989), and a
+# GH200 is not an H200, so the name must hold the model as a word and no other form factor.
 GPU_INSTANCES = (("H200", "p5e.48xlarge"), ("H100", "p5.48xlarge"), ("A100", "p4d.24xlarge"))
+OTHER_FORMS = re.compile(r"\b(PCIe|NVL)\b", re.IGNORECASE)
 
 
 def instance_for_device(name: str) -> InstanceType | None:
     """The instance type whose GPUs are named `name` by the driver ("NVIDIA H200"); None for
     a device the catalog does not know."""
-    return next((get(instance) for key, instance in GPU_INSTANCES if key in name), None)
+    if OTHER_FORMS.search(name):
+        return None
+    return next((get(inst) for key, inst in GPU_INSTANCES if re.search(rf"\b{key}\b", name)), None)
 
 
 def peak_for_device(name: str) -> tuple[float, str] | None:

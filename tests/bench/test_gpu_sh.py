@@ -3,6 +3,7 @@ real run needs a CUDA machine; README says whether it has run on one)."""
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import os
@@ -152,3 +153,36 @@ def test_a_launch_past_its_time_is_cancelled_not_left_training(
         gpu_modes.launch(a, 4, 30522)
     status = gpu_modes._cli(tmp_path, "status", gpu_modes.JOB, "--json")
     assert json.loads(status.stdout)["phase"] == "cancelled", status.stderr
+
+
+def test_the_micro_batch_fit_runs_in_a_child_and_a_failed_child_is_no_fit(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The fit probes each candidate in a process of its own (two steps, AdamW's state in the
+    second's peak): whatever ends that process, the parent goes on to the next candidate."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_bench
+
+    a = argparse.Namespace(data=str(tmp_path / "no-such-dataset"), dry=True)
+    assert gpu_bench._fits(a, 8) is False
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    # the reason is the child's last line (here: a loader over no shards at all)
+    assert said.startswith("gpu_bench: micro-batch 8: fits=False (") and "Error" in said
+
+
+@pytest.mark.parametrize(
+    ("line", "kept"),
+    [
+        ("checkpoint: staging block not page-locked (cudaErrorNotSupported)", True),
+        ("checkpoint: step-00000010 written through the page cache: EINVAL", True),
+        ("/x/torch/nn/functional.py:5: UserWarning: Flash attention was not used because", True),
+        ("warning: tensorboard is not installed; no TensorBoard events are written", True),
+        ("step 10 loss 7.1", False),
+        ("Traceback (most recent call last):", False),
+    ],
+)
+def test_a_modes_fallback_lines_go_with_its_figures(line: str, kept: bool) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_bench
+
+    assert bool(gpu_bench.NOTE.search(line)) is kept

@@ -34,12 +34,32 @@ def test_a_known_gpu_gets_its_instance_types_peak(name: str, instance: str) -> N
     assert metrics.peak_tflops_per_worker(0.0, name) == peak  # a local job: its instance has none
 
 
-def test_an_unknown_device_falls_back_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert catalog.peak_for_device("NVIDIA GeForce RTX 4090") is None
-    assert metrics.peak_tflops_per_worker(0.0, "NVIDIA GeForce RTX 4090") == 0.0  # MFU unknown
-    monkeypatch.setenv(metrics.PEAK_ENV, "165")
-    assert metrics.peak_tflops_per_worker(0.0, "NVIDIA GeForce RTX 4090") == 165.0
+@pytest.mark.parametrize(
+    "name",
+    [
+        "NVIDIA GeForce RTX 4090",
+        "NVIDIA H100 PCIe",  # 756 TFLOP/s, not the SXM part's 989
+        "NVIDIA H100 NVL",
+        "NVIDIA H200 NVL",
+        "NVIDIA A100 80GB PCIe",
+        "NVIDIA GH200 480GB",  # not an H200
+    ],
+)
+def test_a_card_the_catalog_does_not_carry_has_no_peak_and_no_price(name: str) -> None:
+    assert catalog.instance_for_device(name) is None and catalog.peak_for_device(name) is None
+    assert metrics.peak_tflops_per_worker(0.0, name) == 0.0  # MFU n/a, until you give the peak
+
+
+def test_the_environments_peak_wins_over_every_catalog_figure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert metrics.peak_tflops_per_worker(95.0, "NVIDIA H200") == 95.0  # the node type's first
+    monkeypatch.setenv(metrics.PEAK_ENV, "756")
+    assert metrics.peak_tflops_per_worker(0.0, "NVIDIA H100 PCIe") == 756.0
+    assert metrics.peak_tflops_per_worker(0.0, "NVIDIA H200") == 756.0
+    assert metrics.peak_tflops_per_worker(95.0, "NVIDIA H200") == 756.0
+    monkeypatch.setenv(metrics.PEAK_ENV, "not a number")
+    assert metrics.peak_tflops_per_worker(95.0, "NVIDIA H200") == 95.0
 
 
 def test_the_cost_line_names_the_gpu_rank_0_ran_on(tmp_path: Path) -> None:

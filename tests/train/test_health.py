@@ -188,3 +188,23 @@ def test_the_precompile_environment_marks_the_run() -> None:
             env[cache.PRECOMPILE_MARK] == "1" and cache.PRECOMPILE_MARK == "TRAINMASTER_PRECOMPILE"
         )
         assert cache.PRECOMPILE_MARK not in cache.env(kind, PurePosixPath("/c"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("workers", "need"), [(1, 32), (2, 256), (8, 256)])
+def test_a_gpu_node_needs_room_in_dev_shm_only_for_its_ranks_to_share(
+    tmp_path: Path, workers: int, need: int
+) -> None:
+    dev, ib = _fake_node(tmp_path, neuron=0, efa=0)
+    shm = _by_name(
+        health.node_checks(
+            kind="cuda",
+            inst=CATALOG["p5.48xlarge"],
+            local_workers=workers,
+            checkpoints=tmp_path,
+            checkpoint_mb=1,
+            keep=1,
+            dev=dev,
+            sys_ib=ib,
+        )
+    )["shm"]
+    assert shm.detail.endswith(f"need {need} MiB")

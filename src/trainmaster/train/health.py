@@ -15,7 +15,8 @@ Checks (each only where it applies; what a CPU run here cannot have is not check
   all_reduce   every rank's 4 MiB contribution sums exactly, with the bus bandwidth
                (2(n-1)/n x bytes / time, NCCL's convention: nccl-tests doc/PERFORMANCE.md)
   disk         free space where checkpoints go >= (keep_checkpoints + 1) x the checkpoint size
-  shm          free /dev/shm >= SHM_NEED_MB (NCCL and gloo put intra-node buffers there)
+  shm          free /dev/shm >= SHM_NEED_MB (NCCL and gloo put intra-node buffers there; a
+               node of one worker needs the CPU's figure whatever its device)
   neuron       trn: at least ceil(local workers / cores per device) /dev/neuronN devices; the
                Neuron runtime finds them there (Neuron docs, "Tutorial How to Build and Run a
                Neuron Container": `docker run --device=/dev/neuron0 ... neuron-ls`)
@@ -174,7 +175,10 @@ def node_checks(
     ]
     shm = dev / "shm"
     if shm.is_dir():
-        shm_free, shm_need = _free_mb(shm), SHM_NEED_MB.get(kind, 32)
+        # An accelerator's collectives use /dev/shm between the ranks of one node; one worker
+        # alone (a job on one GPU) has nothing to share there, like a CPU run.
+        shm_need = SHM_NEED_MB.get(kind, 32) if local_workers > 1 else SHM_NEED_MB["cpu"]
+        shm_free = _free_mb(shm)
         out.append(
             Check(
                 "shm",

@@ -6,9 +6,10 @@ go to TensorBoard (runs/JOB/tensorboard/). A resumed run first drops the lines (
 purge_step, the TensorBoard events) of steps after its checkpoint, so no step appears twice.
 
 MFU = seq/s x FLOPs per sequence / (world size x peak per worker); FLOPs per sequence count the
-masked-positions head (model.flops_per_seq, head="masked"). The peak is the catalog's for the
-job's instance type, or TRAINMASTER_PEAK_TFLOPS (a measured per-worker peak, e.g. from
-bench/train_throughput.py); with neither (a generic CPU host) mfu is null.
+masked-positions head (model.flops_per_seq, head="masked"). The peak is TRAINMASTER_PEAK_TFLOPS
+when set (a measured per-worker peak, e.g. from bench/train_throughput.py), else the catalog's
+for the job's instance type or for the local GPU by its name; with none (a generic CPU host)
+mfu is null.
 """
 
 from __future__ import annotations
@@ -43,18 +44,20 @@ KEYS = (
 
 
 def peak_tflops_per_worker(catalog_value: float, device: str = "") -> float:
-    """The job's node type's peak; else the catalog's for the device by its name (a local job on
-    a GPU: "NVIDIA H200"); else TRAINMASTER_PEAK_TFLOPS; else 0 (MFU not known)."""
+    """TRAINMASTER_PEAK_TFLOPS when set (a peak you measured, or one for a card the catalog
+    takes for another); else the job's node type's; else the catalog's for the device by its
+    name (a local job on a GPU: "NVIDIA H200"); else 0 (MFU not known)."""
+    raw = os.environ.get(PEAK_ENV, "")
+    try:
+        given = max(0.0, float(raw)) if raw else 0.0
+    except ValueError:
+        given = 0.0
+    if given > 0:
+        return given
     if catalog_value > 0:
         return catalog_value
     known = catalog.peak_for_device(device) if device else None
-    if known is not None:
-        return known[0]
-    raw = os.environ.get(PEAK_ENV, "")
-    try:
-        return max(0.0, float(raw)) if raw else 0.0
-    except ValueError:
-        return 0.0
+    return known[0] if known is not None else 0.0
 
 
 def mfu(seq_per_s: float, flops_per_seq: float, world: int, peak_tflops: float) -> float | None:
