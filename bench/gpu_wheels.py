@@ -90,7 +90,8 @@ def needed_there(
     install: set[str] = set()
     while True:
         wants: dict[str, list[Requirement]] = {}
-        for req in [*roots(), *(r for p in install for r in found[p][2])]:
+        # a project with no wheel here brings nothing: main() names it as missing
+        for req in [*roots(), *(r for p in install if p in found for r in found[p][2])]:
             if req.marker is None or req.marker.evaluate({**env, "extra": ""}):
                 wants.setdefault(canonicalize_name(req.name), []).append(req)
         grown = set(install)
@@ -121,7 +122,14 @@ def main() -> int:
         )
         return 2
     a.folder.mkdir(parents=True, exist_ok=True)
-    download(a.folder, a.python_version)
+    try:
+        download(a.folder, a.python_version)
+    except subprocess.CalledProcessError as exc:
+        print(
+            f"error: pip download failed ({exc.returncode}): does PyPI answer here?",
+            file=sys.stderr,
+        )
+        return 1
     found = wheels(a.folder)
     if a.have:
         keep = needed_there(found, read_have(a.have), a.python_version)

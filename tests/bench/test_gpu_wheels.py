@@ -4,6 +4,7 @@ from wheels' metadata and the machine's package list, without the machine."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -111,3 +112,30 @@ def test_the_lent_images_list_names_only_real_versions() -> None:
     have = gpu_wheels.read_have(ROOT / "bench" / "gpu-image.txt")
     assert have["transformers"] == Version("5.17.0") and "pydantic" not in have
     assert not gpu_env.satisfies(str(have["transformers"]), gpu_env.declared()["transformers"])
+
+
+@pytest.mark.usefixtures("needed")
+def test_a_needed_project_without_a_wheel_is_still_named(found) -> None:  # noqa: ANN001
+    del found["shellingham"]  # typer needs it; nothing downloaded for it
+    have = {"transformers": Version("4.57.6"), "typer": Version("0.28.0")}
+    assert "shellingham" in gpu_wheels.needed_there(found, have, "3.12") - found.keys()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--python-version", "312"], "--python-version 312: give X.Y"),
+        (["--have", "no-such-list.txt"], "--have no-such-list.txt: no such file"),
+    ],
+)
+def test_bad_arguments_say_which_and_download_nothing(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_wheels.py"), str(tmp_path / "kit"), *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {says}"), r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "kit").exists()
