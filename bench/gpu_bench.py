@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -210,6 +211,18 @@ def fit_probe(a: argparse.Namespace) -> dict[str, Any]:
     return {"fits": reserved <= FIT_SHARE * total, "reserved_gib": round(reserved / 2**30, 1)}
 
 
+def failure(proc: subprocess.CompletedProcess[str]) -> str:
+    """A child's failure in one line: its last line of stderr, and the signal that ended it (the
+    kernel's out-of-memory killer says nothing on stderr)."""
+    last = (proc.stderr.strip().splitlines() or [""])[-1]
+    if proc.returncode < 0:
+        killed = f"killed by {signal.Signals(-proc.returncode).name}"
+        if last:
+            return f"{killed} after: {last}"
+        return f"{killed} (out of host memory?)" if proc.returncode == -9 else killed
+    return last or f"exit {proc.returncode} with no output"
+
+
 def _fits(a: argparse.Namespace, batch: int) -> bool:
     cmd = [sys.executable, __file__, "--child", "fit", "--batch", str(batch), "--data", a.data]
     cmd += ["--dry"] if a.dry else []
@@ -219,7 +232,7 @@ def _fits(a: argparse.Namespace, batch: int) -> bool:
     if "reserved_gib" in probe:
         why = f"a peak of {probe['reserved_gib']} GiB reserved"
     elif proc.returncode != 0:
-        why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        why = failure(proc)
     else:
         why = "no GPU memory to count"
     print(f"gpu_bench: micro-batch {batch}: fits={probe['fits']} ({why})", file=sys.stderr)
@@ -327,7 +340,7 @@ def _run_child(
             environ |= {"TRAINMASTER_PEAK_TFLOPS": str(a.peak_tflops)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=environ)
     if proc.returncode != 0:
-        return {"mode": mode, "error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+        return {"mode": mode, "error": failure(proc)}
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     # A fallback says so on stderr (a staging block the driver would not page-lock, writes
     # without O_DIRECT): the figures beside it were measured that way, so it goes with them.

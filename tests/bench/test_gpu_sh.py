@@ -186,3 +186,26 @@ def test_a_modes_fallback_lines_go_with_its_figures(line: str, kept: bool) -> No
     import gpu_bench
 
     assert bool(gpu_bench.NOTE.search(line)) is kept
+
+
+@pytest.mark.parametrize(
+    ("code", "stderr", "says"),
+    [
+        (
+            1,
+            "x\nRuntimeError: CUDA error: out of memory\n",
+            "RuntimeError: CUDA error: out of memory",
+        ),
+        (-9, "", "killed by SIGKILL (out of host memory?)"),
+        (-11, "step 3\n", "killed by SIGSEGV after: step 3"),
+        (3, "", "exit 3 with no output"),
+    ],
+)
+def test_a_failed_child_is_told_in_one_line_with_its_signal(
+    code: int, stderr: str, says: str
+) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import gpu_bench
+
+    proc = subprocess.CompletedProcess(["child"], code, stdout="", stderr=stderr)
+    assert gpu_bench.failure(proc) == says
