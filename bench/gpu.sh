@@ -55,13 +55,22 @@ if [ "${TRAINMASTER_GPU_INSTALL:-0}" != 1 ]; then
     # The machine's torch stays: .venv-gpu sees $py's own site-packages (a .pth file: $py may
     # itself be a venv, whose packages --system-site-packages would not show); only what is
     # missing comes from DIR. The venv gets no pip of its own (an image's Python may lack
-    # ensurepip): $py's pip installs into it, resolving against what it sees, the machine's too.
+    # ensurepip): $py's pip installs into it (pip 22.3 and later can), resolving against what
+    # it sees, the machine's too; an older pip gets the venv a pip of its own.
     [ -x "$venv/bin/python" ] || "$py" -m venv --without-pip "$venv"
     "$py" -c 'import site; print("\n".join(site.getsitepackages()))' \
       > "$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')/machine-site.pth"
-    read -r -a wanted <<< "$("$py" bench/gpu_env.py --missing || true)"
-    "$py" -m pip --python "$venv/bin/python" install --quiet --no-index \
-      --find-links "$TRAINMASTER_WHEELS" "${wanted[@]}"
+    if "$py" -m pip --python "$venv/bin/python" --version >/dev/null 2>&1; then
+      pip=("$py" -m pip --python "$venv/bin/python")
+    else
+      "$venv/bin/python" -m pip --version >/dev/null 2>&1 || "$venv/bin/python" -m ensurepip --default-pip >/dev/null
+      pip=("$venv/bin/python" -m pip)
+    fi
+    missing=$("$py" bench/gpu_env.py --missing) || [ $? = 4 ] || exit 2
+    read -r -a wanted <<< "$missing"
+    if [ ${#wanted[@]} -gt 0 ]; then
+      "${pip[@]}" install --quiet --no-index --find-links "$TRAINMASTER_WHEELS" "${wanted[@]}"
+    fi
     "$venv/bin/python" bench/gpu_env.py
     PYTHONPATH="$src" exec "$venv/bin/python" bench/gpu_bench.py ${args[@]+"${args[@]}"}
   fi

@@ -21,8 +21,8 @@ Seq 128, max_pred 20, vocab 30,522, bf16 autocast, one GPU, the trainer's own pa
 (masked-positions-only MLM head, SDPA attention), fused AdamW, Stepper, ShardLoader and the
 runtime's pinned non-blocking copies (trainmaster.train.device.options_for("cuda")). Sequences
 are the built-in corpus prepared in a temp folder. --batch 0 fits the micro-batch: the largest
-of 512, 256, ... that runs a step without running out of memory (NVIDIA used 256 on an
-A100-80GB). Each mode runs in a fresh process, so time_to_first_step_s counts the imports,
+of 512, 256, ... whose two eager steps, in a process of their own, reserve at most 85% of the
+GPU's memory (NVIDIA used 256 on an A100-80GB). Each mode runs in a fresh process, so time_to_first_step_s counts the imports,
 CUDA start-up, model build and (compile) compilation, as a job's first step does. The timed
 steps are --steps after --warmup, the host reading the loss only at the end (as the trainer's
 CUDA path reads it every options.sync_every steps).
@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -182,10 +181,6 @@ def _precision(a: argparse.Namespace) -> str:
     return "fp32" if a.dry else "bf16"
 
 
-# The trainer's own fallback lines, and Python's warnings (torch says there why SDPA passed
-# over a kernel, or why a compile fell back).
-NOTE = re.compile(r"^(checkpoint|warning): |\w+Warning: ")
-
 # What a micro-batch may take of the GPU's memory in the fit: the other modes need more than the
 # eager Stepper (the hand-written loop runs the MLM head on every position; the launch's trainer
 # stages checkpoints), and the fit's own peak is the Stepper's alone.
@@ -216,7 +211,10 @@ def failure(proc: subprocess.CompletedProcess[str]) -> str:
     kernel's out-of-memory killer says nothing on stderr)."""
     last = (proc.stderr.strip().splitlines() or [""])[-1]
     if proc.returncode < 0:
-        killed = f"killed by {signal.Signals(-proc.returncode).name}"
+        try:
+            killed = f"killed by {signal.Signals(-proc.returncode).name}"
+        except ValueError:  # a real-time signal has no name
+            killed = f"killed by signal {-proc.returncode}"
         if last:
             return f"{killed} after: {last}"
         return f"{killed} (out of host memory?)" if proc.returncode == -9 else killed
@@ -236,7 +234,11 @@ def _fits(a: argparse.Namespace, batch: int) -> bool:
     else:
         why = "no GPU memory to count"
     print(f"gpu_bench: micro-batch {batch}: fits={probe['fits']} ({why})", file=sys.stderr)
+    FIT_REASONS.append(why)
     return bool(probe["fits"])
+
+
+FIT_REASONS: list[str] = []  # why each candidate did or did not fit, in order
 
 
 def child(a: argparse.Namespace) -> dict[str, Any]:
@@ -303,7 +305,7 @@ def _run_child(
     """One mode in a fresh process; the compile modes share one empty compile cache, so that
     compile runs cold and compile_warm after it warm (the trainer's cache settings). The cache
     is the default cacheset of the launch mode's storage (STORAGE/cache/default)."""
-    from gpu_modes import STORAGE_ENV
+    from gpu_modes import STORAGE_ENV, notes_in
     from trainmaster.compile.cache import env
     from trainmaster.train.step import COMPILE_SCOPE_ENV
 
@@ -344,9 +346,9 @@ def _run_child(
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     # A fallback says so on stderr (a staging block the driver would not page-lock, writes
     # without O_DIRECT): the figures beside it were measured that way, so it goes with them.
-    notes = [x for x in dict.fromkeys(proc.stderr.splitlines()) if NOTE.search(x)]
+    notes = notes_in([*result.get("notes", []), *proc.stderr.splitlines()])
     if notes:
-        result["notes"] = notes[:5]
+        result["notes"] = notes
     return result
 
 
@@ -409,7 +411,12 @@ def main(argv: list[str] | None = None) -> int:
             a.data = str(data)
             batch = next((b for b in CANDIDATES if _fits(a, b)), 0)
             if batch == 0:
-                print(json.dumps({"error": f"not even a micro-batch of {CANDIDATES[-1]} fits"}))
+                last = FIT_REASONS[-1] if FIT_REASONS else "none tried"
+                print(
+                    json.dumps(
+                        {"error": f"not even a micro-batch of {CANDIDATES[-1]} fits (last: {last})"}
+                    )
+                )
                 return 1
         cache = Path(d) / "storage" / "cache" / "default"
         cache.mkdir(parents=True)

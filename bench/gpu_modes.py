@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -201,6 +202,17 @@ def _cancel(root: Path) -> str:
     return "the job is cancelled"
 
 
+# The trainer's own fallback lines, Python's warnings (torch says there why SDPA passed over a
+# kernel) and torch's logged warnings and errors (W1205 12:00:00.1 ...: a graph break, a
+# recompile limit): a mode's figures were measured with them, so they go with its result.
+NOTE = re.compile(r"^(checkpoint|warning): |\w+Warning: |^[WE]\d{4} ")
+
+
+def notes_in(lines: list[str]) -> list[str]:
+    """The first five distinct NOTE lines."""
+    return [x for x in dict.fromkeys(lines) if NOTE.search(x)][:5]
+
+
 def launch(a: argparse.Namespace, batch: int, vocab: int) -> dict[str, Any]:
     root = Path(os.environ[STORAGE_ENV])
     job = _job_file(a, batch, root, vocab)
@@ -240,4 +252,6 @@ def launch(a: argparse.Namespace, batch: int, vocab: int) -> dict[str, Any]:
         "cost_line": next(
             (x.strip() for n in view["notes"] for x in n.splitlines() if "cost so far" in x), None
         ),
+        # the job's fallback and warning lines, as the other modes' (gpu_bench.NOTE)
+        "notes": notes_in([*run.stdout.splitlines(), *run.stderr.splitlines()]),
     }

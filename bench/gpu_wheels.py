@@ -15,6 +15,10 @@ those pip would install there: a package the target has at a version that every 
 it accepts stays out, with everything that only it needed. What would travel to a machine with a
 size limit is what is left; the last line says how much.
 
+Two things pip checks on the target that a freeze list cannot tell: the requirements of a
+package kept there (its metadata is on that machine only), and extras. A kept package that asks
+for a newer version of something this replaces fails the offline install there, by name.
+
 Needs `packaging` (transformers depends on it, so every .venv of this project has it).
 """
 
@@ -22,8 +26,10 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from email.parser import Parser
 from pathlib import Path
@@ -31,7 +37,7 @@ from pathlib import Path
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_env  # noqa: E402
@@ -67,12 +73,17 @@ def wheels(folder: Path) -> dict[str, tuple[Path, Version, list[Requirement]]]:
 
 
 def read_have(path: Path) -> dict[str, Version | None]:
+    """name -> version (None: there, version not given). A version that is no PEP 440 one
+    (Debian's `1.1build1`) leaves the package out, as if absent: pip passes it over too."""
     have: dict[str, Version | None] = {}
     for line in path.read_text().splitlines():
         line = line.split("#")[0].strip()
         if line:
             name, _, version = line.partition("==")
-            have[canonicalize_name(name.strip())] = Version(version) if version else None
+            try:
+                have[canonicalize_name(name.strip())] = Version(version) if version else None
+            except InvalidVersion:
+                continue
     return have
 
 
@@ -121,26 +132,32 @@ def main() -> int:
             f"error: --have {a.have}: no such file (a `pip list --format=freeze`)", file=sys.stderr
         )
         return 2
-    a.folder.mkdir(parents=True, exist_ok=True)
-    try:
-        download(a.folder, a.python_version)
-    except subprocess.CalledProcessError as exc:
-        print(
-            f"error: pip download failed ({exc.returncode}): does PyPI answer here?",
-            file=sys.stderr,
-        )
-        return 1
-    found = wheels(a.folder)
-    if a.have:
-        keep = needed_there(found, read_have(a.have), a.python_version)
-        missing = keep - found.keys()
-        if missing:
-            print(f"error: no wheel downloaded for {', '.join(sorted(missing))}", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        # Downloaded apart, then put in place: wheels an earlier run left in the folder (other
+        # versions, which pip might take there) are replaced, and a failed run changes nothing.
+        try:
+            download(Path(tmp), a.python_version)
+        except subprocess.CalledProcessError as exc:
+            print(
+                f"error: pip download failed ({exc.returncode}): does PyPI answer here?",
+                file=sys.stderr,
+            )
             return 1
-        for name, (whl, _, _) in found.items():
-            if name not in keep:
-                whl.unlink()
-        found = {n: found[n] for n in keep}
+        found = wheels(Path(tmp))
+        if a.have:
+            keep = needed_there(found, read_have(a.have), a.python_version)
+            missing = keep - found.keys()
+            if missing:
+                print(
+                    f"error: no wheel downloaded for {', '.join(sorted(missing))}", file=sys.stderr
+                )
+                return 1
+            found = {n: found[n] for n in keep}
+        a.folder.mkdir(parents=True, exist_ok=True)
+        for stale in a.folder.glob("*.whl"):
+            stale.unlink()
+        for name, (whl, version, reqs) in found.items():
+            found[name] = (Path(shutil.move(whl, a.folder / whl.name)), version, reqs)
     size = sum(whl.stat().st_size for whl, _, _ in found.values())
     for name in sorted(found):
         print(f"{found[name][0].name}")

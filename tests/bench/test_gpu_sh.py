@@ -177,15 +177,16 @@ def test_the_micro_batch_fit_runs_in_a_child_and_a_failed_child_is_no_fit(
         ("checkpoint: step-00000010 written through the page cache: EINVAL", True),
         ("/x/torch/nn/functional.py:5: UserWarning: Flash attention was not used because", True),
         ("warning: tensorboard is not installed; no TensorBoard events are written", True),
+        ("W1205 12:00:00.123000 77 torch/_dynamo/convert_frame.py:1 recompile limit", True),
         ("step 10 loss 7.1", False),
         ("Traceback (most recent call last):", False),
     ],
 )
 def test_a_modes_fallback_lines_go_with_its_figures(line: str, kept: bool) -> None:
     sys.path.insert(0, str(ROOT / "bench"))
-    import gpu_bench
+    import gpu_modes
 
-    assert bool(gpu_bench.NOTE.search(line)) is kept
+    assert gpu_modes.notes_in(["step 1", line, line]) == ([line] if kept else [])
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,10 @@ def test_on_a_bare_machine_everything_travels_and_nothing_is_counted_twice(found
 
 def test_the_package_list_takes_freeze_lines_bare_names_and_comments(tmp_path: Path) -> None:
     f = tmp_path / "have.txt"
-    f.write_text("# the image\nTorch==2.11.0\nhuggingface_hub==1.33.0  # listed\nh5py\n\n")
+    f.write_text(
+        "# the image\nTorch==2.11.0\nhuggingface_hub==1.33.0  # listed\nh5py\n\n"
+        "distro-info==1.1build1\n"  # Debian's, no PEP 440 version: as if absent, as pip does
+    )
     assert gpu_wheels.read_have(f) == {
         "torch": Version("2.11.0"),
         "huggingface-hub": Version("1.33.0"),

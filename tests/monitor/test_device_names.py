@@ -28,7 +28,10 @@ from trainmaster.train import metrics
         ("NVIDIA A100-SXM4-80GB", "p4d.24xlarge"),
     ],
 )
-def test_a_known_gpu_gets_its_instance_types_peak(name: str, instance: str) -> None:
+def test_a_known_gpu_gets_its_instance_types_peak(
+    name: str, instance: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(metrics.PEAK_ENV, raising=False)  # it would win
     peak, source = catalog.peak_for_device(name) or (0.0, "")
     assert source == instance and peak == catalog.get(instance).peak_tflops_per_worker > 0
     assert metrics.peak_tflops_per_worker(0.0, name) == peak  # a local job: its instance has none
@@ -45,7 +48,10 @@ def test_a_known_gpu_gets_its_instance_types_peak(name: str, instance: str) -> N
         "NVIDIA GH200 480GB",  # not an H200
     ],
 )
-def test_a_card_the_catalog_does_not_carry_has_no_peak_and_no_price(name: str) -> None:
+def test_a_card_the_catalog_does_not_carry_has_no_peak_and_no_price(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(metrics.PEAK_ENV, raising=False)
     assert catalog.instance_for_device(name) is None and catalog.peak_for_device(name) is None
     assert metrics.peak_tflops_per_worker(0.0, name) == 0.0  # MFU n/a, until you give the peak
 
@@ -53,6 +59,7 @@ def test_a_card_the_catalog_does_not_carry_has_no_peak_and_no_price(name: str) -
 def test_the_environments_peak_wins_over_every_catalog_figure(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.delenv(metrics.PEAK_ENV, raising=False)
     assert metrics.peak_tflops_per_worker(95.0, "NVIDIA H200") == 95.0  # the node type's first
     monkeypatch.setenv(metrics.PEAK_ENV, "756")
     assert metrics.peak_tflops_per_worker(0.0, "NVIDIA H100 PCIe") == 756.0
