@@ -130,8 +130,10 @@ def checkpoint(a: argparse.Namespace, batch: int, setup: Any) -> dict[str, Any]:
         run(max(2, a.warmup), 1)  # warm: the writer process up, its block sized (and pinned)
         writer.wait()
         host_waits.clear()
+        writer.gpu_stalls()  # the warm-up's
         plain = run(a.ckpt_steps, None)
         saved = run(a.ckpt_steps, a.ckpt_every)
+        gpu_waits = [seconds for _, seconds in writer.gpu_stalls()]  # run() ended on a sync
         writer.wait()
         writer.close()
     saves = len(host_waits)
@@ -144,6 +146,9 @@ def checkpoint(a: argparse.Namespace, batch: int, setup: Any) -> dict[str, Any]:
         "seq_per_s_with_saves": round(a.ckpt_steps * batch / saved, 2),
         "standstill_per_save_s": round((saved - plain) / saves, 3) if saves else None,
         "host_wait_per_save_s": round(statistics.median(host_waits), 4) if saves else None,
+        # the training stream's own wait for the copy, timed on the GPU (what the trainer's
+        # report counts with the host's); None on a CPU
+        "gpu_wait_per_save_s": round(statistics.median(gpu_waits), 4) if gpu_waits else None,
         "checkpoint_gb": round(written[-1].bytes / 1e9, 3) if written else None,
         "write_mb_per_s": round(written[-1].mb_per_s, 1) if written else None,
     }

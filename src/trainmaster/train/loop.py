@@ -111,6 +111,7 @@ class Trainer(TrainerSetup):
             ):  # the same steps on every rank
                 wd.where = f"step {step}: reading losses on the host"
                 stop = self._log(pending, window_t0, window_wall)  # the one host sync of the window
+                self._gpu_stalls()
             warm = first_step_s is not None
             if first_step_s is None:
                 first_step_s = time.time() - self.started
@@ -140,6 +141,16 @@ class Trainer(TrainerSetup):
             if waited is not None:
                 goodput.record(
                     self.plan.run.timeline, "checkpoint", t=t1, end=t1 + waited, step=self.saved
+                )
+
+    def _gpu_stalls(self) -> None:
+        """On a GPU, before_update only queues the stream's wait for the copy: how long the GPU
+        stood is read after a host sync, and is checkpoint time of its save as the host's is."""
+        if self.writer is not None:
+            now = time.time()
+            for saved, seconds in self.writer.gpu_stalls():
+                goodput.record(
+                    self.plan.run.timeline, "checkpoint", t=now - seconds, end=now, step=saved
                 )
 
     def _drain(self, step: int) -> None:

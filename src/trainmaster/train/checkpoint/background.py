@@ -81,6 +81,8 @@ class BackgroundWriter:
         self.waiting_for: int | None = None
         self._step: int | None = None
         self._fill: staging.Fill | None = None  # the last submit's copy, until before_update
+        self._fill_step = 0  # its step
+        self._stalls: list[tuple[int, staging.Fill]] = []  # timed GPU waits not yet read
         self._copying: staging.Fill | None = None  # the same, until the block is unmapped
 
     @property
@@ -124,14 +126,31 @@ class BackgroundWriter:
             answers.put(("error", exc, "".join(traceback.format_exception(exc))))
 
         self._fill = self._copying = staging.Fill(self._arena, tensors, then=send, failed=failed)
-        self._step = staged.step  # once a Fill exists: an answer will come
+        self._fill_step = self._step = staged.step  # once a Fill exists: an answer will come
 
     def before_update(self) -> float | None:
         """Before the optimizer changes the tensors of the last submit(): wait for their copy
         into the block (on a GPU, the training stream waits). The seconds waited here, or
         None when no copy was pending (the trainer counts the wait as checkpoint time)."""
         fill, self._fill = self._fill, None
-        return fill.before_update() if fill is not None else None
+        if fill is None:
+            return None
+        waited = fill.before_update()
+        if fill.stall_pending:
+            self._stalls.append((self._fill_step, fill))
+        return waited
+
+    def gpu_stalls(self) -> list[tuple[int, float]]:
+        """(step, seconds) of each save whose copy the training stream stood waiting for on
+        the GPU (where the host only queues the wait), once the GPU has got past it: call it
+        after a host sync. Each is given once."""
+        done = []
+        for step, fill in self._stalls:
+            seconds = fill.gpu_stall_s()
+            if seconds is not None:
+                done.append((step, seconds))
+        self._stalls = [(step, fill) for step, fill in self._stalls if fill.stall_pending]
+        return done
 
     def wait(self) -> None:
         """Block until no write is in flight; raise the exception of one that failed."""

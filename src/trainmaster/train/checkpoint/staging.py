@@ -204,6 +204,7 @@ class Fill:
         self._queued = threading.Event()  # every copy done (CPU) or queued on the side stream
         self._settled = threading.Event()  # the copies are over, done or failed
         self._copied: Any = None  # the side stream's event after the copies (CUDA)
+        self._stall: tuple[Any, Any] | None = None  # timing events around the stream's wait
         self._then, self._failed = then, failed
         devices = {t.device.type for t in tensors}
         cuda = next((t.device for t in tensors if t.is_cuda), None)
@@ -245,12 +246,37 @@ class Fill:
 
     def before_update(self) -> float:
         """Block until the optimizer may change the saved tensors; the seconds this thread
-        waited (on a GPU the wait is the stream's)."""
+        waited. On a GPU the wait is the stream's, between two timing events: gpu_stall_s()
+        reads how long it stood once the GPU has got past it."""
         t0 = time.perf_counter()
         self._queued.wait()
         if self._copied is not None:
-            torch.cuda.current_stream(self._copied.device).wait_event(self._copied)
+            stream = torch.cuda.current_stream(self._copied.device)
+            begin = stream.record_event(torch.cuda.Event(enable_timing=True))
+            stream.wait_event(self._copied)
+            self._stall = (begin, stream.record_event(torch.cuda.Event(enable_timing=True)))
         return time.perf_counter() - t0
+
+    @property
+    def stall_pending(self) -> bool:
+        """A stream's wait was timed and not yet read."""
+        return self._stall is not None
+
+    def gpu_stall_s(self) -> float | None:
+        """The seconds the training stream stood still for this copy, once; None while the GPU
+        has not got past the wait yet (a query, never a sync), or when there is nothing to read
+        (a timing that fails is dropped: it must not cost the training)."""
+        if self._stall is None:
+            return None
+        begin, end = self._stall
+        try:
+            if not end.query():
+                return None
+            seconds = float(begin.elapsed_time(end)) / 1000
+        except RuntimeError:
+            seconds = None
+        self._stall = None
+        return seconds
 
 
 def _view(buf: mmap.mmap, spec: Spec) -> torch.Tensor:
