@@ -29,7 +29,7 @@ class Event:
 
     def elapsed_time(self, end: Event) -> float:
         if not (self.timing and end.timing):
-            raise RuntimeError("Both events must be created with argument 'enable_timing=True'")
+            raise ValueError("Both events must be created with argument 'enable_timing=True'")
         return end.at_ms - self.at_ms
 
 

@@ -15,7 +15,10 @@ all times from time.time():
     {"event": "checkpoint", "t": T0, "end": T1, "step": S}   training stood still for the save of
                                                              step S (gather, wait for the previous
                                                              write, copy to CPU memory, the
-                                                             copy's rest before the next update);
+                                                             copy's rest before the next update,
+                                                             and on a GPU the stream's own wait
+                                                             for it, recorded after the next sync
+                                                             as [T1 - its length, T1]);
                                                              "final": true on the wait for the
                                                              last write as the trainer ends
     {"event": "save", "t": T0, "end": T1, "step": S, "bytes": N}
@@ -27,7 +30,8 @@ all times from time.time():
                                                              learns it from latest_checkpoint())
 
 breakdown() lays the events out as one timeline from launch to end in which every second is in
-exactly one category, so the parts always add up to the wall time. No torch here: `report`
+exactly one category, so the parts always add up to the wall time. A checkpoint wait inside a
+steps window stays in that window's training time there (save_stats counts it per save). No torch here: `report`
 (operator side) and the trainer (for summary.json) share this module.
 """
 

@@ -273,7 +273,7 @@ class Fill:
             if not end.query():
                 return None
             seconds = float(begin.elapsed_time(end)) / 1000
-        except RuntimeError:
+        except (RuntimeError, ValueError):  # torch: ValueError for an event without timing
             seconds = None
         self._stall = None
         return seconds
