@@ -22,8 +22,9 @@ Seq 128, max_pred 20, vocab 30,522, bf16 autocast, one GPU, the trainer's own pa
 runtime's pinned non-blocking copies (trainmaster.train.device.options_for("cuda")). Sequences
 are the built-in corpus prepared in a temp folder. --batch 0 fits the micro-batch: the largest
 of 512, 256, ... whose two eager steps, in a process of their own, reserve at most 85% of the
-GPU's memory (NVIDIA used 256 on an A100-80GB). Each mode runs in a fresh process, so time_to_first_step_s counts the imports,
-CUDA start-up, model build and (compile) compilation, as a job's first step does. The timed
+GPU's memory (NVIDIA used 256 on an A100-80GB). Each mode runs in a fresh process, so
+time_to_first_step_s counts the imports, CUDA start-up, model build and (compile) compilation,
+as a job's first step does. The timed
 steps are --steps after --warmup, the host reading the loss only at the end (as the trainer's
 CUDA path reads it every options.sync_every steps).
 

@@ -257,6 +257,6 @@ def launch(a: argparse.Namespace, batch: int, vocab: int) -> dict[str, Any]:
         "cost_line": next(
             (x.strip() for n in view["notes"] for x in n.splitlines() if "cost so far" in x), None
         ),
-        # the job's fallback and warning lines, as the other modes' (gpu_bench.NOTE)
+        # the job's fallback and warning lines, as the other modes' (NOTE)
         "notes": notes_in([*run.stdout.splitlines(), *run.stderr.splitlines()]),
     }

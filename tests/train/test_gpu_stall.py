@@ -94,7 +94,7 @@ def test_the_writer_gives_each_saves_gpu_wait_once_with_its_step(stream: Stream)
     writer = object.__new__(background.BackgroundWriter)
     writer._stalls = []
     for step in (10, 20):
-        writer._fill, writer._fill_step = copied_fill(), step
+        writer._fill, writer._step = copied_fill(), step
         writer.before_update()
     assert writer._fill is None and writer.gpu_stalls() == []  # the GPU is not past either yet
     events: dict[int, Any] = {10: writer._stalls[0][1]._stall, 20: writer._stalls[1][1]._stall}

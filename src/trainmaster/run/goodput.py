@@ -31,8 +31,8 @@ all times from time.time():
 
 breakdown() lays the events out as one timeline from launch to end in which every second is in
 exactly one category, so the parts always add up to the wall time. A checkpoint wait inside a
-steps window stays in that window's training time there (save_stats counts it per save). No torch here: `report`
-(operator side) and the trainer (for summary.json) share this module.
+steps window stays in that window's training time there (save_stats counts it per save). No
+torch here: `report` (operator side) and the trainer (for summary.json) share this module.
 """
 
 from __future__ import annotations

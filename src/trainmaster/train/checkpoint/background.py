@@ -81,7 +81,6 @@ class BackgroundWriter:
         self.waiting_for: int | None = None
         self._step: int | None = None
         self._fill: staging.Fill | None = None  # the last submit's copy, until before_update
-        self._fill_step = 0  # its step
         self._stalls: list[tuple[int, staging.Fill]] = []  # timed GPU waits not yet read
         self._copying: staging.Fill | None = None  # the same, until the block is unmapped
 
@@ -126,7 +125,7 @@ class BackgroundWriter:
             answers.put(("error", exc, "".join(traceback.format_exception(exc))))
 
         self._fill = self._copying = staging.Fill(self._arena, tensors, then=send, failed=failed)
-        self._fill_step = self._step = staged.step  # once a Fill exists: an answer will come
+        self._step = staged.step  # once a Fill exists: an answer will come
 
     def before_update(self) -> float | None:
         """Before the optimizer changes the tensors of the last submit(): wait for their copy
@@ -136,8 +135,8 @@ class BackgroundWriter:
         if fill is None:
             return None
         waited = fill.before_update()
-        if fill.stall_pending:
-            self._stalls.append((self._fill_step, fill))
+        if fill.stall_pending and self._step is not None:  # its step: wait() clears both
+            self._stalls.append((self._step, fill))
         return waited
 
     def gpu_stalls(self) -> list[tuple[int, float]]:
