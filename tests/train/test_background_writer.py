@@ -61,11 +61,22 @@ def release(folder: Path) -> None:
 
 
 def gone(pid: int) -> bool:
-    """Exited (a zombie counts: in a container nobody may reap an orphan)."""
+    """Exited (a zombie counts: in a container nobody may reap an orphan), every thread of it:
+    the main thread turns zombie while the others may still be exiting, and the process's open
+    files (a FIFO it reads) are closed only when the last of them has."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except (FileNotFoundError, ProcessLookupError):
         return True
+    return all(_state(t) in ("Z", None) for t in tasks)
+
+
+def _state(task: Path) -> str | None:
+    """A thread's state letter; None once it is gone."""
+    try:
+        return (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
 
 
 @pytest.fixture
