@@ -128,6 +128,49 @@ def test_a_run_still_starting_is_all_startup_and_one_restarting_is_restart() -> 
     assert goodput.breakdown([], launched_at=0, ended_at=5) is None
 
 
+def test_a_wait_inside_a_steps_window_is_checkpoint_time_where_it_falls() -> None:
+    """On CUDA a window covers several steps. Step 2 saves; step 3's update waits 0.5 s for
+    the copy (the host, inside the window 2-12); the GPU's own 0.3 s wait is read after the
+    window's sync and placed as [end - 0.3, end] across the window's end (12.1)."""
+    events = [
+        start(0),
+        steps(1, 2, 1, 2),
+        ckpt(2, 2.2, 2),  # staging, between windows
+        steps(2.2, 12, 3, 12),
+        ckpt(5, 5.5, 2),
+        ckpt(11.8, 12.1, 2),
+        steps(12.1, 22, 13, 22),
+    ]
+    g = goodput.breakdown(events)
+    assert g is not None
+    # 0.2 + 0.5 + 0.3 of checkpoint; windows of 1 + 9.8 + 9.9 s less 0.5 + 0.2 inside them.
+    assert g.seconds["checkpoint"] == pytest.approx(1.0)
+    assert g.seconds["productive"] == pytest.approx(1 + 9.8 - 0.7 + 9.9)
+    assert g.seconds["startup"] == pytest.approx(1) and g.seconds["other"] == pytest.approx(0)
+    assert sum(g.seconds.values()) == pytest.approx(g.wall) and g.wall == 22
+    assert [(s.kind, s.start, s.end) for s in g.spans if 2 <= s.start < 12.1] == [
+        ("checkpoint", 2, pytest.approx(2.2)),
+        ("productive", pytest.approx(2.2), 5),
+        ("checkpoint", 5, 5.5),
+        ("productive", 5.5, pytest.approx(11.8)),
+        ("checkpoint", pytest.approx(11.8), 12),
+        ("checkpoint", 12, pytest.approx(12.1)),
+    ]
+    # The stand-still per save agrees: step 2's three waits.
+    assert goodput.save_stats(events)["per_save_blocked_s"] == pytest.approx(1.0)
+
+
+def test_a_wait_in_a_window_later_redone_is_still_checkpoint_time() -> None:
+    """Resumed after step 4: the window 3-6 (4 s) is half lost; a 1 s wait in its lost half
+    comes out of the lost time, and the wall still adds up."""
+    events = [start(0), steps(1, 2, 1, 2), steps(2, 6, 3, 6), ckpt(5, 6, 2), start(10, 4)]
+    g = goodput.breakdown(events, ended_at=12)
+    assert g is not None and g.steps_lost == 2
+    assert g.seconds["checkpoint"] == pytest.approx(1) and g.seconds["lost"] == pytest.approx(1)
+    assert g.seconds["productive"] == pytest.approx(1 + 2)
+    assert sum(g.seconds.values()) == pytest.approx(g.wall)
+
+
 def test_save_stats_sum_writes_and_stalls() -> None:
     events = [
         ckpt(10, 10.2, 10),

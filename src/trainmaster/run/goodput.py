@@ -31,12 +31,14 @@ all times from time.time():
 
 breakdown() lays the events out as one timeline from launch to end in which every second is in
 exactly one category, so the parts always add up to the wall time. A checkpoint wait inside a
-steps window stays in that window's training time there (save_stats counts it per save). No
-torch here: `report` (operator side) and the trainer (for summary.json) share this module.
+steps window (the copy's rest before the next update; a GPU's wait, placed at the end of the
+window it was read in) is cut out of that window where it falls: checkpoint time, not training,
+as save_stats counts it per save. No torch here: `report` (operator side) and the trainer (for summary.json) share this module.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import statistics
@@ -225,10 +227,47 @@ def breakdown(
             put("lost", split, t1)
             stepping = seen_step = True
     put("other" if seen_step and stepping else ("restart" if seen_step else "startup"), cursor, end)
+    waits = [
+        (float(i["t"]) - launch, float(i["end"]) - launch)
+        for a in attempts
+        for i in a.items
+        if i["event"] == "checkpoint"
+    ]
+    spans = _cut_out(spans, _merged(waits))
     seconds = dict.fromkeys(KINDS, 0.0)
     for s in spans:
         seconds[s.kind] += s.end - s.start
     return Goodput(max(0.0, end - launch), seconds, lost_steps, len(attempts) - 1, tuple(spans))
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for t0, t1 in sorted(intervals):
+        if out and t0 <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], t1))
+        elif t1 > t0:
+            out.append((t0, t1))
+    return out
+
+
+def _cut_out(spans: list[Span], waits: list[tuple[float, float]]) -> list[Span]:
+    """The spans with every checkpoint wait (sorted, disjoint) that falls inside one of another
+    kind made a checkpoint span of its own, in place: the total stays the wall time."""
+    starts = [w[0] for w in waits]
+    out: list[Span] = []
+    for s in spans:
+        pos, i = s.start, max(0, bisect.bisect_right(starts, s.start) - 1)
+        while s.kind != "checkpoint" and i < len(waits) and waits[i][0] < s.end:
+            w0, w1 = max(waits[i][0], pos), min(waits[i][1], s.end)
+            if w1 > w0:
+                if w0 > pos:
+                    out.append(Span(s.kind, pos, w0))
+                out.append(Span("checkpoint", w0, w1))
+                pos = w1
+            i += 1
+        if s.end > pos:
+            out.append(Span(s.kind, pos, s.end))
+    return out
 
 
 def save_stats(
