@@ -222,7 +222,8 @@ def failure(proc: subprocess.CompletedProcess[str]) -> str:
     return last or f"exit {proc.returncode} with no output"
 
 
-def _fits(a: argparse.Namespace, batch: int) -> bool:
+def _fits(a: argparse.Namespace, batch: int) -> tuple[bool, str]:
+    """Whether `batch` fits, probed in a child of its own, and why (its peak or its end)."""
     cmd = [sys.executable, __file__, "--child", "fit", "--batch", str(batch), "--data", a.data]
     cmd += ["--dry"] if a.dry else []
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -235,11 +236,17 @@ def _fits(a: argparse.Namespace, batch: int) -> bool:
     else:
         why = "no GPU memory to count"
     print(f"gpu_bench: micro-batch {batch}: fits={probe['fits']} ({why})", file=sys.stderr)
-    FIT_REASONS.append(why)
-    return bool(probe["fits"])
+    return bool(probe["fits"]), why
 
 
-FIT_REASONS: list[str] = []  # why each candidate did or did not fit, in order
+def _pick(a: argparse.Namespace) -> tuple[int, str]:
+    """The first of CANDIDATES (largest first) that fits, or 0; with the last reason given."""
+    why = "none tried"
+    for batch in CANDIDATES:
+        fits, why = _fits(a, batch)
+        if fits:
+            return batch, why
+    return 0, why
 
 
 def child(a: argparse.Namespace) -> dict[str, Any]:
@@ -410,9 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         batch = a.batch
         if batch == 0:
             a.data = str(data)
-            batch = next((b for b in CANDIDATES if _fits(a, b)), 0)
+            batch, last = _pick(a)
             if batch == 0:
-                last = FIT_REASONS[-1] if FIT_REASONS else "none tried"
                 print(
                     json.dumps(
                         {"error": f"not even a micro-batch of {CANDIDATES[-1]} fits (last: {last})"}

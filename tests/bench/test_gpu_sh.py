@@ -164,8 +164,10 @@ def test_the_micro_batch_fit_runs_in_a_child_and_a_failed_child_is_no_fit(
     import gpu_bench
 
     a = argparse.Namespace(data=str(tmp_path / "no-such-dataset"), dry=True)
-    assert gpu_bench._fits(a, 8) is False
+    fits, why = gpu_bench._fits(a, 8)
+    assert fits is False
     said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.endswith(f"({why})")
     # the reason is the child's last line (here: a loader over no shards at all)
     assert said.startswith("gpu_bench: micro-batch 8: fits=False (") and "Error" in said
 
