@@ -7,7 +7,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from trainmaster.train import watchdog
+from trainmaster.storage import RunPaths
+from trainmaster.train import scriptnet, watchdog
 from trainmaster.train.watchdog import Watchdog, derived_timeout
 
 
@@ -94,3 +95,22 @@ def test_unreadable_lines_are_skipped(tmp_path: Path) -> None:
     path = tmp_path / "hangs.jsonl"
     path.write_text('{"t": 1, "rank": 0}\nnot json\n')
     assert watchdog.read_hangs(path) == []
+
+
+def test_a_hang_says_once_where_the_rank_stood(tmp_path: Path) -> None:
+    """The label of a point between steps ("after step 4", what a custom script's progress
+    sets) is the whole place; a phase of the next step is said after the last step done."""
+    net = scriptnet.Net(RunPaths(tmp_path), rank=0, node=0, hang_timeout=5.0)
+    net.progress(4)  # a script's log_metrics(4) or heartbeat(): the watchdog is not started
+
+    def said(where: str) -> str:
+        step = net.watchdog.step
+        hang = watchdog.Hang(0.0, 0, 0, step, 6.0, where, timeout_s=5.0, dump="hang-rank0.txt")
+        return hang.describe()
+
+    head = "rank 0 on node 0: no step for 6 s (timeout 5 s) "
+    assert said(net.watchdog.where) == head + "after step 4"
+    net.checkpoint_saved(4)
+    assert said(net.watchdog.where) == head + "after the checkpoint of step 4"
+    loop = "step 5: data, forward, backward (gradient all_reduce), optimizer"  # train/loop.py
+    assert said(loop) == head + f"after step 4, last in {loop}"

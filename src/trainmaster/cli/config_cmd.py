@@ -13,7 +13,7 @@ from rich.table import Table
 
 from trainmaster import api
 from trainmaster.backends.kubernetes.volcano import ETCD_VERSIONS
-from trainmaster.cli.options import JobFileArg, SetOpt, target
+from trainmaster.cli.options import JobFileArg, SetOpt, target, write_output
 from trainmaster.errors import UserError
 
 config_app = typer.Typer(
@@ -37,9 +37,10 @@ def init(
     if out_file is None:
         typer.echo(text, nl=False)
         return
-    if out_file.exists() and not force:
+    # a folder is no file to --force over: write_output refuses it, saying so
+    if out_file.exists() and not out_file.is_dir() and not force:
         raise UserError("exists; pass --force to replace it", where=str(out_file))
-    out_file.write_text(text, encoding="utf-8")
+    write_output(out_file, text, option="--out")
     typer.echo(
         f"wrote {out_file} (preset {preset}); next: trainmaster config show {out_file}", err=True
     )

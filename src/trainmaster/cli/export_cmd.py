@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from trainmaster import api
-from trainmaster.cli.options import ImageOpt, JobArg, JobFileArg, SetOpt, target
+from trainmaster.cli.options import ImageOpt, JobArg, JobFileArg, SetOpt, target, write_output
 from trainmaster.errors import UserError
 from trainmaster.export import torchx
 from trainmaster.storage import RunPaths, Storage
@@ -38,7 +38,7 @@ def torchx_component(
     if out is None:
         typer.echo(text, nl=False)
         return
-    out.write_text(text, encoding="utf-8")
+    write_output(out, text, option="--out")
     fn = cfg.job.name.replace("-", "_")
     typer.echo(
         f"wrote {out}; run it with `torchx run -s kubernetes -cfg queue={cfg.kubernetes.queue} "

@@ -23,6 +23,7 @@ from trainmaster.cli.options import (
     WaitLockOpt,
     lock_waiting,
     target,
+    write_output,
 )
 from trainmaster.errors import JobFailed, UserError
 
@@ -63,7 +64,10 @@ def launch(
     ] = None,
     save_job: Annotated[
         Path | None,
-        typer.Option(metavar="FILE", help="SCRIPT.py: write the job file of this launch"),
+        typer.Option(
+            metavar="FILE",
+            help="SCRIPT.py: write the job file of this launch once its checks pass (with --dry-run too: a job file without launching)",
+        ),
     ] = None,
 ) -> None:
     """Start a job: one torchrun agent per node, each worker running the job's entrypoint.
@@ -74,16 +78,9 @@ def launch(
     if file.endswith(".py"):
         cfg = api.script_job(file, list(ctx.args), nnodes=nnodes or 1,
                              nproc_per_node=nproc_per_node or 1, name=name, overrides=overrides)  # fmt: skip
-        text = api.script_job_text(cfg)
-        if save_job is not None:
-            save_job.write_text(text, encoding="utf-8")
-            typer.echo(
-                f"wrote {save_job}: `trainmaster launch {save_job}` runs this job again", err=True
-            )
-        else:
-            typer.echo(
-                "# the job file of this launch (--save-job FILE writes it):\n" + text, err=True
-            )
+        if save_job is None:
+            typer.echo("# the job file of this launch (--save-job FILE writes it):\n"
+                       + api.script_job_text(cfg), err=True)  # fmt: skip
     else:
         script_only = {"--nnodes": nnodes, "--nproc-per-node": nproc_per_node, "--name": name,
                        "--save-job": save_job}  # fmt: skip
@@ -96,7 +93,11 @@ def launch(
         cfg = api.load_job_for(file, overrides, where)
     backend = api.backend(where, cfg, api.LaunchOptions(resume=resume, image=image))
     dry = backend.plan(cfg, wait_lock_s=wait_lock)
+    if save_job is not None:  # checked, so the file names a job that can run; before submit(),
+        # so a path the system refuses stops the launch before anything starts
+        write_output(save_job, api.script_job_text(cfg), option="--save-job")
     if dry_run and not dry_run_server:
+        _saved(save_job, launched=False)
         typer.echo(dry.render(), nl=False)
         return
     sub = backend.submit(
@@ -109,8 +110,24 @@ def launch(
         typer.echo(note, err=True)
     for line in sub.lines:
         typer.echo(line)
+    _saved(save_job, launched=not dry_run_server)
     if follow and not dry_run_server:
         follow_job(backend, sub.job)
+
+
+def _saved(save_job: Path | None, *, launched: bool) -> None:
+    """What to do with the job file --save-job wrote. After a launch it names a job that now
+    exists, so launching it as it is would be refused (job exists): say what works."""
+    if save_job is None:
+        return
+    if not launched:
+        typer.echo(f"wrote {save_job}: `trainmaster launch {save_job}` runs this job", err=True)
+        return
+    typer.echo(
+        f"wrote {save_job}: `trainmaster launch {save_job} --resume` continues this job; "
+        "change job.name in it for a new one",
+        err=True,
+    )
 
 
 def follow_job(backend: Backend, job: str) -> None:
@@ -182,7 +199,7 @@ def logs(
 def cancel(
     ctx: typer.Context,
     job: JobArg,
-    grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL")] = 10.0,
+    grace: Annotated[float, typer.Option(min=0, help="Seconds between SIGTERM and SIGKILL")] = 10.0,
 ) -> None:
     """Stop a job: SIGTERM to each node's process group, SIGKILL after the grace period (kubernetes: delete the Volcano job)."""
     backend, name = api.backend_for_job(target(ctx), job)

@@ -7,11 +7,13 @@ stored in ctx.obj as an api.Target; a command reads them with target(ctx).
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from trainmaster import api
+from trainmaster import api, files
+from trainmaster.errors import UserError
 
 if TYPE_CHECKING:
     from trainmaster.compile import lock
@@ -90,6 +92,25 @@ def lock_waiting(cacheset: str, wait_s: float) -> Callable[[lock.Holder], None]:
 ImageOpt = Annotated[
     str | None, typer.Option(help="kubernetes: training image (else kubernetes.image)")
 ]
+
+
+def write_output(path: Path, text: str, *, option: str) -> None:
+    """Write a file the user named with OPTION whole or not at all (files.write_atomic: a
+    temporary beside it, renamed over it), so a full disk or a Ctrl-C never leaves half a job
+    file; a path the system refuses is the user's to fix, so it is a UserError, not a trace."""
+    try:
+        files.write_atomic(path, text)
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {_why(exc, path)}", where=option) from exc
+
+
+def _why(exc: OSError, path: Path) -> str:
+    """What the system said, and the fix."""
+    if isinstance(exc, IsADirectoryError) or path.is_dir():
+        return "it is a folder; name a file (one inside it, say)"
+    if isinstance(exc, FileNotFoundError):
+        return f"no folder {path.parent}; create it first, or name a file in an existing folder"
+    return f"{exc.strerror or exc}; name a file in a folder you can write to"
 
 
 def target(ctx: typer.Context) -> api.Target:

@@ -57,9 +57,15 @@ class Hang:
     dump: str  # the stack dump's file name, in the run's logs folder
 
     def describe(self) -> str:
+        # A label between steps ("after step 4", "after the checkpoint of step 4": the
+        # trainer's and a script's) already says where the rank stood; a phase of the next
+        # step ("step 5: loss all_reduce") is said after the last step done.
+        where = self.where
+        if not where.startswith("after "):
+            where = f"after step {self.step}, last in {where}"
         return (
             f"rank {self.rank} on node {self.node}: no step for {self.no_step_s:.0f} s "
-            f"(timeout {self.timeout_s:.0f} s) after step {self.step}, last in {self.where}"
+            f"(timeout {self.timeout_s:.0f} s) {where}"
         )
 
 

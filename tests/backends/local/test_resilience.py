@@ -57,7 +57,9 @@ def test_hung_rank_is_dumped_and_the_job_restarts_from_its_checkpoint(
     text = " ".join(shown.stdout.split())  # rich wraps long lines
     for h in hangs:  # each hung rank's own line: the stuck one, and any peer that waited for it
         assert f"hang: rank {h.rank} on node {h.node}: no step for {h.no_step_s:.0f} s" in text
-        assert f"after step {h.step}, last in {h.where} (stacks in logs/{h.dump})" in text
+        # Between steps the label says where it stood; inside one, after which step it was.
+        at = h.where if h.where.startswith("after ") else f"after step {h.step}, last in {h.where}"
+        assert f"(timeout {h.timeout_s:.0f} s) {at} (stacks in logs/{h.dump})" in text
 
 
 def test_a_node_failing_preflight_stops_the_job_naming_node_and_check(

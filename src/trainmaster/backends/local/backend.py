@@ -4,6 +4,7 @@ the run folder as monitor/ reads it (status, logs, list, top, TensorBoard)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
 from trainmaster.monitor import progress, runinfo
 from trainmaster.run import state
-from trainmaster.storage import Storage
+from trainmaster.storage import ENV_VAR, Storage
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,19 @@ class LocalDryRun(DryRun):
         for i, cmd in enumerate(self.plan.commands):
             lines += [f"# node {i}", " ".join(cmd)]
         return "\n".join(lines) + "\n"
+
+
+def _could_create(store: Storage) -> None:
+    """plan()'s storage check, which creates nothing (a dry run must leave no folder behind):
+    the root, or the nearest folder above it that exists, is one this process may write in.
+    submit() then creates the root and writes to it (Storage.ensure_writable)."""
+    existing = next((p for p in (store.root, *store.root.parents) if p.exists()), store.root)
+    if not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+        raise UserError(
+            f"storage is not writable ({existing} is no folder this user may write in); "
+            f"pass --storage PATH or set ${ENV_VAR}",
+            where=str(store.root),
+        )
 
 
 @dataclass(frozen=True)
@@ -89,7 +103,7 @@ class LocalBackend:
                 f"{store.cache_dir(cfg.train.cacheset)}"
             )
             return LocalDryRun(pre.job.name, self.name, "precompile", (note,), pre, store, plan)
-        store.ensure_writable()
+        _could_create(store)
         plan = dataclasses.replace(
             local.plan(cfg, store, resume=self.resume), lock_wait_s=wait_lock_s
         )
@@ -121,6 +135,7 @@ class LocalBackend:
                 dry.cfg, dry.store, dry.plan, on_wait=on_wait, on_start=started
             )
             return Submitted(dry.job, (), result=result)
+        dry.store.ensure_writable()  # plan() only looked (_could_create): a dry run makes nothing
         st = local.start(dry.cfg, dry.store, dry.plan, on_wait=on_wait)
         notes = (dry.plan.compile_note,) if dry.plan.compile_note else ()
         return Submitted(
