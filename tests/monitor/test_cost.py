@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from trainmaster.config import jobfile
-from trainmaster.monitor import cost, history, runinfo
+from trainmaster.monitor import cost, history, runinfo, segments
 from trainmaster.storage import Storage
 
 
@@ -25,12 +25,28 @@ def test_segments_and_times_across_a_restart() -> None:
     before = rows(range(1, 11), 0.0, 2.0, first_extra=30.0)  # steps 1-10, then killed
     after = rows(range(11, 16), 0.0, 1.0, first_extra=20.0)  # restarted: elapsed_s starts again
     all_rows = before + after
-    assert [len(s) for s in history.segments(all_rows)] == [10, 5]
-    assert history.trained_s(all_rows) == pytest.approx(50.0 + 25.0)
+    assert [len(s) for s in segments.segments(all_rows)] == [10, 5]
+    assert segments.trained_s(all_rows) == pytest.approx(50.0 + 25.0)
     # Recent steps of the newest process, its first (start-up) step left out.
-    assert history.step_s(all_rows) == pytest.approx(1.0)
-    assert history.step_s(rows(range(1, 2), 0.0, 2.0, 30.0)) == pytest.approx(32.0)
-    assert history.step_s([]) is None
+    assert segments.step_s(all_rows) == pytest.approx(1.0)
+    assert segments.step_s(rows(range(1, 2), 0.0, 2.0, 30.0)) == pytest.approx(32.0)
+    assert segments.step_s([]) is None
+
+
+def test_an_early_restart_is_a_new_segment_where_the_timeline_says_it_began() -> None:
+    """Killed after 4 s at step 8; the next process resumed after step 5 and took 5 s to start:
+    its elapsed_s (5.5, 6, ...) never goes back, so only the timeline's resume tells."""
+    before = rows(range(1, 6), 0.0, 0.5, first_extra=1.5)  # steps 1-5 up to 4.0 s
+    after = rows(range(6, 26), 0.0, 0.5, first_extra=5.0)  # its rows 6-8 replaced these
+    assert len(segments.segments(before + after)) == 1  # what elapsed_s alone says
+    split = segments.segments(before + after, resumed=[0, 5])
+    assert [len(s) for s in split] == [5, 20]
+    assert segments.trained_s(before + after, [0, 5]) == pytest.approx(4.0 + 15.0)
+    assert segments.step_s(before + after, [0, 5]) == pytest.approx(0.5)
+    # The ETA runs on the newest process's clock alone (mixed with the killed one's: 0.55 s).
+    assert segments.step_s(before + after) == pytest.approx(0.55)
+    p = cost.progress(before + after, 125, "running", 30.0, None, resumed=[0, 5])
+    assert p.eta_s == pytest.approx(100 * 0.5)
 
 
 def test_progress_eta_and_cost() -> None:

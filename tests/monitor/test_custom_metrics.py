@@ -14,8 +14,8 @@ from PIL import Image
 from tests.conftest import assert_user_error, run_cli
 from trainmaster import api
 from trainmaster.config import jobfile
-from trainmaster.monitor import report, runinfo
-from trainmaster.run import state
+from trainmaster.monitor import progress, report, runinfo
+from trainmaster.run import goodput, state
 from trainmaster.storage import RunPaths, Storage
 
 
@@ -131,3 +131,22 @@ def test_report_without_metrics(tmp_path: Path) -> None:
     assert_user_error(
         run_cli("report", "bert", "--storage", str(tmp_path)), "job bert has no metrics yet"
     )
+
+
+def test_a_scripts_checkpoints_show_in_status_and_report(tmp_path: Path) -> None:
+    """A script's step_N folders carry no meta file (worker.checkpoint_saved publishes them by
+    a rename): status names the newest; its saves are its checkpoint_saved calls, which write
+    no background-write events, and report counts them."""
+    run = custom_run(tmp_path, "gpt", ROWS, phase="running")
+    for step in (20, 40):
+        (run.checkpoints / f"step_{step}").mkdir(parents=True)
+    (run.checkpoints / ".tmp-step_60").mkdir()  # being written
+    for step, t in ((20, 1020.0), (40, 1040.0)):
+        goodput.record(run.timeline, "checkpoint", t=t, end=t + 0.5, step=step)
+    record = progress.of_status(runinfo.status(Storage(tmp_path), "gpt"), run)
+    assert record.last_checkpoint == 40
+    assert any(n.endswith("last checkpoint: step 40") for n in record.notes)
+    rep = report.summarize(run, "gpt", ROWS)
+    assert rep.saves is not None and rep.saves["count"] == 2
+    row = dict(rep.goodput_rows())["checkpoint saves"]
+    assert row == "2; training stood still 0.50 s per save (at most 0.50 s)"

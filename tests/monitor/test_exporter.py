@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainmaster.monitor import exporter
-from trainmaster.run import goodput
+from trainmaster.monitor import exporter, progress, report, runinfo
+from trainmaster.run import goodput, state
 from trainmaster.run.metrics import RUN_DIR_ENV, log_metrics
 from trainmaster.storage import RunPaths
 from trainmaster.train import watchdog
@@ -98,3 +101,38 @@ def test_a_local_job_announces_its_port_for_file_sd_and_withdraws_it(tmp_path: P
     finally:
         served.stop()
     assert not (run.dir / exporter.TARGETS).exists()
+
+
+def test_a_relaunched_job_reads_the_same_in_status_report_and_metrics(tmp_path: Path) -> None:
+    """`launch --resume` 100 s after a first launch that ended with a summary: the old summary
+    is not this run's end, the restarts come from this launch's timeline while it runs (rank 0
+    restarted once), and status, report and /metrics measure goodput over one window."""
+    run = RunPaths(tmp_path / "runs" / "demo")
+    run.dir.mkdir(parents=True)
+    first, now = 1_000.0, time.time()
+    second = now - 100
+    goodput.record(run.timeline, "start", t=first + 5, step=0, compiles=False)
+    goodput.record(run.timeline, "steps", t=first + 6, end=first + 56, first=1, last=50)
+    goodput.record(run.timeline, "start", t=second + 10, step=50, compiles=False)
+    goodput.record(run.timeline, "steps", t=second + 12, end=second + 30, first=51, last=60)
+    goodput.record(run.timeline, "start", t=second + 40, step=60, compiles=False)  # a restart
+    goodput.record(run.timeline, "steps", t=second + 45, end=second + 90, first=61, last=100)
+    rows = [{"step": s, "loss": 1.0, "elapsed_s": float(s % 50 + 1)} for s in range(1, 101)]
+    run.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run.summary.write_text(json.dumps({"status": "stopped", "steps": 50, "restarts": 3}))
+    os.utime(run.summary, (first + 60, first + 60))  # written as the first launch ended
+    st = state.RunState(job="demo", phase="running", started_at=second)
+    state.write(run.state, st)
+
+    s = runinfo.status_of(run, st)
+    assert s.summary is None and s.restarts == 1
+    record = progress.of_status(s, run)
+    rep = report.summarize(run, "demo", rows)
+    got = scrape(exporter.RunCollector(run, "demo", lambda: "running"))
+    me = (("job_name", "demo"), ("rank", "0"))
+    assert got[("trainmaster_finished", me)] == 0 and got[("trainmaster_restarts_total", me)] == 1
+    assert rep.restarts == 1 and rep.goodput is not None
+    # Productive: steps 51-60 and 61-100 (63 s) of about 100 s since this launch.
+    assert rep.goodput["productive"] == pytest.approx(63)
+    assert record.goodput == pytest.approx(rep.goodput["ratio"], abs=0.01)
+    assert got[("trainmaster_goodput_ratio", me)] == pytest.approx(rep.goodput["ratio"], abs=0.01)

@@ -171,6 +171,36 @@ def test_a_wait_in_a_window_later_redone_is_still_checkpoint_time() -> None:
     assert sum(g.seconds.values()) == pytest.approx(g.wall)
 
 
+def test_a_script_dead_before_its_first_step_redid_nothing() -> None:
+    """A custom script's process says where it resumed (`resume`) or makes steps; one that died
+    at its imports did neither and must not count the steps before it as lost."""
+    events = [
+        {"event": "start", "t": 0},
+        *[steps(k, k + 1, k) for k in range(1, 11)],  # steps 1-10, a checkpoint at 5
+        {"event": "start", "t": 12},  # dies at its imports
+        {"event": "start", "t": 14},
+        {"event": "resume", "t": 15, "step": 5},
+        *[steps(15 + k, 16 + k, 5 + k) for k in range(1, 6)],  # redoes 6-10
+    ]
+    g = goodput.breakdown(events)
+    assert g is not None and g.steps_lost == 5 and g.restarts == 2
+    assert g.seconds["lost"] == pytest.approx(5)
+    assert goodput.resume_steps(events) == [0, 5]  # the dead one is no segment's start
+
+
+def test_report_status_and_metrics_measure_one_window() -> None:
+    """of_run: from the launch to the end state.json records, or now; no launch time (a
+    Kubernetes folder): the first start to the last event."""
+    events = [start(10), steps(12, 13, 1), steps(13, 14, 2)]
+    ended = goodput.of_run(events, started_at=5, finished_at=20)
+    assert ended is not None and ended.wall == 15 and ended.seconds["startup"] == 7
+    running = goodput.of_run(events, started_at=5, finished_at=None, now=30)
+    assert running is not None and running.wall == 25
+    folder = goodput.of_run(events, started_at=None, finished_at=None)
+    assert folder is not None and folder.wall == 4
+    assert goodput.processes(events + [start(50, 2)], launched_at=20) == 1
+
+
 def test_save_stats_sum_writes_and_stalls() -> None:
     events = [
         ckpt(10, 10.2, 10),
@@ -184,6 +214,7 @@ def test_save_stats_sum_writes_and_stalls() -> None:
         "total_s": 3.0,
         "max_s": 2.0,
         "mb": 80.0,
+        "bytes": 80_000_000,
         "mb_per_s": 26.7,
         "blocked_s": 0.3,
         "max_blocked_s": 0.2,

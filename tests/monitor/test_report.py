@@ -12,7 +12,7 @@ from PIL import Image
 
 from tests.conftest import assert_user_error, run_cli
 from tests.monitor.conftest import REPORT_STEPS
-from trainmaster.monitor import history, report, runinfo
+from trainmaster.monitor import history, report, runinfo, segments
 from trainmaster.run import state
 from trainmaster.storage import RunPaths, Storage
 
@@ -191,7 +191,9 @@ def test_plot_marks_restarts(tmp_path: Path) -> None:
         }
         for s in range(1, 21)
     ]
-    panels = report.plot(rows, tmp_path / "r.png", "restarted")
+    restarts = tuple(int(seg[0]["step"]) for seg in segments.segments(rows)[1:])
+    assert restarts == (11,)
+    panels = report.plot(rows, tmp_path / "r.png", "restarted", restarts=restarts)
     img = np.asarray(Image.open(tmp_path / "r.png").convert("RGB")).astype(int)
     assert len(panels) == 3
     for x0, y0, x1, y1 in panels:

@@ -3,7 +3,7 @@
     [██████░░░░░░░░░░░░░░░░░░░░░░░░]  40/200 steps  20%  ETA 5m12s
       cost so far $0.09, to finish ~$0.28 (2 x cpu at $1.61/node-hour (catalog))
 
-The ETA is the recent time per step (history.step_s: the newest trainer process, its first
+The ETA is the recent time per step (segments.step_s: the newest trainer process, its first
 step left out) times the steps left; the cost is price per node-hour x nodes x hours, the
 price from [cluster] price_per_hour or the catalog. Costs are estimates of on-demand list
 prices, not a bill: storage, network, the control plane and idle nodes are not in them.
@@ -11,11 +11,12 @@ prices, not a bill: storage, network, the control plane and idle nodes are not i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from trainmaster.monitor import history, runinfo
-from trainmaster.run import state
+from trainmaster.monitor import history, runinfo, segments
+from trainmaster.run import goodput, state
 from trainmaster.storage import RunPaths, Storage
 
 BAR_WIDTH = 30
@@ -42,12 +43,14 @@ def progress(
     phase: str,
     wall_s: float,
     price: history.Price | None,
+    resumed: Iterable[int] = (),
 ) -> Progress:
-    """Pure: where a job stands, from its metrics rows and wall time."""
+    """Pure: where a job stands, from its metrics rows (split by process where `resumed`,
+    goodput.resume_steps, says) and wall time."""
     step = int(rows[-1]["step"]) if rows else 0
     eta = None
     if phase in ("pending", "running") and rows:
-        per_step = history.step_s(rows)
+        per_step = segments.step_s(rows, resumed)
         if per_step is not None:
             eta = per_step * max(0, max_steps - step)
     spent = price.cost(wall_s) if price else None
@@ -100,7 +103,9 @@ def progress_of_run(
     phase = st.phase if st else "running"
     nodes = st.nnodes if st else None
     price = history.price_of(cfg, nodes, history.device_of(run))
-    return progress(rows, max_steps, phase, history.wall_s(st, rows), price)
+    resumed = goodput.resume_steps(goodput.read(run.timeline))
+    wall = history.wall_s(st, rows, resumed=resumed)
+    return progress(rows, max_steps, phase, wall, price, resumed)
 
 
 def progress_line(s: runinfo.Status, store: Storage) -> str | None:

@@ -17,7 +17,6 @@ those (tests/monitor/test_exporter.py checks).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from trainmaster import files
-from trainmaster.monitor import runinfo
+from trainmaster.monitor import history, runinfo
 from trainmaster.run import goodput, state
 from trainmaster.storage import RunPaths
 
@@ -76,7 +75,10 @@ class RunCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         if not self.active():
             return
-        st = state.RunState(job=self.job, phase=self.phase())
+        # state.json's launch and end times where the run has one (a local job), so that the
+        # goodput here is measured over the window `report` and `status` use (goodput.of_run).
+        known = history.read_state(self.run)
+        st = (known or state.RunState(job=self.job)).model_copy(update={"phase": self.phase()})
         s = runinfo.status_of(self.run, st)
         labels = [self.job, "0"]
 
@@ -104,7 +106,7 @@ class RunCollector(Collector):
             "When rank 0 last finished a step (Unix time)",
             max(stepped) if stepped else _mtime(self.run.metrics) if s.last else None,
         )
-        g = goodput.breakdown(events, ended_at=time.time() if st.phase == "running" else None)
+        g = goodput.of_run(events, st.started_at, st.finished_at)
         if g is not None:
             yield from gauge("trainmaster_goodput_ratio", "Productive share of wall time", g.ratio)
             parts = GaugeMetricFamily(
@@ -123,7 +125,7 @@ class RunCollector(Collector):
             saves["total_s"],
         )
         yield counter(
-            "trainmaster_checkpoint_bytes_total", "Bytes of checkpoints written", saves["mb"] * 1e6
+            "trainmaster_checkpoint_bytes_total", "Bytes of checkpoints written", saves["bytes"]
         )
         yield counter(
             "trainmaster_checkpoint_standstill_seconds_total",

@@ -5,26 +5,23 @@ under STORAGE/runs/; a kubernetes job's folder (on the cluster's shared storage,
 through --storage pointing at a copy or a mount of it) has no state.json, so metrics.jsonl or
 job.toml are enough to recognise one.
 
-`elapsed_s` in metrics.jsonl counts from the start of the trainer process, so it starts again
-after every restart: the metrics fall into segments, one per process lifetime, and times are
-summed over segments rather than read off the last line.
+Times per trainer process (metrics.jsonl's elapsed_s restarts with each) are segments.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from trainmaster import catalog
 from trainmaster.config import JobConfig, jobfile
 from trainmaster.errors import UserError
-from trainmaster.monitor import runinfo
+from trainmaster.monitor import runinfo, segments
 from trainmaster.run import state
 from trainmaster.storage import RunPaths, Storage
-
-RECENT_STEPS = 20  # steps the per-step time (ETA) is averaged over
 
 
 def find_run(store: Storage, job: str) -> RunPaths:
@@ -52,47 +49,18 @@ def metrics_or_fail(run: RunPaths, job: str) -> list[dict[str, Any]]:
     return rows
 
 
-def segments(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Rows split where elapsed_s goes back (a restarted trainer process)."""
-    out: list[list[dict[str, Any]]] = []
-    last = None
-    for row in rows:
-        elapsed = _num(row.get("elapsed_s"))
-        if not out or elapsed is None or last is None or elapsed < last:
-            out.append([])
-        out[-1].append(row)
-        last = elapsed
-    return out
-
-
-def trained_s(rows: list[dict[str, Any]]) -> float:
-    """Seconds the trainer processes ran up to their last logged step, summed over restarts."""
-    return sum(_num(seg[-1].get("elapsed_s")) or 0.0 for seg in segments(rows))
-
-
-def step_s(rows: list[dict[str, Any]]) -> float | None:
-    """Seconds per step lately: the newest segment's recent steps, its first step left out
-    (it includes start-up and compilation)."""
-    if not rows:
-        return None
-    seg = segments(rows)[-1][-(RECENT_STEPS + 1) :]
-    if len(seg) >= 2:
-        t0, t1 = _num(seg[0].get("elapsed_s")), _num(seg[-1].get("elapsed_s"))
-        steps = int(seg[-1]["step"]) - int(seg[0]["step"])
-        if t0 is not None and t1 is not None and steps > 0:
-            return max(0.0, (t1 - t0) / steps)
-    t = _num(seg[-1].get("elapsed_s"))  # one step so far: its time is all we know
-    return t if t else None
-
-
 def wall_s(
-    st: state.RunState | None, rows: list[dict[str, Any]], now: float | None = None
+    st: state.RunState | None,
+    rows: list[dict[str, Any]],
+    now: float | None = None,
+    resumed: Iterable[int] = (),
 ) -> float:
-    """Wall time of the run: launch to end (or now) when state.json says, else from metrics."""
+    """Wall time of the run: launch to end (or now) when state.json says, else from metrics
+    (each trainer process's time, `resumed` telling where one began: segments.py)."""
     if st is not None and st.started_at is not None:
         end = st.finished_at or (now if now is not None else time.time())
         return max(0.0, end - st.started_at)
-    return trained_s(rows)
+    return segments.trained_s(rows, resumed)
 
 
 def read_state(run: RunPaths) -> state.RunState | None:
@@ -162,7 +130,3 @@ def device_of(run: RunPaths) -> str:
     rank0 = runinfo.read_json(run.rank0) or {}
     device = rank0.get("device")
     return device if isinstance(device, str) else ""
-
-
-def _num(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from trainmaster.config import BUILTIN_ENTRYPOINT
 from trainmaster.monitor import cost, history, runinfo
 from trainmaster.run import checkpoints, goodput, state
 from trainmaster.storage import RunPaths
@@ -101,15 +102,10 @@ def of_status(s: runinfo.Status, run: RunPaths, *, detail: bool = True) -> RunPr
     notes = [runinfo.progress_text(s)]
     p = cost.progress_of_run(run, s.state, s.max_steps)
     notes += [cost.render(p)] if p else []
-    running = s.state.phase == "running"
-    g = goodput.breakdown(
-        goodput.read(run.timeline),
-        launched_at=s.state.started_at,
-        ended_at=time.time() if running and s.state.started_at else None,
-    )
-    newest = checkpoints.latest(run.checkpoints)
+    g = goodput.of_run(goodput.read(run.timeline), s.state.started_at, s.state.finished_at)
+    newest = _last_checkpoint(run)
     said = [f"goodput {g.ratio:.0%} of {cost.duration(g.wall)}"] if g and g.wall > 0 else []
-    said += [f"last checkpoint: step {newest.step}"] if newest else []
+    said += [f"last checkpoint: step {newest}"] if newest is not None else []
     notes += ["  ".join(said)] if said else []
     notes += runinfo.hang_lines(s)
     summary = runinfo.summary_text(s)
@@ -121,9 +117,22 @@ def of_status(s: runinfo.Status, run: RunPaths, *, detail: bool = True) -> RunPr
         cost_so_far_usd=p.spent if p else None,
         cost_to_finish_usd=p.to_finish if p else None,
         goodput=round(g.ratio, 4) if g and g.wall > 0 else None,
-        last_checkpoint=newest.step if newest else None,
+        last_checkpoint=newest,
         notes=tuple(notes),
     )
+
+
+def _last_checkpoint(run: RunPaths) -> int | None:
+    """The newest complete checkpoint's step: the built-in trainer's carry their meta file; a
+    custom script's step_N folders carry none and are complete by their name (worker.py
+    publishes each by a rename, as latest_checkpoint() finds them)."""
+    newest = checkpoints.latest(run.checkpoints)
+    if newest is not None:
+        return newest.step
+    cfg = history.read_config(run)
+    if cfg is None or cfg.job.entrypoint == BUILTIN_ENTRYPOINT:
+        return None
+    return checkpoints.newest_named(run.checkpoints)
 
 
 def _finite(value: object) -> bool:

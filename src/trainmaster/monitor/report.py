@@ -13,14 +13,13 @@ only, inside `plot`, with the Agg canvas (no display needed, nothing global swit
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainmaster import files
 from trainmaster.config import BUILTIN_ENTRYPOINT
-from trainmaster.monitor import cost, history, runinfo
+from trainmaster.monitor import cost, history, runinfo, segments
 from trainmaster.run import goodput
 from trainmaster.run.goodput import Span
 from trainmaster.storage import RunPaths, Storage
@@ -62,6 +61,7 @@ class Report:
     goodput: dict[str, Any] | None = None  # summary.json's shape (goodput.Goodput.to_json)
     spans: tuple[Span, ...] = ()  # the timeline drawn, when the run recorded one
     saves: dict[str, Any] | None = None  # goodput.save_stats
+    restart_steps: tuple[int, ...] = ()  # the first step of each trainer process after the first
     timeline: Box | None = None
 
     @property
@@ -111,7 +111,7 @@ class Report:
     def goodput_rows(self) -> list[tuple[str, str]]:
         g = self.goodput
         if not g:
-            return [("goodput", "n/a (no timeline.jsonl: an older run)")]
+            return [("goodput", "n/a (no timeline.jsonl: an older run)"), *self._saves_row()]
         wall = g["wall"] or 1.0
         out = [("goodput", f"{g['ratio']:.1%} (useful step time / wall time)")]
         for kind in goodput.KINDS:
@@ -119,16 +119,19 @@ class Report:
             if kind == "lost":
                 text += f", {g['steps_lost']} steps redone"
             out.append((f"  {NAMES.get(kind, kind)}", text))
+        return out + self._saves_row()
+
+    def _saves_row(self) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
         s = self.saves
         if s and s.get("count"):
-            out.append(
-                (
-                    "checkpoint saves",
-                    f"{s['count']}, {s['total_s']:.2f} s writing (max "
-                    f"{s['max_s']:.2f} s, {s['mb_per_s']} MB/s) in the background; "
-                    + standstill(s),
-                )
+            background = (  # the built-in trainer's writer; a script saves in its own time
+                f", {s['total_s']:.2f} s writing (max {s['max_s']:.2f} s, {s['mb_per_s']} MB/s) "
+                "in the background"
+                if s.get("max_s") is not None
+                else ""
             )
+            out.append(("checkpoint saves", f"{s['count']}{background}; " + standstill(s)))
         return out
 
 
@@ -159,25 +162,26 @@ def _floats(rows: list[dict[str, Any]], key: str) -> list[float]:
 def summarize(run: RunPaths, job: str, rows: list[dict[str, Any]]) -> Report:
     """The figures of the table, from the run folder's files (reads only)."""
     st = history.read_state(run)
-    summary = runinfo.read_json(run.summary) or {}
+    summary = (runinfo.summary_of_launch(run, st) if st else runinfo.read_json(run.summary)) or {}
     rank0 = runinfo.read_json(run.rank0) or {}
     cfg = history.read_config(run)
-    segs = history.segments(rows)
-    steady = [r for seg in segs for r in (seg[1:] or seg)]  # each process's first step is warm-up
-    restarts = summary.get("restarts", rank0.get("restarts", max(0, len(segs) - 1)))
-    phase = st.phase if st else str(summary.get("status", "unknown"))
-    # The same function as the trainer's summary, over launch to the end state.json records
-    # (the summary's stops as the trainer exits): the parts agree, wall and other run longer.
     events = goodput.read(run.timeline)
+    resumed = goodput.resume_steps(events)
+    segs = segments.segments(rows, resumed)
+    steady = [r for seg in segs for r in (seg[1:] or seg)]  # each process's first step is warm-up
     launched = st.started_at if st else None
-    ended = (st.finished_at or time.time()) if st and st.started_at else None
-    g = goodput.breakdown(events, launched_at=launched, ended_at=ended)
+    processes = goodput.processes(events, launched) if events else len(segs)
+    restarts = runinfo.restarts(processes, summary, rank0)
+    phase = st.phase if st else str(summary.get("status", "unknown"))
+    # The window status and /metrics measure too (goodput.of_run); the trainer's summary
+    # stops as it exits: the parts agree, wall and other run longer here.
+    g = goodput.of_run(events, launched, st.finished_at if st else None)
     return Report(
         job=job,
         phase=phase,
         steps=int(rows[-1]["step"]) if rows else None,
         max_steps=runinfo.max_steps_of(cfg, rows),
-        wall_s=history.wall_s(st, rows),
+        wall_s=history.wall_s(st, rows, resumed=resumed),
         avg_seq_per_s=_mean(_floats(steady, "seq_per_s")),
         peak_seq_per_s=max(_floats(rows, "seq_per_s"), default=None),
         mfu=_mean(_floats(steady, "mfu")),
@@ -190,6 +194,7 @@ def summarize(run: RunPaths, job: str, rows: list[dict[str, Any]]) -> Report:
         png=run.report_png if rows else None,
         goodput=g.to_json() if g else summary.get("goodput"),
         spans=g.spans if g else (),
+        restart_steps=tuple(int(seg[0]["step"]) for seg in segs[1:]),
         saves=goodput.save_stats(events, launched_at=launched)
         if events
         else summary.get("checkpoint_saves"),
@@ -219,7 +224,11 @@ def panels_for(rows: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
 
 
 def plot(
-    rows: list[dict[str, Any]], path: Path, title: str, spans: tuple[goodput.Span, ...] = ()
+    rows: list[dict[str, Any]],
+    path: Path,
+    title: str,
+    spans: tuple[goodput.Span, ...] = (),
+    restarts: tuple[int, ...] = (),
 ) -> tuple[Box, ...]:
     """Write the three panels (and the goodput timeline, given its spans) to `path`
     (atomically); return each panel's plot area in pixels, the timeline's last."""
@@ -237,7 +246,6 @@ def plot(
         ax.sharex(axes[0])
     for ax in axes[:-1]:
         ax.tick_params(labelbottom=False)  # one step axis, under the last panel
-    restarts = [int(seg[0]["step"]) for seg in history.segments(rows)[1:]]
     for ax, (key, label) in zip(axes, panels, strict=True):
         pts = [
             (int(r["step"]), float(r[key])) for r in rows if isinstance(r.get(key), (int, float))
@@ -320,6 +328,6 @@ def make_report(store: Storage, job: str) -> Report:
         rows = history.metrics_or_fail(run, job)
     rep = summarize(run, job, rows)
     title = f"{job}: {rep.steps} steps, {rep.phase}"
-    boxes = plot(rows, run.report_png, title, rep.spans)
+    boxes = plot(rows, run.report_png, title, rep.spans, rep.restart_steps)
     n = len(panels_for(rows))
     return dataclasses.replace(rep, panels=boxes[:n], timeline=boxes[n] if len(boxes) > n else None)

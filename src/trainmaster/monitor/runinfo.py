@@ -14,8 +14,9 @@ from typing import Any
 
 from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig, jobfile
 from trainmaster.errors import UserError
+from trainmaster.monitor import segments
+from trainmaster.run import goodput, state
 from trainmaster.run import metrics as runlog
-from trainmaster.run import state
 from trainmaster.run.processes import Worker, workers
 from trainmaster.storage import RunPaths, Storage
 from trainmaster.train import preempt, watchdog
@@ -81,13 +82,19 @@ class Status:
     eta_s: float | None = None
     hangs: list[watchdog.Hang] = field(default_factory=list)
     preemptions: int = 0  # SIGTERMs honoured with a checkpoint (not failures)
+    processes: int = 0  # rank 0's trainer processes started in this launch (its timeline)
 
     @property
     def restarts(self) -> int:
-        for source in (self.summary, self.rank0):
-            if source and "restarts" in source:
-                return int(source["restarts"])
-        return 0
+        return restarts(self.processes, self.summary, self.rank0)
+
+
+def restarts(processes: int, *said: dict[str, Any] | None) -> int:
+    """Restarts of the worker group: while it runs, rank 0's trainer processes less one (the
+    timeline; summary.json comes only at the end, rank0.json holds none); at the end
+    torchrun's own count where larger. Never less than it was while the job ran."""
+    counts = [int(src["restarts"]) for src in said if src and _is_num(src.get("restarts"))]
+    return max([processes - 1, *counts, 0])
 
 
 def status(store: Storage, job: str) -> Status:
@@ -103,24 +110,35 @@ def status_of(run: RunPaths, st: state.RunState) -> Status:
     with contextlib.suppress(UserError):
         cfg = jobfile.load(run.job_toml)
     max_steps = max_steps_of(cfg, rows)
+    events = goodput.read(run.timeline)
     eta = None
-    timed = [r for r in rows if _is_num(r.get("elapsed_s"))]
-    if last and max_steps and len(timed) >= 2 and st.phase == "running":
-        per_step = (timed[-1]["elapsed_s"] - timed[0]["elapsed_s"]) / max(
-            1, timed[-1]["step"] - timed[0]["step"]
-        )
-        eta = max(0.0, per_step) * max(0, max_steps - int(last["step"]))
+    per_step = segments.step_s(rows, goodput.resume_steps(events))  # this process's own clock
+    if last and max_steps and per_step is not None and len(rows) >= 2 and st.phase == "running":
+        eta = per_step * max(0, max_steps - int(last["step"]))
     return Status(
         st,
         last,
-        read_json(run.summary),
+        summary_of_launch(run, st),
         read_json(run.rank0),
         workers(st) if st.phase == "running" else [],
         max_steps,
         eta,
         watchdog.read_hangs(run.hangs),
         len(preempt.read(run.preemptions)),
+        goodput.processes(events, st.started_at),
     )
+
+
+def summary_of_launch(run: RunPaths, st: state.RunState) -> dict[str, Any] | None:
+    """summary.json when this launch's workers wrote it; one left by an earlier launch of the
+    same job (`launch --resume`, older than this start) is not this run's end. A folder without
+    a launch time (a Kubernetes job's, read in its pod) takes the one it has."""
+    try:
+        if st.started_at is not None and run.summary.stat().st_mtime < st.started_at:
+            return None
+    except OSError:
+        return None
+    return read_json(run.summary)
 
 
 HANGS_SHOWN = 4

@@ -69,6 +69,14 @@ def complete(folder: Path) -> list[Checkpoint]:
     return sorted(found, key=lambda c: c.step)
 
 
+def newest_named(folder: Path) -> int | None:
+    """The largest N of the step_N folders (a custom script's: complete by their name)."""
+    steps = []
+    with contextlib.suppress(OSError):
+        steps = [int(m[1]) for p in folder.iterdir() if (m := _STEP.match(p.name)) and p.is_dir()]
+    return max(steps, default=None)
+
+
 def latest(folder: Path) -> Checkpoint | None:
     found = complete(folder)
     return found[-1] if found else None

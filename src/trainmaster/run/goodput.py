@@ -124,7 +124,7 @@ class _Attempt:
     """One trainer process (of rank 0): its start, and its steps and checkpoints in time order."""
 
     start: float
-    resumed: int | None  # None: a script that did not say (then: before its first step)
+    resumed: int | None  # a script that did not say: before its first step (None: no step)
     compiles: bool
     items: list[dict[str, Any]] = field(default_factory=list)
 
@@ -145,9 +145,9 @@ def _attempts(events: Iterable[dict[str, Any]], launched: float | None) -> list[
         ):
             out[-1].items.append(ev)
     for a in out:
-        if a.resumed is None:
+        if a.resumed is None:  # a script's: before its first step; None if it made none
             first = [int(i["first"]) - 1 for i in a.items if i["event"] == "steps"]
-            a.resumed = first[0] if first else 0
+            a.resumed = first[0] if first else None
     # An earlier launch of the same job (`launch --resume`) is not part of this one's wall time.
     return [a for a in out if launched is None or a.start >= launched]
 
@@ -204,7 +204,11 @@ def breakdown(
         cursor = max(cursor, t1)
 
     for i, a in enumerate(attempts):
-        redo_from = min((b.resumed or 0 for b in attempts[i + 1 :]), default=None)
+        # A later process that resumed from an earlier step redid the steps after it; one
+        # that said nothing and made no step (a script dead at its imports) redid none.
+        redo_from = min(
+            (b.resumed for b in attempts[i + 1 :] if b.resumed is not None), default=None
+        )
         stepping = False
         for item in a.items:
             put("other" if stepping else ("restart" if seen_step else "startup"), cursor, item["t"])
@@ -238,6 +242,34 @@ def breakdown(
     for s in spans:
         seconds[s.kind] += s.end - s.start
     return Goodput(max(0.0, end - launch), seconds, lost_steps, len(attempts) - 1, tuple(spans))
+
+
+def of_run(
+    events: Iterable[dict[str, Any]],
+    started_at: float | None,
+    finished_at: float | None,
+    now: float | None = None,
+) -> Goodput | None:
+    """The one window `report`, `status` and /metrics measure, so that they agree: from the
+    launch (state.json's started_at) to the end it records, or to now while it has none;
+    without a launch time (a Kubernetes job's folder), from the first trainer's start to the
+    last event. The trainer's own summary stops as it exits: its wall and `other` are shorter."""
+    if started_at is None:
+        return breakdown(events)
+    end = finished_at if finished_at is not None else (time.time() if now is None else now)
+    return breakdown(events, launched_at=started_at, ended_at=end)
+
+
+def processes(events: Iterable[dict[str, Any]], launched_at: float | None = None) -> int:
+    """Rank 0's trainer processes started since the launch (all recorded, without one)."""
+    return len(_attempts(events, launched_at))
+
+
+def resume_steps(events: Iterable[dict[str, Any]]) -> list[int]:
+    """The step each trainer process started after, in time order (0 for a fresh start; a
+    process that made no step and did not say is left out): the first metrics row of a process
+    is the step after it, which tells a restart even where elapsed_s does not go back."""
+    return [a.resumed for a in _attempts(events, None) if a.resumed is not None]
 
 
 def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -308,10 +340,12 @@ def save_stats(
     secs = [e["end"] - e["t"] for e in saves]
     total_bytes = sum(int(e.get("bytes", 0)) for e in saves)
     return {
-        "count": len(saves),
+        # a custom script's saves are its checkpoint_saved calls: no background write events
+        "count": len(saves) if saves else len(per_key),
         "total_s": round(sum(secs), 3),
         "max_s": round(max(secs), 3) if secs else None,
         "mb": round(total_bytes / 1e6, 3),
+        "bytes": total_bytes,
         "mb_per_s": round(total_bytes / 1e6 / sum(secs), 1) if secs and sum(secs) > 0 else None,
         "blocked_s": round(sum(stalls), 3),
         "max_blocked_s": round(max(stalls), 3) if stalls else None,
