@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from trainmaster.config import jobfile
-from trainmaster.monitor import cost, history, runinfo, segments
+from trainmaster.monitor import cost, history, runinfo
+from trainmaster.run import segments
 from trainmaster.storage import Storage
 
 

@@ -12,8 +12,8 @@ from PIL import Image
 
 from tests.conftest import assert_user_error, run_cli
 from tests.monitor.conftest import REPORT_STEPS
-from trainmaster.monitor import history, report, runinfo, segments
-from trainmaster.run import state
+from trainmaster.monitor import history, report, runinfo
+from trainmaster.run import segments, state
 from trainmaster.storage import RunPaths, Storage
 
 pytestmark = pytest.mark.slow

@@ -58,6 +58,9 @@ def test_report_and_summary_account_for_a_killed_worker(
     for part in PARTS:
         assert rep.goodput[part] == pytest.approx(g[part], abs=2e-3), part
     assert rep.goodput["steps_lost"] == 5 and rep.goodput["wall"] >= g["wall"]
+    # The rates too: over both trainer processes, each one's first step left out, in both.
+    assert rep.avg_seq_per_s == pytest.approx(s["avg_seq_per_s"], abs=1e-3)
+    assert rep.restarts == s["restarts"] == 1
     assert rep.goodput["wall"] == pytest.approx(rep.wall_s, abs=1e-3)
     printed = re.search(r"goodput\s*│\s*([\d.]+)%", result.stdout)
     assert printed, result.stdout

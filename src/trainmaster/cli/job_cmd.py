@@ -50,7 +50,11 @@ def launch(
         bool, typer.Option("--follow", "-f", help="Show progress until the job ends")
     ] = False,
     resume: Annotated[
-        bool, typer.Option(help="Continue an existing job from its last checkpoint")
+        bool,
+        typer.Option(
+            help="Continue an existing job from its last checkpoint (one not there yet starts "
+            "from step 0, so a retried launch needs no check first)"
+        ),
     ] = False,
     wait_lock: WaitLockOpt = 0.0,
     image: ImageOpt = None,

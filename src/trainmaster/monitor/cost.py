@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from trainmaster.monitor import history, runinfo, segments
-from trainmaster.run import goodput, state
+from trainmaster.monitor import history, runinfo
+from trainmaster.run import goodput, segments, state
 from trainmaster.storage import RunPaths, Storage
 
 BAR_WIDTH = 30

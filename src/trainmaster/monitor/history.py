@@ -5,7 +5,7 @@ under STORAGE/runs/; a kubernetes job's folder (on the cluster's shared storage,
 through --storage pointing at a copy or a mount of it) has no state.json, so metrics.jsonl or
 job.toml are enough to recognise one.
 
-Times per trainer process (metrics.jsonl's elapsed_s restarts with each) are segments.py's.
+Times per trainer process (metrics.jsonl's elapsed_s restarts with each) are run/segments.py's.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 from trainmaster import catalog
 from trainmaster.config import JobConfig, jobfile
 from trainmaster.errors import UserError
-from trainmaster.monitor import runinfo, segments
-from trainmaster.run import state
+from trainmaster.monitor import runinfo
+from trainmaster.run import segments, state
 from trainmaster.storage import RunPaths, Storage
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from trainmaster import files
 from trainmaster.config import BUILTIN_ENTRYPOINT
-from trainmaster.monitor import cost, history, runinfo, segments
-from trainmaster.run import goodput
+from trainmaster.monitor import cost, history, runinfo
+from trainmaster.run import goodput, segments
 from trainmaster.run.goodput import Span
 from trainmaster.storage import RunPaths, Storage
 

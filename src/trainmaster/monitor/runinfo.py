@@ -14,8 +14,7 @@ from typing import Any
 
 from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig, jobfile
 from trainmaster.errors import UserError
-from trainmaster.monitor import segments
-from trainmaster.run import goodput, state
+from trainmaster.run import goodput, segments, state
 from trainmaster.run import metrics as runlog
 from trainmaster.run.processes import Worker, workers
 from trainmaster.storage import RunPaths, Storage

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmaster import catalog, files
+from trainmaster.run import goodput, segments
 from trainmaster.run import metrics as runlog
 from trainmaster.storage import RunPaths
 
@@ -147,8 +148,17 @@ class MetricsLog:
         return row
 
     def summary(self, **fields: Any) -> dict[str, Any]:
-        speeds = [r["seq_per_s"] for r in self.rows]
-        steady = speeds[1:] or speeds  # the first step includes warm-up / compilation
+        """summary.json: the rates over every process of the run, as `report` gives them (a
+        resumed trainer's own rows would leave out the steps before its restart)."""
+        rows = [r for r in runlog.read_jsonl(self.run.metrics) if "step" in r] or self.rows
+        resumed = goodput.resume_steps(goodput.read(self.run.timeline))
+        each = segments.segments(rows, resumed)
+        speeds = [
+            float(r["seq_per_s"]) for r in rows if segments.number(r.get("seq_per_s")) is not None
+        ]
+        # each process's first step includes its warm-up / compilation
+        steady = [float(r["seq_per_s"]) for seg in each for r in (seg[1:] or seg)
+                  if segments.number(r.get("seq_per_s")) is not None]  # fmt: skip
         avg = sum(steady) / len(steady) if steady else None
         out = {
             **fields,

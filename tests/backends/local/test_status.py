@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tests.conftest import run_cli
@@ -34,6 +35,9 @@ def test_a_finished_attempt_is_finishing_not_running(tmp_path: Path) -> None:
     done = json.loads(run_cli("status", "done", "--json", "--storage", str(tmp_path)).stdout)
     busy = json.loads(run_cli("status", "busy", "--json", "--storage", str(tmp_path)).stdout)
     assert (done["phase"], busy["phase"]) == ("finishing", "running")
+    st = state.observed(RunPaths(Storage(tmp_path).run_dir("done")).state)
+    at = datetime.fromtimestamp(st.created_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert done["created"] == at  # UTC, as Kubernetes' creationTimestamp, whatever TZ says
     listed = json.loads(run_cli("list", "--json", "--storage", str(tmp_path)).stdout)
     assert {j["job"]: j["phase"] for j in listed} == {"done": "finishing", "busy": "running"}
     shown = run_cli("status", "done", "--storage", str(tmp_path))

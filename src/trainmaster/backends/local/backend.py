@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from trainmaster.backends.base import (
@@ -242,7 +242,8 @@ def _job_status(handle: str, s: runinfo.Status, store: Storage, *, detail: bool)
         message=st.message,
         nnodes=st.nnodes,
         nproc_per_node=st.nproc_per_node,
-        created=datetime.fromtimestamp(st.created_at).isoformat(timespec="seconds"),
+        # UTC, as Kubernetes' creationTimestamp: the same job reads the same from any shell
+        created=datetime.fromtimestamp(st.created_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         nodes=tuple(
             NodeStatus(
                 index=n.index,
