@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, assert_user_error, run_cli
+from trainmaster.backends.local import backend
+from trainmaster.errors import UserError
+from trainmaster.storage import Storage
 
 CUSTOM = "examples/custom-gpt/job.toml"  # its entrypoint is relative to the repository
 
@@ -27,3 +32,17 @@ def test_a_dry_run_still_refuses_storage_it_could_not_create(tmp_path: Path) -> 
 def test_a_negative_cancel_grace_is_refused(tmp_path: Path) -> None:
     result = run_cli("--storage", str(tmp_path), "cancel", "some-job", "--grace", "-1")
     assert_user_error(result, "'--grace'", "greater than or equal to 0")
+
+
+def test_a_folder_above_the_storage_that_may_not_be_searched_is_a_user_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Path.exists raises PermissionError below a folder without x for this user (root may
+    search any, so the system's refusal is stood in for)."""
+
+    def refused(self: Path, **_: object) -> bool:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "exists", refused)
+    with pytest.raises(UserError, match="storage is not writable"):
+        backend._could_create(Storage(tmp_path / "locked" / "store"))

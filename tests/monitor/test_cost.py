@@ -103,3 +103,26 @@ def test_progress_line_of_a_finished_run(finished_run: tuple[Path, str]) -> None
     assert line is not None
     assert f"{s.max_steps}/{s.max_steps} steps" in line and "100%" in line and "ETA" not in line
     assert "2 x cpu at $1.61/node-hour (catalog)" in line
+
+
+def test_a_script_that_keeps_its_rows_past_a_resume_splits_where_the_resumed_process_began() -> (
+    None
+):
+    """A logs 1-100 (a checkpoint at 50); B resumes after 50 without dropping A's rows: A's own
+    step 51 is no restart, B's is (the last row of step 51)."""
+    a = rows(range(1, 101), 0.0, 1.0)
+    b = rows(range(51, 61), 0.0, 1.0, first_extra=200.0)  # its elapsed_s never goes back
+    split = segments.segments(a + b, resumed=[0, 50])
+    assert [(s[0]["step"], s[-1]["step"]) for s in split] == [(1, 100), (51, 60)]
+    assert segments.trained_s(a + b, [0, 50]) == pytest.approx(100 + 210)
+
+
+def test_the_eta_right_after_a_restart_borrows_the_pace_before_it() -> None:
+    """The new process's one row holds its start-up (120 s): not the time of every step left."""
+    before = rows(range(1, 101), 0.0, 1.0)
+    after = rows(range(101, 102), 0.0, 1.0, first_extra=119.0)
+    assert len(segments.segments(before + after, [0, 100])) == 2
+    assert segments.step_s(before + after, [0, 100]) == pytest.approx(1.0)
+    p = cost.progress(before + after, 10_000, "running", 300.0, None, resumed=[0, 100])
+    assert p.eta_s == pytest.approx(9_899)
+    assert segments.step_s(after) == pytest.approx(120)  # a first process: all there is

@@ -142,7 +142,7 @@ def test_a_scripts_checkpoints_show_in_status_and_report(tmp_path: Path) -> None
         (run.checkpoints / f"step_{step}").mkdir(parents=True)
     (run.checkpoints / ".tmp-step_60").mkdir()  # being written
     for step, t in ((20, 1020.0), (40, 1040.0)):
-        goodput.record(run.timeline, "checkpoint", t=t, end=t + 0.5, step=step)
+        goodput.record(run.timeline, "checkpoint", t=t, end=t + 0.5, step=step, saved=True)
     record = progress.of_status(runinfo.status(Storage(tmp_path), "gpt"), run)
     assert record.last_checkpoint == 40
     assert any(n.endswith("last checkpoint: step 40") for n in record.notes)

@@ -24,11 +24,11 @@ from trainmaster.storage import RunPaths
 from trainmaster.train import watchdog
 
 
-def a_run(tmp_path: Path) -> RunPaths:
+def a_run(tmp_path: Path, t: float = 1_000.0) -> RunPaths:
+    """Started at t: a running job's goodput runs to now, so a recent t gives a live figure."""
     run = RunPaths(tmp_path / "runs" / "demo")
     run.dir.mkdir(parents=True)
     env = {RUN_DIR_ENV: str(run.dir), "RANK": "0"}
-    t = 1_000.0
     goodput.record(run.timeline, "start", t=t, step=0, compiles=False)
     for step in (1, 2, 3, 4):
         log_metrics(step, environ=env, loss=8.0 - step, seq_per_s=50.0, mfu=0.25, elapsed_s=step)
@@ -136,3 +136,31 @@ def test_a_relaunched_job_reads_the_same_in_status_report_and_metrics(tmp_path: 
     assert rep.goodput["productive"] == pytest.approx(63)
     assert record.goodput == pytest.approx(rep.goodput["ratio"], abs=0.01)
     assert got[("trainmaster_goodput_ratio", me)] == pytest.approx(rep.goodput["ratio"], abs=0.01)
+
+
+def test_a_relaunch_still_pending_shows_nothing_of_the_launch_before(tmp_path: Path) -> None:
+    """Between `launch --resume` writing state.json and the agents starting (no started_at
+    yet), the earlier launch's processes and summary are not this one's: restarts stay at 0
+    (a counter never goes 2 -> 0), the job is not finished, and goodput waits for a step."""
+    run = RunPaths(tmp_path / "runs" / "demo")
+    run.dir.mkdir(parents=True)
+    for t, step in ((1_000.0, 0), (1_050.0, 20), (1_100.0, 40)):
+        goodput.record(run.timeline, "start", t=t, step=step, compiles=False)
+        goodput.record(run.timeline, "steps", t=t + 1, end=t + 20, first=step + 1, last=step + 20)
+    run.summary.write_text(json.dumps({"status": "completed", "steps": 60, "restarts": 2}))
+    os.utime(run.summary, (1_121.0, 1_121.0))
+    st = state.RunState(job="demo", phase="pending", created_at=time.time() - 1)
+    state.write(run.state, st)
+    s = runinfo.status_of(run, st)
+    assert (s.restarts, s.summary) == (0, None)
+    assert progress.of_status(s, run).goodput is None
+    got = scrape(exporter.RunCollector(run, "demo", lambda: "pending"))
+    me = (("job_name", "demo"), ("rank", "0"))
+    assert got[("trainmaster_restarts_total", me)] == 0 and got[("trainmaster_finished", me)] == 0
+    assert ("trainmaster_goodput_ratio", me) not in got
+    # A whole-gang retry after a lost node is job_retries, not a restart of the worker group.
+    run.summary.unlink()
+    again = st.model_copy(update={"phase": "running", "started_at": 1_040.0})
+    assert runinfo.status_of(run, again).restarts == 1  # 2 processes since 1040
+    retried = again.model_copy(update={"job_retries": 1})
+    assert runinfo.status_of(run, retried).restarts == 0  # the second one was the retry

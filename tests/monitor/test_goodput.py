@@ -198,7 +198,31 @@ def test_report_status_and_metrics_measure_one_window() -> None:
     assert running is not None and running.wall == 25
     folder = goodput.of_run(events, started_at=None, finished_at=None)
     assert folder is not None and folder.wall == 4
+    # A Kubernetes folder's running job: to now, so that a hang lowers it (the goodput alert).
+    hung = goodput.of_run(events, started_at=None, finished_at=None, running=True, now=110)
+    assert hung is not None and hung.wall == 100 and hung.seconds["other"] == 96
     assert goodput.processes(events + [start(50, 2)], launched_at=20) == 1
+
+
+def test_a_folder_without_a_launch_time_counts_the_processes_since_the_last_launch_ended() -> None:
+    """A Kubernetes job's timeline holds every launch of the job: an `end` closes each."""
+    first = [start(0), steps(1, 2, 1), start(3, 1), steps(4, 5, 2), {"event": "end", "t": 6}]
+    again = [start(100, 2), steps(101, 102, 3)]
+    assert goodput.processes(first) == 2
+    assert goodput.processes(first + again) == 1
+    assert goodput.processes(first + again + [start(110, 3)]) == 2
+    assert goodput.processes(first + again + [{"event": "end", "t": 105}]) == 1
+
+
+def test_saves_count_what_was_written_and_never_go_down() -> None:
+    """The trainer's saves are its background writes (`save`): a staging killed before its
+    write is none. A script's are its checkpoint_saved calls (`saved`)."""
+    staged = [start(0), ckpt(10, 10.2, 10), start(20, 0), ckpt(30, 30.2, 10)]
+    written = [*staged, {"event": "save", "t": 30.2, "end": 31, "step": 10, "bytes": 5}]
+    counts = [goodput.save_stats(staged)["count"], goodput.save_stats(written)["count"]]
+    assert counts == [0, 1]
+    script = [start(0), {**ckpt(5, 5.5, 5), "saved": True}, {**ckpt(9, 9.5, 10), "saved": True}]
+    assert goodput.save_stats(script)["count"] == 2
 
 
 def test_save_stats_sum_writes_and_stalls() -> None:

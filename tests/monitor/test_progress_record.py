@@ -6,6 +6,7 @@ goodput.record, a checkpoint folder as checkpoints publishes it).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from tests.monitor.test_exporter import a_run
@@ -17,7 +18,7 @@ from trainmaster.run import checkpoints
 def test_the_record_of_a_running_job_holds_step_rate_goodput_and_the_last_checkpoint(
     tmp_path: Path,
 ) -> None:
-    run = a_run(tmp_path)  # 4 steps: loss 4.0, 50 seq/s, mfu 0.25; a save of step 4
+    run = a_run(tmp_path, time.time() - 10)  # 4 steps: loss 4.0, 50 seq/s, mfu 0.25; a save
     for step in (2, 4):
         folder = run.checkpoints / checkpoints.step_name(step)
         folder.mkdir(parents=True)

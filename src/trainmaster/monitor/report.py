@@ -169,13 +169,15 @@ def summarize(run: RunPaths, job: str, rows: list[dict[str, Any]]) -> Report:
     resumed = goodput.resume_steps(events)
     segs = segments.segments(rows, resumed)
     steady = [r for seg in segs for r in (seg[1:] or seg)]  # each process's first step is warm-up
-    launched = st.started_at if st else None
+    launched = runinfo.launch_time(st) if st else None
     processes = goodput.processes(events, launched) if events else len(segs)
-    restarts = runinfo.restarts(processes, summary, rank0)
+    restarts = runinfo.restarts(processes - (st.job_retries if st else 0), summary, rank0)
     phase = st.phase if st else str(summary.get("status", "unknown"))
     # The window status and /metrics measure too (goodput.of_run); the trainer's summary
     # stops as it exits: the parts agree, wall and other run longer here.
-    g = goodput.of_run(events, launched, st.finished_at if st else None)
+    g = goodput.of_run(
+        events, launched, st.finished_at if st else None, running=bool(st and st.phase == "running")
+    )
     return Report(
         job=job,
         phase=phase,

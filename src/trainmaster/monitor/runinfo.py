@@ -85,7 +85,8 @@ class Status:
 
     @property
     def restarts(self) -> int:
-        return restarts(self.processes, self.summary, self.rank0)
+        # a whole-gang retry after a lost node starts rank 0 again too; it is job_retries
+        return restarts(self.processes - self.state.job_retries, self.summary, self.rank0)
 
 
 def restarts(processes: int, *said: dict[str, Any] | None) -> int:
@@ -110,6 +111,7 @@ def status_of(run: RunPaths, st: state.RunState) -> Status:
         cfg = jobfile.load(run.job_toml)
     max_steps = max_steps_of(cfg, rows)
     events = goodput.read(run.timeline)
+    launched = launch_time(st)
     eta = None
     per_step = segments.step_s(rows, goodput.resume_steps(events))  # this process's own clock
     if last and max_steps and per_step is not None and len(rows) >= 2 and st.phase == "running":
@@ -124,16 +126,26 @@ def status_of(run: RunPaths, st: state.RunState) -> Status:
         eta,
         watchdog.read_hangs(run.hangs),
         len(preempt.read(run.preemptions)),
-        goodput.processes(events, st.started_at),
+        goodput.processes(events, launched),
     )
+
+
+def launch_time(st: state.RunState) -> float | None:
+    """When this launch began: state.json's start, or its creation while the local supervisor
+    has not started the agents yet (a pending launch: nothing of an earlier one is its own).
+    None for a Kubernetes job's folder read in its pod (no state.json there)."""
+    if st.started_at is not None:
+        return st.started_at
+    return st.created_at if st.backend == "local" else None
 
 
 def summary_of_launch(run: RunPaths, st: state.RunState) -> dict[str, Any] | None:
     """summary.json when this launch's workers wrote it; one left by an earlier launch of the
-    same job (`launch --resume`, older than this start) is not this run's end. A folder without
+    same job (`launch --resume`, older than this launch) is not this run's end. A folder without
     a launch time (a Kubernetes job's, read in its pod) takes the one it has."""
+    launched = launch_time(st)
     try:
-        if st.started_at is not None and run.summary.stat().st_mtime < st.started_at:
+        if launched is not None and run.summary.stat().st_mtime < launched:
             return None
     except OSError:
         return None

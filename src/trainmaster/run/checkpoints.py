@@ -70,10 +70,11 @@ def complete(folder: Path) -> list[Checkpoint]:
 
 
 def newest_named(folder: Path) -> int | None:
-    """The largest N of the step_N folders (a custom script's: complete by their name)."""
+    """The largest N of the step_N entries (a custom script's: complete by their name; a
+    folder or a file, as worker.latest_checkpoint takes either)."""
     steps = []
     with contextlib.suppress(OSError):
-        steps = [int(m[1]) for p in folder.iterdir() if (m := _STEP.match(p.name)) and p.is_dir()]
+        steps = [int(m[1]) for p in folder.iterdir() if (m := _STEP.match(p.name))]
     return max(steps, default=None)
 
 

@@ -20,7 +20,10 @@ all times from time.time():
                                                              for it, recorded after the next sync
                                                              as [T1 - its length, T1]);
                                                              "final": true on the wait for the
-                                                             last write as the trainer ends
+                                                             last write as the trainer ends;
+                                                             "saved": true from a custom script's
+                                                             checkpoint_saved (a complete save:
+                                                             no "save" event follows)
     {"event": "save", "t": T0, "end": T1, "step": S, "bytes": N}
                                                              step S's background write finished
                                                              (it overlapped training)
@@ -248,28 +251,40 @@ def of_run(
     events: Iterable[dict[str, Any]],
     started_at: float | None,
     finished_at: float | None,
+    *,
+    running: bool = False,
     now: float | None = None,
 ) -> Goodput | None:
     """The one window `report`, `status` and /metrics measure, so that they agree: from the
-    launch (state.json's started_at) to the end it records, or to now while it has none;
-    without a launch time (a Kubernetes job's folder), from the first trainer's start to the
-    last event. The trainer's own summary stops as it exits: its wall and `other` are shorter."""
+    launch (runinfo.launch_time: state.json's) to the end it records, or to now while it has
+    none; without a launch time (a Kubernetes job's folder), from the first trainer's start to
+    now while it runs (a hang lowers it), else to the last event. The trainer's own summary
+    stops as it exits: its wall and `other` are shorter."""
+    now = time.time() if now is None else now
     if started_at is None:
-        return breakdown(events)
-    end = finished_at if finished_at is not None else (time.time() if now is None else now)
-    return breakdown(events, launched_at=started_at, ended_at=end)
+        return breakdown(events, ended_at=now if running else None)
+    return breakdown(events, launched_at=started_at, ended_at=finished_at or now)
 
 
 def processes(events: Iterable[dict[str, Any]], launched_at: float | None = None) -> int:
-    """Rank 0's trainer processes started since the launch (all recorded, without one)."""
-    return len(_attempts(events, launched_at))
+    """Rank 0's trainer processes started since the launch. Without its time (a Kubernetes
+    job's folder, which keeps the timeline of every launch of the job): those since the end of
+    the launch before the newest process (the `end` a finished trainer records)."""
+    evs = list(events)
+    if launched_at is None:
+        starts = [float(e["t"]) for e in evs if e["event"] == "start"]
+        ends = [float(e["t"]) for e in evs if e["event"] == "end"]
+        before = [t for t in ends if starts and t < max(starts)]
+        launched_at = max(before) if before else None
+    return len(_attempts(evs, launched_at))
 
 
-def resume_steps(events: Iterable[dict[str, Any]]) -> list[int]:
-    """The step each trainer process started after, in time order (0 for a fresh start; a
-    process that made no step and did not say is left out): the first metrics row of a process
-    is the step after it, which tells a restart even where elapsed_s does not go back."""
-    return [a.resumed for a in _attempts(events, None) if a.resumed is not None]
+def resume_steps(events: Iterable[dict[str, Any]], launched_at: float | None = None) -> list[int]:
+    """The step each trainer process (since the launch, if given) started after, in time
+    order (0 for a fresh start; a process that made no step and did not say is left out): the
+    first metrics row of a process is the step after it, which tells a restart even where
+    elapsed_s does not go back."""
+    return [a.resumed for a in _attempts(events, launched_at) if a.resumed is not None]
 
 
 def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -318,12 +333,14 @@ def save_stats(
     # One save's waits: the same step in the same trainer run (a restart may save it again).
     per_key: dict[tuple[int, Any], float] = {}
     ends: list[tuple[int, Any]] = []
+    keyed: list[tuple[tuple[int, Any], dict[str, Any]]] = []
     run, last = 0, None
     for e in evs:
         if e["event"] == "start":
             run += 1
         elif e["event"] == "checkpoint" and "end" in e:
             key = last = (run, e.get("step"))
+            keyed.append((key, e))
             per_key[key] = per_key.get(key, 0.0) + e["end"] - e["t"]
             if e.get("final") and key not in ends:
                 ends.append(key)
@@ -335,13 +352,14 @@ def save_stats(
         ended = any(e["event"] == "end" and e["t"] >= waits[-1]["t"] for e in evs)
         if steps and ended and waits[-1]["t"] >= max(steps):
             ends.append(last)
+    # A custom script writes no background `save`: each checkpoint_saved is a save it made.
+    said = {k for k, e in keyed if e.get("saved")}
     per_save = {k: v for k, v in per_key.items() if k not in ends}
     final_wait = per_key[ends[-1]] if ends else 0.0  # the last run's end: the last write
     secs = [e["end"] - e["t"] for e in saves]
     total_bytes = sum(int(e.get("bytes", 0)) for e in saves)
     return {
-        # a custom script's saves are its checkpoint_saved calls: no background write events
-        "count": len(saves) if saves else len(per_key),
+        "count": len(saves) + len(said),
         "total_s": round(sum(secs), 3),
         "max_s": round(max(secs), 3) if secs else None,
         "mb": round(total_bytes / 1e6, 3),

@@ -26,18 +26,28 @@ def number(value: object) -> float | None:
 
 
 def segments(rows: list[Row], resumed: Iterable[int] = ()) -> list[list[Row]]:
-    """Rows split where a process began: the step after one it `resumed` from (the run's
-    goodput.resume_steps), or elapsed_s going back (a folder without a timeline)."""
+    """Rows split where a process began: elapsed_s or the step going back, or the last row of
+    the step after one a process `resumed` from (the run's goodput.resume_steps; the last, as a
+    script that keeps its rows past a resume logs that step again later)."""
     after = set(resumed)
+    began = {
+        int(step): i
+        for i, row in enumerate(rows)
+        if (step := number(row.get("step"))) is not None and int(step) - 1 in after
+    }
+    firsts = set(began.values())
     out: list[list[Row]] = []
-    last = None
-    for row in rows:
+    last: float | None = None
+    last_step: float | None = None
+    for i, row in enumerate(rows):
         elapsed, step = number(row.get("elapsed_s")), number(row.get("step"))
-        began = step is not None and int(step) - 1 in after
-        if not out or elapsed is None or last is None or elapsed < last or began:
+        back = (elapsed is None or last is None or elapsed < last) or (
+            step is not None and last_step is not None and step <= last_step
+        )
+        if not out or back or i in firsts:
             out.append([])
         out[-1].append(row)
-        last = elapsed
+        last, last_step = elapsed, step
     return out
 
 
@@ -47,15 +57,18 @@ def trained_s(rows: list[Row], resumed: Iterable[int] = ()) -> float:
 
 
 def step_s(rows: list[Row], resumed: Iterable[int] = ()) -> float | None:
-    """Seconds per step lately: the newest segment's recent steps, its first step left out
-    (it includes start-up and compilation)."""
+    """Seconds per step lately: the newest segment's recent steps, its first step left out (it
+    includes start-up and compilation); a process with one step so far borrows the pace of the
+    one before it (its one step's time, start-up and all, is all a first process has)."""
     if not rows:
         return None
-    seg = segments(rows, resumed)[-1][-(RECENT_STEPS + 1) :]
-    if len(seg) >= 2:
-        t0, t1 = number(seg[0].get("elapsed_s")), number(seg[-1].get("elapsed_s"))
-        steps = int(seg[-1]["step"]) - int(seg[0]["step"])
-        if t0 is not None and t1 is not None and steps > 0:
-            return max(0.0, (t1 - t0) / steps)
-    t = number(seg[-1].get("elapsed_s"))  # one step so far: its time is all we know
+    each = segments(rows, resumed)
+    for seg in reversed(each):
+        recent = seg[-(RECENT_STEPS + 1) :]
+        if len(recent) >= 2:
+            t0, t1 = number(recent[0].get("elapsed_s")), number(recent[-1].get("elapsed_s"))
+            steps = int(recent[-1]["step"]) - int(recent[0]["step"])
+            if t0 is not None and t1 is not None and steps > 0:
+                return max(0.0, (t1 - t0) / steps)
+    t = number(each[-1][-1].get("elapsed_s"))
     return t if t else None

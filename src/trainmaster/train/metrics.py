@@ -148,10 +148,13 @@ class MetricsLog:
         return row
 
     def summary(self, **fields: Any) -> dict[str, Any]:
-        """summary.json: the rates over every process of the run, as `report` gives them (a
-        resumed trainer's own rows would leave out the steps before its restart)."""
-        rows = [r for r in runlog.read_jsonl(self.run.metrics) if "step" in r] or self.rows
-        resumed = goodput.resume_steps(goodput.read(self.run.timeline))
+        """summary.json: the rates over every trainer process of this launch (a restarted
+        trainer's own rows would leave out the steps before its restart; an earlier launch's,
+        perhaps on other nodes, are not this one's: its world_size and steps_this_run)."""
+        events = goodput.read(self.run.timeline)
+        resumed = goodput.resume_steps(events, goodput.launched_at_from())
+        since = resumed[0] if resumed else self.rows[0]["step"] - 1 if self.rows else 0
+        rows = [r for r in runlog.read_jsonl(self.run.metrics) if _after(r, since)] or self.rows
         each = segments.segments(rows, resumed)
         speeds = [
             float(r["seq_per_s"]) for r in rows if segments.number(r.get("seq_per_s")) is not None
@@ -175,6 +178,11 @@ class MetricsLog:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _after(row: dict[str, Any], step: int) -> bool:
+    value = segments.number(row.get("step"))
+    return value is not None and value > step
 
 
 def _summary_writer(folder: Path, purge_step: int) -> Any:

@@ -153,7 +153,7 @@ class Net:
     def checkpoint_saved(self, step: int) -> None:
         """Training stood still since the last step for this save (log before saving)."""
         now = time.time()
-        self.record("checkpoint", t=self.mark, end=now, step=step)
+        self.record("checkpoint", t=self.mark, end=now, step=step, saved=True)  # complete
         self.mark, self.saved = now, step
         self.watchdog.beat(self.watchdog.step)
         self.watchdog.where = f"after the checkpoint of step {step}"

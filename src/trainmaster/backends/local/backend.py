@@ -55,8 +55,12 @@ def _could_create(store: Storage) -> None:
     """plan()'s storage check, which creates nothing (a dry run must leave no folder behind):
     the root, or the nearest folder above it that exists, is one this process may write in.
     submit() then creates the root and writes to it (Storage.ensure_writable)."""
-    existing = next((p for p in (store.root, *store.root.parents) if p.exists()), store.root)
-    if not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+    try:  # exists() raises where a folder above may not be searched
+        existing = next((p for p in (store.root, *store.root.parents) if p.exists()), store.root)
+        usable = existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+    except OSError:
+        existing, usable = store.root, False
+    if not usable:
         raise UserError(
             f"storage is not writable ({existing} is no folder this user may write in); "
             f"pass --storage PATH or set ${ENV_VAR}",
