@@ -46,3 +46,12 @@ def test_a_folder_above_the_storage_that_may_not_be_searched_is_a_user_error(
     monkeypatch.setattr(Path, "exists", refused)
     with pytest.raises(UserError, match="storage is not writable"):
         backend._could_create(Storage(tmp_path / "locked" / "store"))
+
+
+def test_a_script_option_given_twice_is_refused(tmp_path: Path) -> None:
+    """--nnodes 2 with --set job.nnodes=3 took 3 without a word."""
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    result = run_cli("--storage", str(tmp_path / "s"), "launch", str(script), "--nnodes", "2",
+                     "--set", "job.nnodes=3", "--dry-run", cwd=tmp_path)  # fmt: skip
+    assert_user_error(result, "also set by --set job.nnodes=", where="--nnodes")

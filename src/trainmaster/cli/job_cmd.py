@@ -80,6 +80,8 @@ def launch(
     (local, c10d) and prints the job file it used; `--save-job job.toml` writes it."""
     where = target(ctx)
     if file.endswith(".py"):
+        _one_way({"--nnodes": (nnodes, "job.nnodes"), "--name": (name, "job.name"),
+                  "--nproc-per-node": (nproc_per_node, "job.nproc_per_node")}, overrides)  # fmt: skip
         cfg = api.script_job(file, list(ctx.args), nnodes=nnodes or 1,
                              nproc_per_node=nproc_per_node or 1, name=name, overrides=overrides)  # fmt: skip
         if save_job is None:
@@ -117,6 +119,13 @@ def launch(
     _saved(save_job, launched=not dry_run_server)
     if follow and not dry_run_server:
         follow_job(backend, sub.job)
+
+
+def _one_way(options: dict[str, tuple[object, str]], overrides: list[str] | None) -> None:
+    """A script's option given both as itself and as --set would leave one silently unused."""
+    for option, (value, key) in options.items():
+        if value is not None and any(o.split("=", 1)[0].strip() == key for o in overrides or []):
+            raise UserError(f"also set by --set {key}=...; pass one of the two", where=option)
 
 
 def _saved(save_job: Path | None, *, launched: bool) -> None:
