@@ -4,6 +4,7 @@ Modules:
   state      state.json: what was started, where, and how it ended (local)
   metrics    metrics.jsonl: log_metrics() and its readers
   goodput    timeline.jsonl: where a run's wall time went
+  segments   metrics.jsonl's rows split by the trainer process that wrote them
   checkpoints  checkpoints/step_N: which are complete, whose (config hash), atomic publish,
              pruning (the writing is the trainer's: train/checkpoint/)
   ranklog    logs/rankR.log, one per rank
