@@ -76,7 +76,7 @@ class RunCollector(Collector):
         if not self.active():
             return
         # state.json's launch and end times where the run has one (a local job), so that the
-        # goodput here is measured over the window `report` and `status` use (goodput.of_run).
+        # goodput here is measured over the window `report` and `status` use (runinfo.goodput_of).
         known = history.read_state(self.run) or state.RunState(job=self.job, backend="kubernetes")
         st = known.model_copy(update={"phase": self.phase()})
         s = runinfo.status_of(self.run, st)
@@ -106,8 +106,7 @@ class RunCollector(Collector):
             "When rank 0 last finished a step (Unix time)",
             max(stepped) if stepped else _mtime(self.run.metrics) if s.last else None,
         )
-        running = st.phase == "running"
-        g = goodput.of_run(events, runinfo.launch_time(st), st.finished_at, running=running)
+        g = runinfo.goodput_of(events, st)
         if g is not None:
             yield from gauge("trainmaster_goodput_ratio", "Productive share of wall time", g.ratio)
             parts = GaugeMetricFamily(

@@ -102,12 +102,7 @@ def of_status(s: runinfo.Status, run: RunPaths, *, detail: bool = True) -> RunPr
     notes = [runinfo.progress_text(s)]
     p = cost.progress_of_run(run, s.state, s.max_steps)
     notes += [cost.render(p)] if p else []
-    g = goodput.of_run(
-        goodput.read(run.timeline),
-        runinfo.launch_time(s.state),
-        s.state.finished_at,
-        running=s.state.phase == "running",
-    )
+    g = runinfo.goodput_of(goodput.read(run.timeline), s.state)
     newest = _last_checkpoint(run)
     said = [f"goodput {g.ratio:.0%} of {cost.duration(g.wall)}"] if g and g.wall > 0 else []
     said += [f"last checkpoint: step {newest}"] if newest is not None else []

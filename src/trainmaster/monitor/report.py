@@ -173,11 +173,9 @@ def summarize(run: RunPaths, job: str, rows: list[dict[str, Any]]) -> Report:
     processes = goodput.processes(events, launched) if events else len(segs)
     restarts = runinfo.restarts(processes - (st.job_retries if st else 0), summary, rank0)
     phase = st.phase if st else str(summary.get("status", "unknown"))
-    # The window status and /metrics measure too (goodput.of_run); the trainer's summary
+    # The window status and /metrics measure too (runinfo.goodput_of); the trainer's summary
     # stops as it exits: the parts agree, wall and other run longer here.
-    g = goodput.of_run(
-        events, launched, st.finished_at if st else None, running=bool(st and st.phase == "running")
-    )
+    g = runinfo.goodput_of(events, st)
     return Report(
         job=job,
         phase=phase,

@@ -139,6 +139,14 @@ def launch_time(st: state.RunState) -> float | None:
     return st.created_at if st.backend == "local" else None
 
 
+def goodput_of(events: list[dict[str, Any]], st: state.RunState | None) -> goodput.Goodput | None:
+    """Goodput over the one window `report`, `status` and /metrics share (goodput.of_run): this
+    launch to the end state.json records, or now while it runs."""
+    if st is None:
+        return goodput.of_run(events, None, None)
+    return goodput.of_run(events, launch_time(st), st.finished_at, running=st.phase == "running")
+
+
 def summary_of_launch(run: RunPaths, st: state.RunState) -> dict[str, Any] | None:
     """summary.json when this launch's workers wrote it; one left by an earlier launch of the
     same job (`launch --resume`, older than this launch) is not this run's end. A folder without

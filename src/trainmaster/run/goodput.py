@@ -36,7 +36,8 @@ breakdown() lays the events out as one timeline from launch to end in which ever
 exactly one category, so the parts always add up to the wall time. A checkpoint wait inside a
 steps window (the copy's rest before the next update; a GPU's wait, placed at the end of the
 window it was read in) is cut out of that window where it falls: checkpoint time, not training,
-as save_stats counts it per save. No torch here: `report` (operator side) and the trainer (for summary.json) share this module.
+as save_stats counts it per save. No torch here: `report` (operator side) and the trainer (for
+summary.json) share this module.
 """
 
 from __future__ import annotations
