@@ -44,6 +44,14 @@ class KubernetesSection(Section):
         60,
         description="seconds a training pod stays bound to a node that stopped answering (NotReady or unreachable) before it is evicted and Volcano restarts the gang elsewhere (Kubernetes' default: 300); trainmaster's node watcher then takes the node out of service, so pods the node cannot confirm gone do not hold the gang",
     )
+    cpu: PositiveFloat | None = Field(
+        None,
+        description="CPUs of a training container (requests = limits); unset: the whole node of kubernetes.instance_type less what the node reserves, as the catalog gives it; set it for a node type smaller than the catalog's (e.g. the generic `cpu` type, 32 vCPU)",
+    )
+    memory_gib: PositiveInt | None = Field(
+        None,
+        description="memory of a training container in GiB (requests = limits; /dev/shm is an eighth of it); unset: the node's, as for cpu",
+    )
     service_account: str | None = Field(None, description="service account of the pods")
     priority_class: str | None = Field(
         None,

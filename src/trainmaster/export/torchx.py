@@ -91,7 +91,7 @@ def component(cfg: JobConfig, *, image: str | None = None) -> str:
     # The Volcano backend's checks (node type, workers per node, names, endpoint); an image may
     # still be left for `torchx run --image`.
     inst = volcano.check(cfg, image or cfg.kubernetes.image or "IMAGE")[0]
-    limits = podspec.resources(inst)["limits"]
+    limits = podspec.resources(inst, cfg)["limits"]
     # hugepages-2Mi (EFA pods) is no device count, and TorchX's Resource has no field for it
     devices = {
         k: int(v) for k, v in limits.items() if k not in ("cpu", "memory", podspec.HUGEPAGES)
@@ -124,7 +124,7 @@ def {fn}(image: str = {(image or cfg.kubernetes.image or "")!r}) -> specs.AppDef
         roles=[specs.Role(
             name="worker", image=image, entrypoint="bash", args=["-c", SCRIPT],
             env=dict(ENV), num_replicas={cfg.job.nnodes}, max_retries={cfg.job.max_restarts},
-            resource=specs.Resource(cpu={int(limits["cpu"])}, gpu={gpu}, memMB={mem_mb}, devices={devices!r},
+            resource=specs.Resource(cpu={max(1, round(float(limits["cpu"])))}, gpu={gpu}, memMB={mem_mb}, devices={devices!r},
                                     capabilities={selector!r}),
             port_map={{"c10d": {C10D_PORT}}},
             mounts=[specs.VolumeMount(src={cfg.kubernetes.pvc!r}, dst_path={cfg.kubernetes.mount!r})],

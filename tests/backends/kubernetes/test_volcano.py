@@ -187,6 +187,20 @@ def test_resources_per_node_type() -> None:
     assert {t["key"] for t in pod_spec(cpu)["tolerations"]} == set(podspec.NODE_LOST_TAINTS)
 
 
+def test_a_small_node_sizes_the_container_by_the_job() -> None:
+    """kubernetes.cpu / memory_gib replace the catalog's whole-node figures (a CPU node smaller
+    than the generic `cpu` type's 32 vCPU, as the local cluster's real nodes are)."""
+    whole = pod_spec(volcano.build_job(job_cfg("cpu")))
+    small = pod_spec(
+        volcano.build_job(job_cfg("cpu", ["kubernetes.cpu=0.5", "kubernetes.memory_gib=3"]))
+    )
+    res = small["containers"][0]["resources"]
+    assert res["requests"] == res["limits"] == {"cpu": "0.5", "memory": "3Gi"}
+    assert whole["containers"][0]["resources"]["limits"] == {"cpu": "30", "memory": "115Gi"}
+    shm = {v["name"]: v for v in small["volumes"]}[podspec.SHM_VOLUME]
+    assert shm["emptyDir"]["sizeLimit"] == "1Gi"  # an eighth, at least 1
+
+
 def test_c10d_goes_through_the_jobs_own_service() -> None:
     *_, job = volcano.objects(job_cfg("p5-48xl"))
     assert job["spec"]["plugins"]["svc"] == ["--publish-not-ready-addresses"]

@@ -42,17 +42,26 @@ HUGEPAGES = "hugepages-2Mi"
 HUGEPAGES_GIB = 5
 
 
-def memory_limit_gib(inst: catalog.InstanceType) -> int:
+def memory_limit_gib(inst: catalog.InstanceType, cfg: JobConfig | None = None) -> int:
+    if cfg is not None and cfg.kubernetes.memory_gib:
+        return cfg.kubernetes.memory_gib
     return int(inst.memory_gib * 0.9) - (HUGEPAGES_GIB if inst.efa_interfaces else 0)
 
 
-def shm_gib(inst: catalog.InstanceType) -> int:
-    return max(1, min(SHM_MAX_GIB, memory_limit_gib(inst) // 8))
+def shm_gib(inst: catalog.InstanceType, cfg: JobConfig | None = None) -> int:
+    return max(1, min(SHM_MAX_GIB, memory_limit_gib(inst, cfg) // 8))
 
 
-def resources(inst: catalog.InstanceType) -> dict[str, Any]:
-    """requests == limits for everything (Guaranteed QoS; extended resources require it)."""
-    res: dict[str, str] = {"cpu": str(cpu_limit(inst)), "memory": f"{memory_limit_gib(inst)}Gi"}
+def _cpu(inst: catalog.InstanceType, cfg: JobConfig | None) -> str:
+    if cfg is not None and cfg.kubernetes.cpu:
+        return f"{cfg.kubernetes.cpu:g}"
+    return str(cpu_limit(inst))
+
+
+def resources(inst: catalog.InstanceType, cfg: JobConfig | None = None) -> dict[str, Any]:
+    """requests == limits for everything (Guaranteed QoS; extended resources require it); cpu
+    and memory from kubernetes.cpu / memory_gib where the job sets them."""
+    res: dict[str, str] = {"cpu": _cpu(inst, cfg), "memory": f"{memory_limit_gib(inst, cfg)}Gi"}
     if inst.device_resource is not None:
         res[inst.device_resource] = str(inst.devices)
     if inst.efa_interfaces:

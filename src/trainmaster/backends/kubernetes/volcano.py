@@ -250,14 +250,14 @@ def _build(
                     annotation_env(ENV_JOB_VERSION, ANN_JOB_VERSION),
                 ],
                 "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],  # publish.py
-                "resources": podspec.resources(inst),
+                "resources": podspec.resources(inst, cfg),
                 "volumeMounts": podspec.volume_mounts(cfg, config_map=True),
                 "securityContext": podspec.security_context(inst),
                 "workingDir": podspec.WORKING_DIR,
             }
         ],
         "volumes": podspec.volumes(
-            cfg, config_map=config_map_name(name), shm_size_gib=podspec.shm_gib(inst)
+            cfg, config_map=config_map_name(name), shm_size_gib=podspec.shm_gib(inst, cfg)
         ),
     }
     pod_spec["tolerations"] = [*podspec.tolerations(cfg, inst), *podspec.node_lost_tolerations(cfg)]
