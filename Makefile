@@ -27,14 +27,20 @@ $(STAMP): $(BIN)/python pyproject.toml
 	touch $(STAMP)
 
 # Debian's etcd (3.4, serves the v2 API that torch's etcd rendezvous needs with --enable-v2).
-# Also openssl (the local control plane's certificates), iproute2 (job.network = netns) and
-# prometheus (2.42: scrapes a real job's /metrics in tests/monitor/test_prometheus.py).
+# Also openssl (the local control plane's certificates), iproute2 (job.network = netns),
+# prometheus (2.42: scrapes a real job's /metrics in tests/monitor/test_prometheus.py), and what
+# the local cluster's real nodes run on (controlplane/README.md): containerd, runc, the CNI
+# plugins, iptables and conntrack (kube-proxy), buildah and debootstrap (the training image).
+SYSTEM_TOOLS := etcd openssl ip prometheus containerd runc buildah debootstrap iptables conntrack
+SYSTEM_PACKAGES := etcd-server openssl iproute2 prometheus containerd runc buildah debootstrap \
+	containernetworking-plugins iptables conntrack
 system-deps:
-	@if command -v etcd >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 && command -v ip >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then :; \
+	@if (for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null 2>&1 || exit 1; done) \
+		&& [ -x /usr/lib/cni/bridge ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing etcd-server, openssl, iproute2, prometheus (apt)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server openssl iproute2 prometheus >/dev/null; \
-	else echo "note: etcd, openssl, ip or prometheus not found; the tests that need them will be skipped (sudo apt-get install -y etcd-server openssl iproute2 prometheus)"; fi
+		echo "installing $(SYSTEM_PACKAGES) (apt)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SYSTEM_PACKAGES) >/dev/null; \
+	else echo "note: some of $(SYSTEM_TOOLS) not found; the tests that need them will be skipped (sudo apt-get install -y $(SYSTEM_PACKAGES))"; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

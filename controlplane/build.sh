@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the local control plane's binaries from the Go module proxy with the ordinary go command:
-# etcd, kube-apiserver, kube-controller-manager, Volcano's three managers and kwok.
+# etcd, kube-apiserver, kube-controller-manager, Volcano's three managers and kwok; and for the
+# real nodes (kube.py up --real-nodes N): kubelet, kube-proxy, CoreDNS, and the two static
+# programs the nodes' local images are made of (pause, nettest).
 #
 # Each binary comes from a wrapper module under controlplane/ whose go.mod pins the upstream
 # version and whose go.sum is committed, so a build is reproducible. The binaries go to a cache
@@ -29,11 +31,13 @@ main() {
     KUBE_VERSION=$(required kubernetes k8s.io/kubernetes)
     VOLCANO_VERSION=$(required volcano volcano.sh/volcano)
     KWOK_VERSION=$(required kwok sigs.k8s.io/kwok)
+    COREDNS_VERSION=$(required coredns github.com/coredns/coredns)
 
     go_version=$("$GO" env GOVERSION)
-    modules_hash=$(cat "$HERE"/{etcd,kubernetes,volcano,kwok}/go.{mod,sum} "$HERE"/*/main.go "$0" \
-        | sha256sum | cut -c1-10)
-    KEY="k8s-$KUBE_VERSION.etcd-$ETCD_VERSION.volcano-$VOLCANO_VERSION.kwok-$KWOK_VERSION.$go_version.$modules_hash"
+    # every wrapper module's go.mod and go.sum (pause and nettest need no go.sum) and main.go
+    modules_hash=$(cat "$HERE"/*/go.mod "$HERE"/*/go.sum "$HERE"/*/main.go "$0" | sha256sum | cut -c1-10)
+    KEY="k8s-$KUBE_VERSION.etcd-$ETCD_VERSION.volcano-$VOLCANO_VERSION.kwok-$KWOK_VERSION"
+    KEY+=".coredns-$COREDNS_VERSION.$go_version.$modules_hash"
     CACHE=${TRAINMASTER_KUBE_CACHE:-$HOME/.cache/trainmaster-kube}
     BIN_DIR=$CACHE/$KEY/bin
     if [ "${1:-}" = "--bin-dir" ]; then echo "$BIN_DIR"; exit 0; fi
@@ -60,6 +64,11 @@ main() {
         "vc-controller-manager   volcano     volcano.sh/volcano/cmd/controller-manager      $volcano_ldflags"
         "vc-scheduler            volcano     volcano.sh/volcano/cmd/scheduler               $volcano_ldflags"
         "kwok                    kwok        sigs.k8s.io/kwok/cmd/kwok                      $kwok_ldflags"
+        "kubelet                 kubernetes  k8s.io/kubernetes/cmd/kubelet                  $kube_ldflags"
+        "kube-proxy              kubernetes  k8s.io/kubernetes/cmd/kube-proxy               $kube_ldflags"
+        "coredns                 coredns     .                                              -s -w"
+        "pause                   pause       .                                              -s -w"
+        "nettest                 nettest     .                                              -s -w"
     )
 
     # Volcano v1.15.1 requires volcano.sh/apis v1.15.1 and replaces it with its staging copy
@@ -92,7 +101,7 @@ GO
     # --tidy: after a version bump, regenerate the wrappers' go.sum (and the Kubernetes replaces).
     if [ "${1:-}" = "--tidy" ]; then
         "$HERE/kubernetes/replaces.sh"
-        for module in etcd kubernetes kwok; do (cd "$HERE/$module" && "$GO" mod tidy); done
+        for module in etcd kubernetes kwok coredns; do (cd "$HERE/$module" && "$GO" mod tidy); done
         src=$(prepare_volcano) && (cd "$src" && "$GO" mod tidy) && cp "$src"/go.{mod,sum} "$HERE/volcano/"
         echo "tidied; the cache key changes with the go.sum files: run build.sh again"; exit 0
     fi

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A local Kubernetes control plane on loopback, to watch a trainmaster job gang-schedule.
 
-    python controlplane/kube.py up [--nodes N] [--instance-type T] [--port P]
-    python controlplane/kube.py status | down
+    python controlplane/kube.py up [--nodes N] [--real-nodes N] [--instance-type T] [--port P]
+    python controlplane/kube.py status | down | kill-node NAME | load-image ARCHIVE
 
 `up` starts etcd, kube-apiserver, kube-controller-manager, Volcano's webhook manager,
 controller manager and scheduler, and kwok, all on 127.0.0.1, with every file under the run
@@ -13,6 +13,13 @@ configurations and creates N fake nodes of an instance type from trainmaster's c
 a pod IP), so Volcano's whole path is real but no container ever starts. `down` stops the
 processes (each is a process group of its own) and removes the run dir. Binaries come from
 controlplane/build.sh (make kube-build); nothing here builds.
+
+`--real-nodes N` (TRAINMASTER_KUBE_REAL_NODES) adds N real nodes, real-1..real-N, that do run
+containers: each its own containerd (runc, CNI bridge tm-br-N, pods in 10.244.N.0/24) and
+kubelet in a cgroup of its own, with one kube-proxy and one CoreDNS on the host (kube_real.py;
+root, cgroup v1 and Debian's containerd, runc and CNI plugins needed). `kill-node NAME` loses
+one (every process SIGKILLed, its bridge gone); `load-image ARCHIVE` imports an image archive
+into every live real node (kube_images.load_image). `--nodes 0` leaves only real nodes.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ sys.path.insert(0, str(HERE))
 import kube_objects  # noqa: E402
 import kube_pki  # noqa: E402
 import kube_procs  # noqa: E402
+import kube_real  # noqa: E402
 import kube_start  # noqa: E402
 
 RUN_DIR = Path(os.environ.get("TRAINMASTER_KUBE_DIR", "/tmp/trainmaster-kube")).absolute()
@@ -74,13 +82,24 @@ def read_state(run: Path) -> dict | None:
 
 def is_up(run: Path) -> bool:
     state = read_state(run)
-    return bool(state) and kube_procs.all_alive(run) and kube_procs.api_healthy(run, state)
+    return (
+        bool(state)
+        and kube_procs.all_alive(run)
+        and all(kube_real.liveness(run, state or {}).values())
+        and kube_procs.api_healthy(run, state or {})
+    )
 
 
 def print_usage_hint(run: Path, state: dict) -> None:
     kubeconfig = run / "kubeconfig"
     print(f"  API server  https://127.0.0.1:{state['ports']['apiserver']}")
     print(f"  nodes       {state['nodes']} x {state['instance_type']} (kwok)")
+    for node in state.get("real_nodes", []):
+        print(
+            f"  real node   {node['name']}: {node['node_ip']}, pods {node['pod_cidr']} "
+            f"on {node['bridge']}, containerd {node['containerd_socket']}"
+            + (" (LOST)" if node.get("lost") else "")
+        )
     print(f"  logs        {run}/logs/")
     print("Point trainmaster (or kubectl) at it:")
     print(f"  export KUBECONFIG={kubeconfig}")
@@ -92,16 +111,28 @@ def up(args: argparse.Namespace) -> int:
     start = time.monotonic()
     run = RUN_DIR
     if is_up(run):
+        state = read_state(run) or {}
+        if len(state.get("real_nodes", [])) != args.real_nodes:
+            print(
+                f"control plane up in {run} with {len(state.get('real_nodes', []))} real nodes, "
+                f"not {args.real_nodes}: `kube.py down` first",
+                file=sys.stderr,
+            )
+            return 2
         print(f"control plane already up in {run}")
-        print_usage_hint(run, read_state(run) or {})
+        print_usage_hint(run, state)
         return 0
     if run.exists():  # a stale or half-started run: clear it, then start afresh
         down_quietly(run)
-    problem = kube_objects.check_shape(args.instance_type, args.nodes)
+    problem = kube_objects.check_shape(args.instance_type, max(args.nodes, 1))
+    if args.nodes < 0 or (args.nodes == 0 and args.real_nodes < 1):
+        problem = f"--nodes {args.nodes}: at least 1 (0 only with --real-nodes)"
+    bins = bin_dir()
+    if not problem and args.real_nodes:
+        problem = kube_real.problem(run, bins, args.real_nodes)
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    bins = bin_dir()
     share = bins.parent / "share"
     missing = [n for n in kube_procs.ORDER if not (bins / n).exists()]
     if missing or not (share / ".complete").exists():
@@ -146,12 +177,21 @@ def up(args: argparse.Namespace) -> int:
             kube_pki.write_kubeconfig(
                 run / "kubeconfigs" / f"{client}.kubeconfig", run / "pki", client, server
             )
+        if args.real_nodes:
+            kube_real.prepare(run, state, args.real_nodes, free_port)
         kube_start.start(procs, share, state)
+        if args.real_nodes:
+            from kubernetes import config
+
+            api = config.new_client_from_config(config_file=str(run / "kubeconfig"))
+            kube_real.start(procs, state, api)
     except KeyboardInterrupt:
+        kube_real.teardown(run, read_state(run))
         procs.stop()
         print("interrupted: stopped what had started", file=sys.stderr)
         return 130
     except Exception as e:  # whatever failed, no process of a half-started plane stays behind
+        kube_real.teardown(run, read_state(run))
         procs.stop()
         print(f"kube up failed after {time.monotonic() - start:.1f}s: {e}", file=sys.stderr)
         print(f"logs kept in {run}/logs (make kube-down removes them)", file=sys.stderr)
@@ -166,6 +206,7 @@ def up(args: argparse.Namespace) -> int:
 
 
 def down_quietly(run: Path) -> int:
+    kube_real.teardown(run, read_state(run))  # the real nodes first: nothing of theirs is left
     stopped = kube_procs.stop_recorded(run)
     shutil.rmtree(run, ignore_errors=True)
     return stopped
@@ -185,7 +226,8 @@ def status(_: argparse.Namespace) -> int:
     if state is None:
         print(f"control plane not running ({RUN_DIR})")
         return 3
-    for name, alive in kube_procs.liveness(RUN_DIR).items():
+    procs = kube_procs.liveness(RUN_DIR) | kube_real.liveness(RUN_DIR, state)
+    for name, alive in procs.items():
         print(f"  {name:24} {'running' if alive else 'NOT RUNNING'}")
     if not is_up(RUN_DIR):
         print("control plane NOT healthy: make kube-down, then make kube-up")
@@ -204,6 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="start the control plane (no-op when it is up)")
     p_up.add_argument("--nodes", type=int, default=int(os.environ.get("TRAINMASTER_KUBE_NODES", 3)))
     p_up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=int(os.environ.get("TRAINMASTER_KUBE_REAL_NODES", 0)),
+        help="real nodes (containerd + kubelet each) beside the kwok ones (default 0)",
+    )
+    p_up.add_argument(
         "--instance-type", default=os.environ.get("TRAINMASTER_KUBE_INSTANCE_TYPE", "trn1.32xlarge")
     )
     p_up.add_argument(
@@ -215,6 +263,14 @@ def main(argv: list[str] | None = None) -> int:
     p_up.set_defaults(func=up)
     sub.add_parser("down", help="stop everything and remove the run dir").set_defaults(func=down)
     sub.add_parser("status", help="exit 0 when up and healthy").set_defaults(func=status)
+    p_kill = sub.add_parser(
+        "kill-node", help="lose a real node: SIGKILL all of it, cut its network"
+    )
+    p_kill.add_argument("name", help="real-1, real-2, ...")
+    p_kill.set_defaults(func=lambda a: kube_real.cli_kill_node(RUN_DIR, a.name))
+    p_load = sub.add_parser("load-image", help="import an image archive into every live real node")
+    p_load.add_argument("archive", help="a docker-archive or oci-archive tar")
+    p_load.set_defaults(func=lambda a: kube_real.cli_load_image(RUN_DIR, a.archive))
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -23,10 +23,13 @@ from pathlib import Path
 import yaml
 
 # The names a pod (or a test) may use to reach the API server, and the first address of the
-# service range, which the API server gives the `kubernetes` Service.
+# service range, which the API server gives the `kubernetes` Service. HOST_IP is the host's
+# address that real nodes' pods route to (kube_hostnet.py): the API server advertises it when
+# there are real nodes, so the `kubernetes` Service leads there.
 SERVICE_CIDR = "10.96.0.0/16"
+HOST_IP = "10.250.0.1"
 APISERVER_SANS = (
-    "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+    f"IP:127.0.0.1,IP:10.96.0.1,IP:{HOST_IP},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
     "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 )
 CLIENTS = {
@@ -72,6 +75,13 @@ def _leaf(pki: Path, name: str, subject: str, usage: str, sans: str | None = Non
         "-out",
         str(pki / f"{name}.crt"),
     )
+
+
+def issue(pki: Path, name: str, subject: str, usage: str, sans: str | None = None) -> None:
+    """PKI/NAME.crt and .key signed by the CA: a client (usage clientAuth) or server certificate
+    made after make_pki (the real nodes' identities, kube_hostnet.make_certs)."""
+    _leaf(pki, name, subject, usage, sans)
+    (pki / f"{name}.key").chmod(0o600)
 
 
 def make_pki(pki: Path) -> None:

@@ -62,6 +62,19 @@ def _ours(pid: int, run: Path) -> bool:
         return False
 
 
+def recorded(run: Path, name: str) -> int | None:
+    """The pid recorded for NAME, if it is still the process we started."""
+    pid = _pid(run, name)
+    return pid if pid is not None and _ours(pid, run) else None
+
+
+def alive(run: Path, name: str) -> bool:
+    return recorded(run, name) is not None
+
+
+ours = _ours
+
+
 def liveness(run: Path) -> dict[str, bool]:
     return {name: (pid := _pid(run, name)) is not None and _ours(pid, run) for name in ORDER}
 
@@ -123,16 +136,26 @@ class Processes:
         self.started = time.monotonic()
         self.milestones: list[tuple[str, float]] = []  # (what, seconds since start) per wait
 
-    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
+    def start(
+        self,
+        name: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        exe: str | None = None,
+        preexec: Callable[[], None] | None = None,
+    ) -> None:
+        """Start BINS/NAME (or EXE, a host binary such as containerd); PREEXEC runs in the child
+        before it execs (a real node's process joins the node's cgroup there)."""
         with open(self.run / "logs" / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
-                [str(self.bins / name), *args],
+                [exe or str(self.bins / name), *args],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.run,
                 start_new_session=True,
                 env={**os.environ, **(env or {})},
+                preexec_fn=preexec,
             )
         (self.run / "pids" / f"{name}.pid").write_text(str(proc.pid))
         self.procs[name] = proc

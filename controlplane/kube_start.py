@@ -15,9 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import kube_hostnet
 import kube_objects
 import kube_pki
 import kube_procs
+import kube_real
 
 
 def start(procs: kube_procs.Processes, share: Path, state: dict[str, Any]) -> None:
@@ -39,11 +41,19 @@ def start(procs: kube_procs.Processes, share: Path, state: dict[str, Any]) -> No
         "--log-level=warn",
     )
     procs.wait("etcd", lambda: kube_procs.http_ok(f"{etcd_url}/health"))
+    # With real nodes, pods must reach the API server and it the kubelets: kube_real's flags.
+    # Without, all on loopback, and the `kubernetes` Service has no endpoint: its endpoint would
+    # be 127.0.0.1, which endpoint validation refuses, and nothing in a pod ever dials it.
+    loopback = [
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        "--endpoint-reconciler-type=none",
+    ]
+    real = state.get("real_nodes")
     procs.start(
         "kube-apiserver",
         f"--etcd-servers={etcd_url}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        *(kube_real.apiserver_flags(pki) if real else loopback),
         f"--secure-port={p['apiserver']}",
         f"--cert-dir={pki}",
         f"--tls-cert-file={pki}/apiserver.crt",
@@ -54,10 +64,6 @@ def start(procs: kube_procs.Processes, share: Path, state: dict[str, Any]) -> No
         f"--service-account-key-file={pki}/sa.pub",
         f"--service-account-signing-key-file={pki}/sa.key",
         f"--service-cluster-ip-range={kube_pki.SERVICE_CIDR}",
-        # the `kubernetes` Service's endpoint would be 127.0.0.1, which endpoint
-        # validation refuses (loopback): no endpoint reconciler, as nothing in a
-        # pod here ever dials it
-        "--endpoint-reconciler-type=none",
         # the front-proxy (request header) CA that components reading the
         # extension-apiserver-authentication ConfigMap expect; no certificate here has the
         # allowed name, so no request can authenticate this way
@@ -156,7 +162,8 @@ def start(procs: kube_procs.Processes, share: Path, state: dict[str, Any]) -> No
         f"--config={run}/kwok.yaml",
         "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={key}={value}",
-        "--cidr=10.244.0.0/16",
+        # fake pod IPs; beside real nodes, clear of their subnets (10.244.N.0/24)
+        f"--cidr={kube_hostnet.KWOK_CIDR if real else '10.244.0.0/16'}",
         "--node-ip=10.0.0.1",
         "--node-lease-duration-seconds=40",
         f"--server-address=127.0.0.1:{p['kwok']}",

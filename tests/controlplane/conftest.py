@@ -195,3 +195,6 @@ def kube_namespace(real_kube: RealKube) -> Iterator[str]:
 
 # the fixtures of trainmaster's own jobs on this plane (cluster add-ons, a namespace with storage)
 from tests.controlplane.kubejobs import cluster_addons, job_ns, plan_dir  # noqa: E402, F401
+
+# a plane of real nodes of its own (kube.py up --real-nodes), for the `realnodes` tests
+from tests.controlplane.realnodes import real_nodes  # noqa: E402, F401

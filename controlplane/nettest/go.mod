@@ -1,0 +1,3 @@
+module trainmaster.local/controlplane/nettest
+
+go 1.26.0

@@ -1,0 +1,3 @@
+module trainmaster.local/controlplane/pause
+
+go 1.26.0
