@@ -197,8 +197,13 @@ def test_dockerfiles_are_pinned_and_install_torch_first() -> None:
     files = image.dockerfiles()
     for flavour in image.FLAVOURS:
         text = files[f"Dockerfile.{flavour}"]
-        base = re.search(r"^FROM --platform=linux/amd64 (\S+)$", text, re.M)
+        # the base is a build argument (a mirror's may replace it) whose default is the pin
+        base = re.search(r"^ARG BASE=(\S+)\nFROM --platform=linux/amd64 \$\{BASE\}$", text, re.M)
         assert base and ":" in base.group(1) and "latest" not in base.group(1)
+        if flavour != "neuron":  # pip installs torch from TORCH_INDEX_URL, by default the pin's
+            index = re.search(r"^ARG TORCH_INDEX_URL=(\S+)$", text, re.M)
+            assert index and index.group(1) in versions.TORCH_INDEX.values()
+            assert f'"torch=={versions.TORCH_VERSION}" --index-url "$TORCH_INDEX_URL"' in text
         for spec_ in re.findall(r'"([A-Za-z0-9_.-]+)([=<>!~]=?[^"]*)?"', text):
             assert spec_[1].startswith("=="), spec_
         assert "python-etcd==" in text and "tensorboard==" in text

@@ -7,7 +7,9 @@ pinned (the Neuron base image brings torch-neuronx's), then the project with a c
 keeps that torch: pip never swaps in another build. python-etcd (torch's etcd rendezvous) and
 tensorboard (the TensorBoard Deployment runs this image) are pinned too. Builds use
 `--platform linux/amd64`, so an ARM laptop builds the image the nodes run
-(docs/architecture.md 5: tutorial 1).
+(docs/architecture.md 5: tutorial 1). The base image and torch's pip index are build arguments
+(BASE, TORCH_INDEX_URL) whose defaults are the pins: a plain build is the pinned image, and a
+build behind a mirror, or controlplane/kube_image.py's without a registry, names its own.
 """
 
 from __future__ import annotations
@@ -50,13 +52,24 @@ ENV PYTHONUNBUFFERED=1 \\
 """
 
 
-def _header(flavour: str, base: str, note: str) -> str:
-    return (
+def _header(flavour: str, base: str, note: str, torch_index: str = "") -> str:
+    """The first lines: the pinned base and, where pip installs torch, its index, each a build
+    argument whose default is the pin, so a plain build is the pinned image and a build behind a
+    mirror (or without Docker Hub) names its own. BASE comes before FROM, which may use only such
+    arguments; TORCH_INDEX_URL is declared inside the stage, where RUN sees it."""
+    args = "#   BASE             the base image\n"
+    if torch_index:
+        args += "#   TORCH_INDEX_URL  the pip index torch comes from\n"
+    text = (
         f"# syntax=docker/dockerfile:1\n"
         f"# trainmaster training image, {flavour} flavour (written by `trainmaster cluster plan`).\n"
         f"# {note}\n"
-        f"FROM --platform=linux/amd64 {base}\n"
+        f"# Build arguments (defaults: the pins; behind a mirror, --build-arg NAME=the mirror's):\n"
+        f"{args}"
+        f"ARG BASE={base}\n"
+        f"FROM --platform=linux/amd64 ${{BASE}}\n"
     )
+    return text + (f"ARG TORCH_INDEX_URL={torch_index}\n" if torch_index else "")
 
 
 def neuron() -> str:
@@ -90,6 +103,7 @@ def torchneuron() -> str:
             "torchneuron",
             versions.TORCHNEURON_BASE_IMAGE,
             f"BETA: {versions.TORCHNEURON_BETA}. Native PyTorch on Trainium2/3, device 'neuron'.",
+            versions.TORCH_INDEX["cpu"],
         )
         + f"""\
 {_ENV}ENV PATH=/opt/venv/bin:/opt/aws/neuron/bin:$PATH \\
@@ -113,7 +127,7 @@ RUN apt-get update \\
  && (cd /tmp/aws-efa-installer && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify) \\
  && rm -rf /tmp/efa.tar.gz /tmp/aws-efa-installer /var/lib/apt/lists/* \\
  && python3 -m venv /opt/venv
-RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url {versions.TORCH_INDEX["cpu"]} \\
+RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url "$TORCH_INDEX_URL" \\
  && python -m pip install --no-cache-dir --extra-index-url {versions.NEURON_PIP_INDEX} \\
         "torch-neuronx=={versions.TORCHNEURON_VERSION}.*" "torch=={versions.TORCH_VERSION}"
 {_install()}WORKDIR /workspace
@@ -137,6 +151,7 @@ def cuda() -> str:
             "cuda",
             versions.CUDA_BASE_IMAGE,
             "CUDA base; torch's wheels bring cuDNN and NCCL; EFA userspace + aws-ofi-nccl from the EFA installer.",
+            versions.TORCH_INDEX["cuda"],
         )
         + f"""\
 {_ENV}ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility \\
@@ -153,7 +168,7 @@ RUN apt-get update \\
  && ls {OFI_NCCL_LIB}/libnccl-ofi*.so \\
  && rm -rf /tmp/efa.tar.gz /tmp/aws-efa-installer /var/lib/apt/lists/* \\
  && python3 -m venv /opt/venv
-RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url {versions.TORCH_INDEX["cuda"]}
+RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url "$TORCH_INDEX_URL"
 {_install()}WORKDIR /workspace
 CMD ["/bin/bash"]
 """
@@ -166,9 +181,10 @@ def cpu() -> str:
             "cpu",
             versions.CPU_BASE_IMAGE,
             "CPU only: CPU node groups, and a quick check of the image without accelerators.",
+            versions.TORCH_INDEX["cpu"],
         )
         + f"""\
-{_ENV}RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url {versions.TORCH_INDEX["cpu"]}
+{_ENV}RUN python -m pip install --no-cache-dir "torch=={versions.TORCH_VERSION}" --index-url "$TORCH_INDEX_URL"
 {_install()}WORKDIR /workspace
 CMD ["/bin/bash"]
 """
