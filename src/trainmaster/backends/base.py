@@ -62,7 +62,7 @@ class NodeStatus:
     pid: int | None = None  # local: the agent's pid (its process group)
     exit_code: int | None = None
     restarts: int = 0  # kubernetes: container restarts of the pod
-    rank0: bool = False  # kubernetes: the pod that holds rank 0 (found from the pods' logs)
+    rank0: bool = False  # the node or pod holding rank 0 (rank0.json; on kubernetes its record)
     log: str = ""  # local: the agent's log file
     reason: str = ""  # why it ended or waits (a container's terminated reason)
 
@@ -93,7 +93,7 @@ class JobStatus:
     created: str = ""  # ISO 8601
     nodes: tuple[NodeStatus, ...] = ()
     workers: tuple[WorkerStatus, ...] = ()
-    restarts: int = 0  # torchrun restarts of the worker group (kubernetes: Volcano job retries)
+    restarts: int = 0  # every restart of the training: torchrun's and the gang's (job_retries)
     preemptions: int = 0  # SIGTERMs honoured with a checkpoint
     job_retries: int = 0  # whole-gang restarts by the launcher (local) or Volcano (kubernetes)
     step: int | None = None

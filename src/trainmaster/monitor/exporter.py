@@ -69,15 +69,19 @@ class RunCollector(Collector):
         job: str,
         phase: Callable[[], state.Phase],
         active: Callable[[], bool] = lambda: True,
+        job_retries: int = 0,  # a pod's: the gang's restarts before its attempt (no state.json)
     ):
         self.run, self.job, self.phase, self.active = run, job, phase, active
+        self.job_retries = job_retries
 
     def collect(self) -> Iterator[Metric]:
         if not self.active():
             return
         # state.json's launch and end times where the run has one (a local job), so that the
         # goodput here is measured over the window `report` and `status` use (runinfo.goodput_of).
-        known = history.read_state(self.run) or state.RunState(job=self.job, backend="kubernetes")
+        known = history.read_state(self.run) or state.RunState(
+            job=self.job, backend="kubernetes", job_retries=self.job_retries
+        )
         st = known.model_copy(update={"phase": self.phase()})
         s = runinfo.status_of(self.run, st)
         labels = [self.job, "0"]

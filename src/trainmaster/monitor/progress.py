@@ -35,7 +35,7 @@ class RunProgress:
     eta_s: float | None = None
     cost_so_far_usd: float | None = None
     cost_to_finish_usd: float | None = None
-    restarts: int = 0  # torchrun restarts of the worker group
+    restarts: int = 0  # of the worker group (runinfo.restarts); status_fields adds the gang's
     preemptions: int = 0
     hangs: tuple[str, ...] = ()
     metrics: dict[str, Any] = field(default_factory=dict)  # the newest metrics.jsonl row
@@ -44,6 +44,8 @@ class RunProgress:
     last_checkpoint: int | None = None  # the step of the newest complete checkpoint
     notes: tuple[str, ...] = ()  # progress line, cost, hangs, summary: as `status` prints them
     at: float = 0.0  # when it was computed (Unix time)
+    rank0_pod: str | None = None  # the pod rank0.json names: on Kubernetes rank 0's (status.py)
+    rank0_at: float | None = None  # when that rank 0 wrote rank0.json (its node's clock)
 
     def to_json(self) -> str:
         record = {"version": RECORD_VERSION, **asdict(self)}
@@ -96,6 +98,8 @@ def of_status(s: runinfo.Status, run: RunPaths, *, detail: bool = True) -> RunPr
         metrics={k: v for k, v in (last or {}).items() if _finite(v)},
         summary=s.summary,
         at=time.time(),
+        rank0_pod=_text((s.rank0 or {}).get("pod")),
+        rank0_at=_number(s.rank0, "started_at"),
     )
     if not detail:
         return base
@@ -135,13 +139,19 @@ def _last_checkpoint(run: RunPaths) -> int | None:
     return checkpoints.newest_named(run.checkpoints)
 
 
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def _finite(value: object) -> bool:
     return not isinstance(value, float) or math.isfinite(value)
 
 
-def of_folder(run: RunPaths, job: str, phase: state.Phase) -> RunProgress:
+def of_folder(run: RunPaths, job: str, phase: state.Phase, job_retries: int = 0) -> RunProgress:
     """The record of a run folder that has no state.json (a Kubernetes job's, read in its pod):
-    the node count and price from its job.toml, the time on the nodes from its metrics."""
+    the node count and price from its job.toml, the time on the nodes from its metrics.
+    job_retries: the gang's restarts before this attempt (the pod's Volcano job version), whose
+    trainer processes are in the timeline too and are not the worker group's (runinfo.restarts)."""
     cfg = history.read_config(run)
     st = state.RunState(
         job=job,
@@ -149,5 +159,41 @@ def of_folder(run: RunPaths, job: str, phase: state.Phase) -> RunProgress:
         phase=phase,
         nnodes=cfg.job.nnodes if cfg else 1,
         nproc_per_node=cfg.job.nproc_per_node if cfg else 1,
+        job_retries=job_retries,
     )
     return of_status(runinfo.status_of(run, st), run)
+
+
+def status_fields(
+    record: RunProgress | None, *, job_retries: int, running: bool, now: float
+) -> dict[str, Any]:
+    """The fields of a job's status (backends/base.py JobStatus) that its record fills, the same
+    for every backend: `restarts` counts the worker group's and the gang's
+    (runinfo.training_restarts), job_retries the gang's alone; the ETA counts down from when the
+    record was made and is None unless the job runs. No record: only the restarts are known."""
+    worker_group = record.restarts if record else 0
+    out: dict[str, Any] = {
+        "restarts": runinfo.training_restarts(worker_group, job_retries),
+        "job_retries": job_retries,
+    }
+    if record is None:
+        return out
+    eta = record.eta_s
+    if eta is not None and running:
+        eta = max(0.0, eta - max(0.0, now - record.at))
+    return out | {
+        "step": record.step,
+        "max_steps": record.max_steps,
+        "loss": record.loss,
+        "seq_per_s": record.seq_per_s,
+        "progress": record.fraction,
+        "eta_s": eta if running else None,
+        "cost_so_far_usd": record.cost_so_far_usd,
+        "cost_to_finish_usd": record.cost_to_finish_usd,
+        "preemptions": record.preemptions,
+        "hangs": record.hangs,
+        "goodput": record.goodput,
+        "last_checkpoint": record.last_checkpoint,
+        "metrics": dict(record.metrics),
+        "summary": record.summary,
+    }

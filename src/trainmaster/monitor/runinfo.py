@@ -97,6 +97,15 @@ def restarts(processes: int, *said: dict[str, Any] | None) -> int:
     return max([processes - 1, *counts, 0])
 
 
+def training_restarts(worker_group: int, job_retries: int) -> int:
+    """`restarts` in `status` and `status --json`, the same on every backend: every restart of
+    the training in this launch, whoever made it: the worker group's (torchrun's
+    --max-restarts, counted by restarts() from rank 0's processes in the run folder) and the
+    whole gang's (job_retries: the local launcher's job retry after a lost node, Volcano's
+    RestartJob on Kubernetes), which JobStatus.job_retries also gives alone."""
+    return max(0, worker_group) + max(0, job_retries)
+
+
 def status(store: Storage, job: str) -> Status:
     run = run_paths(store, job)
     return status_of(run, state.observed(run.state))
@@ -186,7 +195,8 @@ SHOWN = 6  # values of the newest row shown after its step
 
 def progress_text(s: Status) -> str:
     """`step 40/200  loss 2.31  seq_per_s 51.2  restarts 1`: the newest metrics row, whatever
-    keys it has (built-in rows: loss and seq/s first), and the restarts, metrics or not."""
+    keys it has (built-in rows: loss and seq/s first), and the restarts (training_restarts),
+    metrics or not."""
     parts = []
     if s.last is not None:
         step = int(s.last["step"])
@@ -201,7 +211,7 @@ def progress_text(s: Status) -> str:
             at = next((i + 1 for i, t in enumerate(shown) if t.startswith("seq_per_s ")), 0)
             shown.insert(at or len(shown), f"mfu {s.last['mfu']:.0%}")
         parts += shown
-    parts.append(f"restarts {s.restarts}")
+    parts.append(f"restarts {training_restarts(s.restarts, s.state.job_retries)}")
     if s.preemptions:
         parts.append(f"preemptions {s.preemptions} (SIGTERM, checkpointed)")
     return "  ".join(parts)

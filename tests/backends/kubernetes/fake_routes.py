@@ -100,8 +100,10 @@ def _objects(
     if method == "PUT":
         store[(ns, name)] = _stamp_new(body, ns)
         return h._send(200, store[(ns, name)])
-    if method == "PATCH":
+    if method == "PATCH":  # a merge of metadata and of a ConfigMap's data (progressmap.publish)
         store[(ns, name)]["metadata"].update(body.get("metadata", {}))
+        if "data" in body:
+            store[(ns, name)].setdefault("data", {}).update(body["data"])
         return h._send(200, store[(ns, name)])
     with fake.lock:
         obj = store.pop((ns, name))

@@ -16,6 +16,7 @@ from trainmaster.backends import base
 from trainmaster.config import JobConfig
 from trainmaster.config.presets import EXAMPLE_ACCOUNT
 from trainmaster.errors import UserError
+from trainmaster.monitor import progress
 from trainmaster.monitor.progress import RunProgress
 
 if TYPE_CHECKING:
@@ -134,11 +135,11 @@ class KubernetesBackend:
         )
 
     def status(self, job: str) -> base.JobStatus:
-        from trainmaster.backends.kubernetes import jobs, nodemark, progressmap, waiting
+        from trainmaster.backends.kubernetes import jobs, nodemark, waiting
 
         cluster = self._cluster()
         st = jobs.status(cluster, job)
-        record = progressmap.read(cluster, job)
+        record = st.record  # rank 0's pod published it; it also named that pod (status.py)
         # nodes a pod of this job marked unhealthy (cluster/nodeguard.py): the restart avoids them;
         # a running pod's node gone NotReady is marked here (nodemark.mark_not_ready)
         ours = f"{st.namespace}/{st.name}"
@@ -175,15 +176,16 @@ class KubernetesBackend:
             nnodes=st.replicas,
             created=st.created,
             nodes=nodes,
-            restarts=st.retries,
-            job_retries=st.retries,
             details={
                 "namespace": st.namespace,
                 "Volcano": st.volcano_phase,
-                "restarts": str(st.retries),
+                "job retries": str(st.retries),
                 "attempt": str(st.attempt),
             },
-            **_progress_fields(record, st.phase, time.time()),
+            # restarts: torchrun's in rank 0's record plus Volcano's, as the local backend counts
+            **progress.status_fields(
+                record, job_retries=st.retries, running=st.phase == "running", now=time.time()
+            ),
             notes=_progress_notes(record, st.phase, time.time())
             + tuple(m.line() for m in marked)
             + tuple(problems),
@@ -225,7 +227,12 @@ class KubernetesBackend:
                     "Volcano": j.volcano_phase,
                     "running": str(j.running),
                 },
-                **_progress_fields(records.get(j.name), j.phase, now),
+                **progress.status_fields(
+                    records.get(j.name),
+                    job_retries=j.retries,
+                    running=j.phase == "running",
+                    now=now,
+                ),
             )
             for j in jobs.list_jobs(cluster)
         ]
@@ -259,32 +266,6 @@ class KubernetesBackend:
 
 
 STALE_S = 60.0  # a record older than this, of a running job, is said to be old
-
-
-def _progress_fields(record: RunProgress | None, phase: str, now: float) -> dict[str, Any]:
-    """The JobStatus fields a progress record fills (monitor/progress.py), as the local
-    backend fills them; the ETA counts down from when the record was made."""
-    if record is None:
-        return {}
-    eta = record.eta_s
-    if eta is not None and phase == "running":
-        eta = max(0.0, eta - max(0.0, now - record.at))
-    return {
-        "step": record.step,
-        "max_steps": record.max_steps,
-        "loss": record.loss,
-        "seq_per_s": record.seq_per_s,
-        "progress": record.fraction,
-        "eta_s": eta if phase == "running" else None,
-        "cost_so_far_usd": record.cost_so_far_usd,
-        "cost_to_finish_usd": record.cost_to_finish_usd,
-        "preemptions": record.preemptions,
-        "hangs": record.hangs,
-        "goodput": record.goodput,
-        "last_checkpoint": record.last_checkpoint,
-        "metrics": dict(record.metrics),
-        "summary": record.summary,
-    }
 
 
 def _progress_notes(record: RunProgress | None, phase: str, now: float) -> tuple[str, ...]:

@@ -1,8 +1,8 @@
 """The Kubernetes backend: submit, status, logs, cancel and list Volcano jobs (one import).
 
 Submits what the pure builder (volcano.py) made: a ConfigMap with the resolved job file, then
-the Volcano Job. Status and logs live in k8s_status.py, the connection and error mapping in
-k8s_client.py; both are re-exported here for the CLI.
+the Volcano Job. Status and logs live in status.py, the connection and error mapping in
+client.py; both are re-exported here for the CLI.
 """
 
 from __future__ import annotations
@@ -217,6 +217,7 @@ class JobSummary:
     running: int
     created: str
     kind: str
+    retries: int = 0  # Volcano's restarts of the gang (status.retryCount)
 
 
 def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[JobSummary]:
@@ -252,6 +253,7 @@ def list_jobs(cluster: Cluster, *, all_namespaces: bool = False) -> list[JobSumm
                 running=int(st.get("running", 0)),
                 created=meta.get("creationTimestamp", ""),
                 kind=meta.get("labels", {}).get("trainmaster.io/kind", ""),
+                retries=int(st.get("retryCount", 0)),
             )
         )
     return sorted(out, key=lambda j: j.created, reverse=True)

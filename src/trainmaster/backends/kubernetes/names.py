@@ -34,6 +34,10 @@ POLICY_ACTIONS = frozenset(
     {"AbortJob", "RestartJob", "RestartTask", "TerminateJob", "CompleteJob", "ResumeJob"}
 )
 TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect"})
+# The taints the node lifecycle controller puts on a node that stopped answering (NoExecute:
+# they evict; nodemark.given_up reads them); Kubernetes gives every pod a 300 s toleration of
+# each, a training gang gets kubernetes.node_lost_after_s (podspec.node_lost_tolerations).
+NODE_LOST_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
 def pod_name(job: str, task: str, index: int) -> str:

@@ -15,7 +15,10 @@ gang. The operator side lists marks (`status`) and clears them (`trainmaster nod
 A node that goes NotReady cannot be marked from its own pod (it is the node that stopped
 answering); `status` of the job marks it instead, with the caller's credentials
 (mark_not_ready), before the gang's restart is placed if status runs in time (launch --follow
-polls it).
+polls it), and the node watcher (nodewatch.py) does with nobody at hand.
+
+Whether a node is not ready is read here and nowhere else (ready(); status and the watcher
+mark by the two facts below it, failing() and lost(), which say why each needs its own).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmaster.backends.kubernetes.client import Cluster, call, connect, whoami
+from trainmaster.backends.kubernetes.names import NODE_LOST_TAINTS
 from trainmaster.cluster.nodeguard import ANN_DETAIL, ANN_JOB, ANN_REASON, ANN_TIME, TAINT_KEY
 from trainmaster.cluster.nodeguard import NODE_NAME_EXTRA as NODE_NAME
 from trainmaster.errors import UserError
@@ -104,15 +108,60 @@ def list_nodes(cluster: Cluster) -> list[Any]:
         return []
 
 
+def ready(node: Any) -> str:
+    """The node's Ready condition: "True"; "False", its kubelet's own word that it is not
+    ready; "Unknown", set by the node controller once it stopped hearing from the kubelet (and
+    read so for a node that reports no Ready condition at all). The one reader of it."""
+    return str(_ready_condition(node)[0])
+
+
+def _ready_condition(node: Any) -> tuple[str, str]:
+    """(status, "reason: message") of the node's Ready condition; ("Unknown", "") if none."""
+    for c in (node.status.conditions if node.status else None) or []:
+        if c.type == "Ready":
+            return str(c.status), ": ".join(filter(None, [c.reason, c.message]))
+    return "Unknown", ""
+
+
 def not_ready(node: Any) -> str | None:
-    """Why a node is not Ready (its Ready condition False, or Unknown once the node controller
-    stopped hearing from its kubelet), None when it is."""
-    conditions = (node.status.conditions if node.status else None) or []
-    for c in conditions:
-        if c.type == "Ready" and c.status != "True":
-            said = ": ".join(filter(None, [c.reason, c.message]))
-            return f"Ready={c.status}" + (f" ({said})" if said else "")
-    return None
+    """Why the node is not Ready ("Ready=False (KubeletNotReady)"), None when it is."""
+    status, said = _ready_condition(node)
+    if status == "True":
+        return None
+    return f"Ready={status}" + (f" ({said})" if said else "")
+
+
+def given_up(node: Any) -> bool:
+    """Whether the node lifecycle controller has tainted the node NoExecute as not-ready or
+    unreachable: its verdict on the Ready condition, which evicts the pods once their toleration
+    ends (podspec.node_lost_tolerations). Its safeguards come with it: it taints at a limited
+    rate per zone, more slowly (in a small cluster not at all) while much of a zone is not
+    ready, and when every node is not ready at once (the control plane cut off, not the nodes)
+    it takes these taints off and evicts nothing (kubernetes pkg/controller/nodelifecycle,
+    handleDisruption)."""
+    taints = (node.spec.taints if node.spec else None) or []
+    return any(t.key in NODE_LOST_TAINTS and t.effect == "NoExecute" for t in taints)
+
+
+def lost(node: Any) -> str | None:
+    """Why Kubernetes has given up on the node (not Ready, and given_up), else None: what the
+    node watcher marks and takes out of service. It acts alone on every node of the cluster,
+    so it waits for the controller's verdict and keeps its safeguards: a partition of the
+    control plane, or a zone gone mostly NotReady at once (a bad rollout), marks nothing."""
+    why = not_ready(node)
+    return why if why is not None and given_up(node) else None
+
+
+def failing(node: Any) -> str | None:
+    """Why `status` marks the node under a running pod of its job (mark_not_ready), else None:
+    lost, or Ready=False before the taint. False is the node's own kubelet saying it is not
+    ready: a node that answers is not cut off, and the pod it holds may fail and Volcano place
+    the restart within a second, before the controller's rate-limited taint comes. Unknown
+    without the taint is left alone: only the controller sets Unknown, and where it does not
+    taint too it is holding back (the whole cluster looks lost, or much of a zone), so marking
+    then would mark every node of the job. Only the job's own nodes are marked, and `status`
+    shows each mark."""
+    return lost(node) or (not_ready(node) if ready(node) == "False" else None)
 
 
 def is_marked(node: Any) -> bool:
@@ -123,8 +172,8 @@ def is_marked(node: Any) -> bool:
 def mark_not_ready(
     cluster: Cluster, nodes: list[Any], pods: dict[str, str], job: str
 ) -> tuple[list[str], bool]:
-    """Mark the nodes of a running job's pods (node -> pod) that went NotReady, as `status`
-    (and launch --follow) sees them: the pod on such a node cannot mark it itself, and
+    """Mark the nodes of a running job's pods (node -> pod) that are failing (failing()), as
+    `status` (and launch --follow) sees them: the pod on such a node cannot mark it itself, and
     Kubernetes' own not-ready taint goes when the node reports Ready again, so a node that
     flaps would take the restarted gang back. With the caller's credentials (patch nodes).
     Returns what could not be marked (lines for `status`) and whether a node was marked."""
@@ -133,7 +182,7 @@ def mark_not_ready(
         name = node.metadata.name
         if name not in pods or is_marked(node):
             continue
-        why = not_ready(node)
+        why = failing(node)
         if why is None:
             continue
         try:

@@ -16,9 +16,10 @@ taint (non-graceful node shutdown, GA in 1.28): the pod garbage collector force-
 node's terminating pods and their volumes are detached. The watcher sets it, with nobody at
 hand, only where Kubernetes itself has already given up on the pods:
 
-- a node NotReady and tainted NoExecute by the node controller (its grace period passed) under
-  a live trainmaster pod is marked at once (trainmaster's taint, reason node-not-ready, naming
-  the pod's job), whether or not it comes back: a node that blinked out during a job is not
+- a node NotReady and tainted NoExecute by the node controller (its grace period passed;
+  nodemark.lost, which says why the watcher waits for that taint) under a live trainmaster pod
+  is marked at once (trainmaster's taint, reason node-not-ready, naming the pod's job),
+  whether or not it comes back: a node that blinked out during a job is not
   trusted with the next restart until `trainmaster node clear` (Kubernetes' own taints go with
   the NotReady condition, so a flapping node would take the restarted gang back);
 - such a node on which a live trainmaster pod was evicted and is still there (Ready=Unknown: no kubelet will confirm it; Ready=False: its
@@ -43,7 +44,6 @@ from typing import Any, Literal
 
 from trainmaster.backends.kubernetes import nodemark
 from trainmaster.backends.kubernetes.client import ApiError, Cluster, TransportError, call, connect
-from trainmaster.backends.kubernetes.podspec import NODE_LOST_TAINTS
 from trainmaster.errors import JobFailed, UserError
 
 OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown"}
@@ -59,14 +59,6 @@ class Action:
     kind: Literal["mark", "take-out", "bring-back"]
     detail: str
     job: str = ""  # NAMESPACE/JOB the node's mark names: `status` of that job shows it
-
-
-def _ready(node: Any) -> str:
-    """The node's Ready condition: "True", "False" or "Unknown" (no condition: Unknown)."""
-    for c in (node.status.conditions if node.status else None) or []:
-        if c.type == "Ready":
-            return str(c.status)
-    return "Unknown"
 
 
 def _tainted(node: Any, keys: tuple[str, ...], effect: str) -> bool:
@@ -100,15 +92,15 @@ def decide(nodes: list[Any], pods: list[Any], now: datetime) -> list[Action]:
             by_node.setdefault(pod.spec.node_name, []).append(pod)
     actions = []
     for node in nodes:
-        name, ready = node.metadata.name, _ready(node)
+        name, ready = node.metadata.name, nodemark.ready(node)
         out = _tainted(node, (OUT_OF_SERVICE["key"],), "NoExecute")
         if ready == "True":
             if out and OURS in (node.metadata.annotations or {}):
                 actions.append(Action(name, "bring-back", "Ready again"))
             continue
-        if out or not _tainted(node, NODE_LOST_TAINTS, "NoExecute"):
+        why = nodemark.lost(node)  # Kubernetes gave up on it: its safeguards hold (nodemark.py)
+        if out or why is None:
             continue
-        why = nodemark.not_ready(node) or f"Ready={ready}"
         stuck = [p for p in by_node.get(name, []) if _stuck(p, ready, now)]
         if stuck:
             detail = f"{why}; evicted, still bound: {_names(stuck)}"

@@ -12,6 +12,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from trainmaster import catalog
+from trainmaster.backends.kubernetes.names import NODE_LOST_TAINTS
 from trainmaster.compile import cache
 from trainmaster.config import JobConfig
 from trainmaster.launch import torchrun
@@ -80,11 +81,6 @@ def tolerations(cfg: JobConfig, inst: catalog.InstanceType | None) -> list[dict[
     if inst is None or inst.efa_interfaces:
         tols.append({"key": catalog.EFA, "operator": "Exists", "effect": "NoSchedule"})
     return tols + [dict(t) for t in cfg.kubernetes.tolerations]
-
-
-# The taints the node lifecycle controller puts on a node that stopped answering; Kubernetes
-# gives every pod a 300 s toleration of each, a training gang gets kubernetes.node_lost_after_s.
-NODE_LOST_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
 def node_lost_tolerations(cfg: JobConfig) -> list[dict[str, Any]]:

@@ -5,9 +5,11 @@ command runs, the pod that holds rank 0 (rank0.json on the shared storage names 
 until the first rank 0 wrote it) reads the run folder every PUBLISH_S seconds and publishes
 its progress record (monitor/progress.py) into the job's `<job>-progress` ConfigMap
 (progressmap.py); once more when the command has ended, so a finished job keeps its step,
-loss and summary after its pods are gone. The other pods only pass the command through. Every
-pod also serves /metrics on port METRICS_PORT (monitor/exporter.py); only the pod holding rank 0
-has series in it.
+loss and summary after its pods are gone. The record names rank 0's pod, which is how `status`
+and `logs` find it (status.py), and counts the worker group's restarts as the local backend
+does, the gang's (Volcano's) left out: `status` adds Volcano's own count. The other pods only
+pass the command through. Every pod also serves /metrics on port METRICS_PORT
+(monitor/exporter.py); only the pod holding rank 0 has series in it.
 
 Publishing never changes what the command does: an answer the API server refuses (the
 cluster lacks k8s/job-progress.yaml of `cluster plan`, say) is said once on stderr and
@@ -23,13 +25,13 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from trainmaster.backends.kubernetes import names as k8s_names
 from trainmaster.backends.kubernetes import podproc, progressmap
 from trainmaster.backends.kubernetes.client import Cluster, connect
-from trainmaster.backends.kubernetes.pod_script import PUBLISH, TASK
+from trainmaster.backends.kubernetes.pod_script import ENV_JOB_VERSION, PUBLISH, TASK
 from trainmaster.cluster.progressguard import PUBLISH_S
 from trainmaster.errors import JobFailed, UserError
 from trainmaster.monitor import exporter, progress
@@ -41,9 +43,25 @@ METRICS_PORT_ENV = "TRAINMASTER_METRICS_PORT"  # tests: several "pods" on one ho
 FINAL_WAIT_S = 10.0  # the last publish may hold the pod's end this long, no longer
 
 
+def attempt(environ: Mapping[str, str] = os.environ) -> int:
+    """The gang's restarts before this pod's attempt: the Volcano job version its pods carry
+    (pod_script.ENV_JOB_VERSION; RestartJob bumps it). Rank 0's trainer processes of those
+    attempts are in the run folder's timeline too, and are not the worker group's restarts."""
+    raw = environ.get(ENV_JOB_VERSION, "")
+    return int(raw) if raw.isdigit() else 0
+
+
 class Publisher:
-    def __init__(self, run: RunPaths, job: str, pod: str, cluster: Callable[[], Cluster]):
+    def __init__(
+        self,
+        run: RunPaths,
+        job: str,
+        pod: str,
+        cluster: Callable[[], Cluster],
+        job_retries: int = 0,
+    ):
         self.run, self.job, self.pod = run, job, pod
+        self.job_retries = job_retries
         self._connect = cluster
         self._cluster: Cluster | None = None
         self.off = False
@@ -60,7 +78,7 @@ class Publisher:
         """Publish the run's record if this pod holds rank 0; whether it did."""
         if self.off or not self.holds_rank0():
             return False
-        record = progress.of_folder(self.run, self.job, self.phase)
+        record = progress.of_folder(self.run, self.job, self.phase, self.job_retries)
         try:
             self._cluster = self._cluster or self._connect()
             progressmap.publish(self._cluster, self.job, record)
@@ -96,10 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         args.job,
         os.environ.get("POD_NAME", ""),
         lambda: connect(namespace=args.namespace),
+        attempt(),
     )
     port = int(os.environ.get(METRICS_PORT_ENV) or exporter.METRICS_PORT)
     try:  # /metrics on every pod; the series only where rank 0 is (monitor/exporter.py)
-        collector = exporter.RunCollector(pub.run, args.job, lambda: pub.phase, pub.holds_rank0)
+        collector = exporter.RunCollector(
+            pub.run, args.job, lambda: pub.phase, pub.holds_rank0, pub.job_retries
+        )
         metrics = exporter.serve(collector, port=port).stop
     except OSError as exc:  # the port is taken: the job runs without /metrics
         print(f"trainmaster: no /metrics on port {port}: {exc}", flush=True)

@@ -1,10 +1,13 @@
 """Status and logs of a Volcano job: its phase, pods, restarts, and which pod holds rank 0.
 
-Rank 0 is not the pod with index 0: torchrun assigns ranks at the rendezvous. The trainer
-prints `trainmaster: rank 0 on pod <POD_NAME>` when it starts (and again after every restart);
-the rank-0 pod is the one whose own log holds the newest such line (log timestamps decide).
-Each pod's log is scanned up to RANK0_SCAN_BYTES, CONNECTIONS pods at a time: at 1,024 pods
-one after another, every round trip to the API server would add up.
+Rank 0 is not the pod with index 0: torchrun assigns ranks at the rendezvous. Rank 0 writes
+rank0.json naming its pod when it starts (and again after every restart), and the pod holding
+it publishes that name in the job's progress record (publish.py, progressmap.py): rank0_pod()
+takes it from there, one small read. Only where no record names a pod of this attempt yet
+(rank 0 still starting, the cluster lacks k8s/job-progress.yaml, or a job whose pods predate
+the record's field) does it read the head of each pod's log for the trainer's
+`trainmaster: rank 0 on pod <POD_NAME>` line: RANK0_SCAN_BYTES each, CONNECTIONS pods at a
+time (at 1,024 pods one after another, every round trip to the API server would add up).
 
 At scale: pods are listed in pages (k8s_client.list_all) as plain JSON and put in node order
 by one sort, O(n log n); nothing here looks a pod up in a list.
@@ -17,10 +20,11 @@ import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from trainmaster.backends.kubernetes import names as k8s_names
-from trainmaster.backends.kubernetes import waiting
+from trainmaster.backends.kubernetes import progressmap, waiting
 from trainmaster.backends.kubernetes.client import (
     CONNECTIONS,
     JOBS,
@@ -38,10 +42,13 @@ from trainmaster.backends.kubernetes.volcano import (
     TASK,
 )
 from trainmaster.errors import JobFailed, UserError
+from trainmaster.monitor.progress import RunProgress
 from trainmaster.run import state
 
 RANK0_LINE = re.compile(r"trainmaster: rank 0 on pod (\S+)")
-RANK0_SCAN_BYTES = 64 << 20  # per pod: the line is printed at start, long before this
+# per pod, the fallback's: the line comes once the trainer has started, after the pod script's
+# and torchrun's first lines; a later claim (rank 0 moved at a restart) is the record's to tell
+RANK0_SCAN_BYTES = 256 << 10
 PHASES = {
     "Pending": "pending",
     "Running": "running",
@@ -73,6 +80,7 @@ class PodInfo:
     restarts: int = 0
     exit_code: int | None = None
     reason: str = ""
+    started: str = ""  # status.startTime: when the kubelet took this pod (RFC 3339, UTC)
 
 
 @dataclass
@@ -81,7 +89,7 @@ class JobStatus:
     namespace: str
     phase: str  # ours (run/state.py): pending | running | succeeded | failed | cancelled
     volcano_phase: str
-    retries: int  # Volcano job restarts (status.retryCount)
+    retries: int  # Volcano's restarts of the gang (status.retryCount): JobStatus.job_retries
     min_available: int
     replicas: int
     pods: list[PodInfo] = field(default_factory=list)
@@ -91,6 +99,7 @@ class JobStatus:
     storage: str = ""
     created: str = ""
     attempt: int = 0  # Volcano's status.version: bumped by every restart (the pods' job-version)
+    record: RunProgress | None = None  # the progress record rank 0's pod published (find_rank0)
 
 
 def _pod_info(pod: dict[str, Any]) -> PodInfo:
@@ -103,6 +112,7 @@ def _pod_info(pod: dict[str, Any]) -> PodInfo:
         index=int(suffix) if suffix.isdigit() else -1,
         phase=st.get("phase") or "Unknown",
         node=spec.get("nodeName"),
+        started=st.get("startTime") or "",
     )
     for cs in st.get("containerStatuses") or []:
         info.restarts += cs.get("restartCount") or 0
@@ -159,7 +169,8 @@ def status(cluster: Cluster, name: str, *, find_rank0: bool = True) -> JobStatus
         why = waiting.reason(cluster, name, meta.get("uid", ""), out.min_available)
         out.message = why or out.message
     if find_rank0:
-        out.rank0_pod = rank0_pod(cluster, out.pods)
+        out.record = progressmap.read(cluster, name)
+        out.rank0_pod = rank0_pod(cluster, out.pods, out.record)
     return out
 
 
@@ -170,7 +181,8 @@ def _timestamp(stamp: str) -> tuple[str, int]:
 
 
 def _rank0_claim(cluster: Cluster, pod: str) -> tuple[str, int] | None:
-    """When the pod's own log last said `trainmaster: rank 0 on pod <pod>`, if it did."""
+    """When the head of the pod's own log (RANK0_SCAN_BYTES) last said `trainmaster: rank 0 on
+    pod <pod>`, if it did: rank0_pod()'s fallback."""
     try:
         with call(cluster, "read log of", "pods", pod):
             resp = cluster.core.read_namespaced_pod_log(
@@ -193,10 +205,45 @@ def _rank0_claim(cluster: Cluster, pod: str) -> tuple[str, int] | None:
     return newest
 
 
-def rank0_pod(cluster: Cluster, infos: list[PodInfo]) -> str | None:
-    """The pod whose own log has the newest `trainmaster: rank 0 on pod <itself>` line (a tie:
-    the later pod in node order). The logs are read CONNECTIONS at a time."""
-    started = [p.name for p in infos if p.phase in ("Running", "Succeeded", "Failed")]
+STARTED = ("Running", "Succeeded", "Failed")
+
+
+def _epoch(stamp: str) -> float | None:
+    """RFC 3339 UTC ("2026-12-04T12:00:05Z", a pod's startTime) -> Unix time."""
+    try:
+        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def claimed_rank0(infos: list[PodInfo], record: RunProgress | None) -> str | None:
+    """The pod the record says holds rank 0 (rank0.json as that pod last published it), if it
+    is one of these pods, started, and started no later than rank 0 wrote the claim: the pods
+    of every attempt have the same names, so a claim older than the pod is an earlier attempt's
+    (startTime and rank0.json's time are both that node's clock). A move of rank 0 at a restart
+    shows once the new holder publishes (publish.PUBLISH_S)."""
+    if record is None or not record.rank0_pod:
+        return None
+    pod = next((p for p in infos if p.name == record.rank0_pod and p.phase in STARTED), None)
+    if pod is None:
+        return None
+    began = _epoch(pod.started)
+    if began is not None and record.rank0_at is not None and record.rank0_at < began:
+        return None
+    return pod.name
+
+
+def rank0_pod(
+    cluster: Cluster, infos: list[PodInfo], record: RunProgress | None = None
+) -> str | None:
+    """The pod holding rank 0: the record's claim (claimed_rank0). Without one, the fallback:
+    the pod whose own log, in its first RANK0_SCAN_BYTES, has the newest
+    `trainmaster: rank 0 on pod <itself>` line (a tie: the later pod in node order); the logs
+    are read CONNECTIONS at a time."""
+    claimed = claimed_rank0(infos, record)
+    if claimed is not None:
+        return claimed
+    started = [p.name for p in infos if p.phase in STARTED]
     if not started:
         return None
     with ThreadPoolExecutor(max_workers=min(CONNECTIONS, len(started))) as pool:
@@ -227,7 +274,7 @@ def logs(
             have = ", ".join(p.name for p in infos)
             raise UserError(f"no pod {pod} (pods: {have})", where="--node")
     else:
-        pod = rank0_pod(cluster, infos) or infos[0].name
+        pod = rank0_pod(cluster, infos, progressmap.read(cluster, name)) or infos[0].name
     opts: dict[str, Any] = {"follow": follow, "_preload_content": False}
     if tail_lines is not None:
         opts["tail_lines"] = tail_lines
@@ -246,5 +293,5 @@ def as_run_state(st: JobStatus) -> state.RunState:
         config_hash=st.config_hash,
         nnodes=st.replicas,
         nodes=nodes,
-        message=st.message or f"Volcano phase {st.volcano_phase}, {st.retries} restart(s)",
+        message=st.message or f"Volcano phase {st.volcano_phase}, {st.retries} job retry(s)",
     )

@@ -261,22 +261,10 @@ def _job_status(handle: str, s: runinfo.Status, store: Storage, *, detail: bool)
             for n in st.nodes
         ),
         workers=tuple(WorkerStatus(w.rank, w.node, w.local_rank, w.pid) for w in s.workers),
-        restarts=s.restarts,
-        job_retries=st.job_retries,
-        preemptions=s.preemptions,
-        step=p.step,
-        max_steps=p.max_steps,
-        loss=p.loss,
-        seq_per_s=p.seq_per_s,
-        progress=p.fraction,
-        eta_s=p.eta_s,
-        cost_so_far_usd=p.cost_so_far_usd,
-        cost_to_finish_usd=p.cost_to_finish_usd,
-        hangs=p.hangs,
-        goodput=p.goodput,
-        last_checkpoint=p.last_checkpoint,
         details={"rendezvous": f"{st.rendezvous.get('backend')} {st.rendezvous.get('endpoint')}"},
-        metrics=dict(s.last or {}),
-        summary=p.summary,
+        # as the Kubernetes backend fills them from the same record (one mapping)
+        **progress.status_fields(
+            p, job_retries=st.job_retries, running=st.phase == "running", now=time.time()
+        ),
         notes=tuple(notes),
     )
