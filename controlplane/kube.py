@@ -19,7 +19,8 @@ containers: each its own containerd (runc, CNI bridge tm-br-N, pods in 10.244.N.
 kubelet in a cgroup of its own, with one kube-proxy and one CoreDNS on the host (kube_real.py;
 root, cgroup v1 and Debian's containerd, runc and CNI plugins needed). `kill-node NAME` loses
 one (every process SIGKILLed, its bridge gone); `load-image ARCHIVE` imports an image archive
-into every live real node (kube_images.load_image). `--nodes 0` leaves only real nodes.
+into every live real node (kube_images.load_image); `up --image-archive TAR` gives every node the
+image from its start instead, from a store made once (kube_seed.py: seconds, not minutes a node). `--nodes 0` leaves only real nodes.
 """
 
 from __future__ import annotations
@@ -130,6 +131,11 @@ def up(args: argparse.Namespace) -> int:
     bins = bin_dir()
     if not problem and args.real_nodes:
         problem = kube_real.problem(run, bins, args.real_nodes)
+    missing_archives = [a for a in args.image_archive if not Path(a).is_file()]
+    if not problem and missing_archives:
+        problem = f"--image-archive {missing_archives[0]}: no such file (kube_image.py build)"
+    if not problem and args.image_archive and not args.real_nodes:
+        problem = "--image-archive: only with --real-nodes N (kwok's nodes run no image)"
     if problem:
         print(problem, file=sys.stderr)
         return 2
@@ -178,6 +184,7 @@ def up(args: argparse.Namespace) -> int:
                 run / "kubeconfigs" / f"{client}.kubeconfig", run / "pki", client, server
             )
         if args.real_nodes:
+            state["image_archives"] = [str(Path(a).absolute()) for a in args.image_archive]
             kube_real.prepare(run, state, args.real_nodes, free_port)
         kube_start.start(procs, share, state)
         if args.real_nodes:
@@ -250,6 +257,14 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=int(os.environ.get("TRAINMASTER_KUBE_REAL_NODES", 0)),
         help="real nodes (containerd + kubelet each) beside the kwok ones (default 0)",
+    )
+    p_up.add_argument(
+        "--image-archive",
+        action="append",
+        default=[],
+        metavar="TAR",
+        help="an image every real node has from its start (repeatable; kube_seed.py: imported "
+        "once into a cached store, which each node's containerd starts from)",
     )
     p_up.add_argument(
         "--instance-type", default=os.environ.get("TRAINMASTER_KUBE_INSTANCE_TYPE", "trn1.32xlarge")

@@ -27,6 +27,7 @@ import kube_images
 import kube_nodes
 import kube_pki
 import kube_procs
+import kube_seed
 import kube_services
 
 BINARIES = ["kubelet", "kube-proxy", "coredns", "pause", "nettest"]
@@ -99,9 +100,15 @@ def start(procs: kube_procs.Processes, state: dict[str, Any], api: Any) -> None:
 
     run, bins, ports = procs.run, procs.bins, state["ports"]
     nodes = state["real_nodes"]
+    seed = None
+    if state.get("image_archives"):  # made once per set of images (minutes), then found
+        seed, made = kube_seed.make([Path(a) for a in state["image_archives"]])
+        procs.mark(f"the image store {'made' if made else 'found'} ({seed.parent.name})")
     procs.deadline += TIMEOUT
     for node in nodes:
         kube_nodes.write_configs(node, bins, run / "pki", kube_services.DNS_IP)
+        if seed:
+            kube_seed.give(seed, Path(node["dir"]) / "containerd" / "root")
         kube_cgroups.create(node["name"])
         procs.start(
             f"{node['name']}-containerd",

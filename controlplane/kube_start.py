@@ -133,9 +133,14 @@ def start(procs: kube_procs.Processes, share: Path, state: dict[str, Any]) -> No
         f"--tls-private-key-file={pki}/webhook.key",
     )
     env = {"KUBE_POD_NAMESPACE": kube_objects.VOLCANO_NAMESPACE}
+    # No kube-scheduler runs here: Volcano's scheduler also places the pods that name the
+    # default scheduler (the add-ons' Deployments: etcd, the node watcher, TensorBoard), each
+    # in a PodGroup of its own that the controllers make for it, as EKS's scheduler would.
+    schedulers = ["--scheduler-name=volcano", "--scheduler-name=default-scheduler"]
     procs.start(
         "vc-controller-manager",
         *volcano,
+        *schedulers,
         "--leader-elect=false",
         f"--healthz-address=127.0.0.1:{p['vc-controllers-healthz']}",
         f"--listen-address=127.0.0.1:{p['vc-controllers-metrics']}",
@@ -147,6 +152,7 @@ def start(procs: kube_procs.Processes, share: Path, state: dict[str, Any]) -> No
     procs.start(
         "vc-scheduler",
         *volcano,
+        *schedulers,
         "--leader-elect=false",
         f"--scheduler-conf={run}/volcano-scheduler.conf",
         "--schedule-period=1s",

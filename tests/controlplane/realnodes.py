@@ -1,6 +1,7 @@
 """The `real_nodes` fixture: a plane whose nodes run containers (kube.py up --real-nodes).
 
-`kube.py up --nodes 0 --real-nodes 3` in a run dir and on an API port of its own (not the
+`kube.py up --nodes 0 --real-nodes 6 --image-archive ...` (the training image built, as
+test_image.py builds it, and given to every node from its start) in a run dir and on an API port of its own (not the
 `real_kube` plane's: TRAINMASTER_KUBE_REAL_DIR, default /tmp/trainmaster-kube-real, any free
 port), started afresh for the session and taken down at its end, since its tests kill a node.
 Without built binaries the tests skip, unless TRAINMASTER_KUBE_BUILD=1 lets the fixture build
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -26,8 +28,10 @@ import pytest
 from tests.controlplane.conftest import CONTROLPLANE, KUBE_PY, RealKube, controlplane_module
 
 RUN_DIR = Path(os.environ.get("TRAINMASTER_KUBE_REAL_DIR", "/tmp/trainmaster-kube-real"))
-COUNT = 3
+# test_real_nodes.py uses (and loses) real-1..3, test_real_job.py real-4..6 (2 and a spare)
+COUNT = 6
 UP_TIMEOUT_S = 400  # `up --real-nodes 3` takes ~30 s here, minutes on a loaded machine
+IMAGE_STORE_S = 900  # the first `up` with a new image makes its store: ~3 minutes here
 
 
 @dataclass
@@ -36,6 +40,7 @@ class RealNodes:
 
     run_dir: Path
     api: Any
+    image: str | None  # the training image every node holds (None where it cannot be built)
     _namespaces: list[str] = field(default_factory=list)
 
     @property
@@ -99,6 +104,16 @@ def _built(kube: Any, real: Any) -> bool:
     return all((bins / n).exists() for n in names) and (bins.parent / "share/.complete").exists()
 
 
+def _training_image() -> tuple[str | None, list[str]]:
+    """The CPU training image built from `cluster plan`'s Dockerfile and the etcd add-on's
+    stand-in (controlplane/kube_image.py; cached by their inputs, minutes when cold), as the
+    archives every node starts with; (None, []) where buildah or debootstrap is missing."""
+    if not all(shutil.which(t) for t in ("buildah", "debootstrap")):
+        return None, []
+    built = controlplane_module("kube_image").build("cpu")
+    return built["image"], [built["archive"], built["etcd"]["archive"]]
+
+
 @pytest.fixture(scope="session")
 def real_nodes() -> Iterator[RealNodes]:
     pytest.importorskip("kubernetes")
@@ -115,6 +130,8 @@ def real_nodes() -> Iterator[RealNodes]:
     if problem and (os.geteuid() != 0 or problem.startswith("missing")):
         pytest.skip(problem)
     _kube(RUN_DIR, "down")  # a plane a killed session left here: start afresh
+    image, archives = _training_image()
+    given = [a for path in archives for a in ("--image-archive", path)]
     up = _kube(
         RUN_DIR,
         "up",
@@ -124,7 +141,8 @@ def real_nodes() -> Iterator[RealNodes]:
         str(COUNT),
         "--port",
         "0",
-        timeout=UP_TIMEOUT_S,
+        *given,
+        timeout=UP_TIMEOUT_S + (IMAGE_STORE_S if given else 0),
     )
     if up.returncode != 0:
         _kube(RUN_DIR, "down")
@@ -133,7 +151,7 @@ def real_nodes() -> Iterator[RealNodes]:
     from kubernetes import config
 
     plane = RealNodes(
-        RUN_DIR, config.new_client_from_config(config_file=str(RUN_DIR / "kubeconfig"))
+        RUN_DIR, config.new_client_from_config(config_file=str(RUN_DIR / "kubeconfig")), image
     )
     try:
         yield plane

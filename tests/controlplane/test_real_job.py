@@ -1,0 +1,135 @@
+"""The tutorial's job, shrunk, trains in containers on real nodes and survives losing one.
+
+On the `real_nodes` plane (three real nodes, each holding the CPU training image built from
+`cluster plan`'s Dockerfile): the plan's add-ons as `cluster up` lays them (etcd behind its
+Service and the node watcher, each a Deployment in a container, on the system node), the
+pydoc shards on the claim, then `trainmaster launch --backend kubernetes` of bert-tiny on 2
+nodes with the etcd rendezvous (controlplane/kube_job.py). After a complete checkpoint one
+training node is killed (never real-6, the system node) (kubelet, containerd and containers SIGKILLed, its network gone:
+controlplane/kube_job_loss.py); the job must come back on the spare from that checkpoint and
+finish. Minutes: the node controller's 50 s grace before it says NotReady is most of it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.controlplane.conftest import controlplane_module
+from tests.controlplane.realnodes import RealNodes
+
+pytestmark = [pytest.mark.realnodes, pytest.mark.timeout(1800)]
+kube_job = controlplane_module("kube_job")
+kube_job_loss = controlplane_module("kube_job_loss")
+STEPS, EVERY = 60, 10
+POOL = ["real-4", "real-5", "real-6"]  # 2 nodes and a spare; real-6 the system node
+
+
+@pytest.fixture(scope="module")
+def lost_node_run(real_nodes: RealNodes) -> dict[str, Any]:
+    if real_nodes.image is None:
+        pytest.skip("no training image: buildah and debootstrap are needed to build it")
+    kubeconfig, run_dir = real_nodes.run_dir / "kubeconfig", real_nodes.run_dir
+    pool = POOL  # not the nodes test_real_nodes.py uses (and loses), whichever runs first
+    kube_job.setup(kubeconfig, run_dir, real_nodes.image, pool)
+    sets = kube_job.job_sets(real_nodes.image, "tiny-real", STEPS, EVERY)
+    return dict(kube_job_loss.run(kubeconfig, run_dir, sets, pool[-1]))
+
+
+def test_the_job_trains_in_containers_and_status_follows_it(
+    real_nodes: RealNodes, lost_node_run: dict[str, Any]
+) -> None:
+    """Before the loss: both pods on real nodes, rank 0's publisher gives status its step,
+    loss and ETA, and the trainer's files are on the claim."""
+    before, running = lost_node_run["pods_before"], lost_node_run["running"]
+    real = {n["name"] for n in real_nodes.state["real_nodes"]}
+    assert len(before) == 2 and {p["node"] for p in before} <= real & set(POOL)
+    assert len({p["node"] for p in before}) == 2  # one pod a node: the gang's spread
+    assert running["phase"] == "running" and running["step"] >= running["last_checkpoint"] >= EVERY
+    assert running["loss"] is not None and running["eta_s"] is not None
+    assert sum(1 for n in running["nodes"] if n["rank0"]) == 1
+    starts = [e for e in lost_node_run["timeline"] if e["event"] == "start"]
+    assert starts and starts[0]["step"] in (0, None)  # the first process started afresh
+
+
+def test_a_lost_node_ends_in_succeeded_resumed_from_a_checkpoint_elsewhere(
+    real_nodes: RealNodes, lost_node_run: dict[str, Any]
+) -> None:
+    final, victim = lost_node_run["final"], lost_node_run["victim"]
+    assert final["phase"] == "succeeded", json.dumps(final, indent=1)
+    assert final["step"] == final["max_steps"] == STEPS
+    assert final["job_retries"] == 1 and final["restarts"] == 1  # one restart, the gang's
+    after = lost_node_run["pods_after"]
+    assert after and all(p["node"] != victim for p in after)  # never placed on the lost node
+    assert {p["uid"] for p in after}.isdisjoint(p["uid"] for p in lost_node_run["pods_before"])
+    # the restarted trainer resumed from a complete checkpoint at or before the kill's step
+    starts = [e for e in lost_node_run["timeline"] if e["event"] == "start"]
+    resumed = starts[-1]["step"]
+    assert len(starts) >= 2 and resumed and resumed % EVERY == 0
+    assert lost_node_run["running"]["last_checkpoint"] <= resumed < STEPS
+    summary = json.loads(
+        (real_nodes.run_dir / "fsx" / "runs" / "tiny-real" / "summary.json").read_text()
+    )
+    assert summary["status"] == "completed" and summary["resumed_from"] == resumed
+    assert summary["steps"] == STEPS and summary["ranks_agree"]
+    phases = lost_node_run["phases"]
+    assert phases["loss_to_first_new_step_s"] and phases["loss_to_first_new_step_s"] > 0
+
+
+def test_logs_follow_rank_0_and_report_reads_the_claim(
+    real_nodes: RealNodes, lost_node_run: dict[str, Any]
+) -> None:
+    kubeconfig = str(real_nodes.run_dir / "kubeconfig")
+    logs = run_cli("--kubeconfig", kubeconfig, "logs", lost_node_run["handle"], timeout=120)
+    assert logs.returncode == 0, logs.stderr
+    assert f"step {STEPS} loss" in logs.stdout  # rank 0's container, through its kubelet
+    resumed = [e for e in lost_node_run["timeline"] if e["event"] == "start"][-1]["step"]
+    assert f"resumed from step {resumed} " in logs.stdout  # the restarted rank 0's, not the first
+    storage = str(real_nodes.run_dir / "fsx")
+    report = run_cli("--storage", storage, "report", "tiny-real", timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert "tiny-real" in report.stdout
+
+
+@pytest.fixture(scope="module")
+def deleted_pod_run(real_nodes: RealNodes, lost_node_run: dict[str, Any]) -> dict[str, Any]:
+    """The job again on what is left of POOL (after lost_node_run: module order), and one of
+    its pods deleted after a checkpoint, as `kubectl delete pod` does: the kubelet sends
+    SIGTERM and gives the pod its grace period (30 s, Kubernetes' default) before SIGKILL."""
+    kubeconfig, run_dir = real_nodes.run_dir / "kubeconfig", real_nodes.run_dir
+    live = set(kube_job.live_nodes(run_dir))
+    pool = [n for n in POOL if n in live]
+    kube_job.setup(kubeconfig, run_dir, real_nodes.image, pool)
+    sets = kube_job.job_sets(real_nodes.image, "tiny-sigterm", STEPS, EVERY)
+    deleted_at: list[float] = []
+
+    def delete_pod_on(node: str) -> None:
+        pod = next(p for p in kube_job.pods(kubeconfig, "tiny-sigterm") if p.spec.node_name == node)
+        deleted_at.append(time.time())
+        real_nodes.core.delete_namespaced_pod(pod.metadata.name, kube_job.NAMESPACE)
+
+    out = kube_job_loss.run(kubeconfig, run_dir, sets, pool[-1], kill=delete_pod_on)
+    return dict(out, deleted_at=deleted_at[0])
+
+
+def test_a_deleted_pod_is_a_sigterm_the_trainer_saves_before_it_goes(
+    real_nodes: RealNodes, deleted_pod_run: dict[str, Any]
+) -> None:
+    final = deleted_pod_run["final"]
+    assert final["phase"] == "succeeded", json.dumps(final, indent=1)
+    assert final["step"] == STEPS and final["preemptions"] == 1
+    folder = real_nodes.run_dir / "fsx" / "runs" / "tiny-sigterm"
+    lines = [json.loads(x) for x in (folder / "preemptions.jsonl").read_text().splitlines()]
+    assert len(lines) == 1
+    saved = lines[0]
+    # the trainer checkpointed within the pod's grace period, at a step after the periodic one
+    assert 0 < saved["t"] - deleted_pod_run["deleted_at"] < 30
+    assert saved["step"] >= deleted_pod_run["running"]["last_checkpoint"]
+    # and the restart resumed from that very checkpoint: no step since it was lost
+    starts = [e for e in deleted_pod_run["timeline"] if e["event"] == "start"]
+    assert len(starts) >= 2 and starts[-1]["step"] == saved["step"]
+    assert deleted_pod_run["victim"] not in {None, ""}
