@@ -99,7 +99,7 @@ class RealKube:
         self._namespaces.append(name)
         # pods need the namespace's `default` service account, which the controller manager adds
         self.wait_for(
-            lambda: _exists(lambda: self.core.read_namespaced_service_account("default", name)),
+            lambda: exists(lambda: self.core.read_namespaced_service_account("default", name)),
             30,
             f"the default service account in {name}",
         )
@@ -135,7 +135,7 @@ class RealKube:
                 self.core.delete_namespace(name)
 
 
-def _exists(read: Callable[[], object]) -> bool:
+def exists(read: Callable[[], object]) -> bool:
     from kubernetes.client.exceptions import ApiException
 
     try:

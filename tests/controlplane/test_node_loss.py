@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from tests.controlplane import kubejobs as kj
-from tests.controlplane.conftest import RealKube, controlplane_module
+from tests.controlplane.conftest import RealKube, controlplane_module, exists
 from trainmaster.backends.kubernetes import nodewatch
 from trainmaster.cluster import nodeguard
 
@@ -64,12 +64,19 @@ def watcher(real_kube: RealKube, job_ns: str, tmp_path: Path) -> Iterator[Path]:
         proc.terminate()
         proc.wait(timeout=30)
         client = dynamic.DynamicClient(real_kube.api)
-        for obj in reversed(objs[1:]):  # the namespace last, and without waiting for it
+        for obj in reversed(objs[1:]):  # the namespace last
             resource = client.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
             resource.delete(
                 name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace")
             )
+        # and gone before the next test applies it again: into a namespace still terminating
+        # the apiserver refuses to create anything (403 Forbidden)
         real_kube.core.delete_namespace(nodeguard.WATCHER_NAMESPACE)
+        real_kube.wait_for(
+            lambda: not exists(lambda: real_kube.core.read_namespace(nodeguard.WATCHER_NAMESPACE)),
+            120,
+            f"namespace {nodeguard.WATCHER_NAMESPACE} gone",
+        )
 
 
 def taint_keys(kube: RealKube, node: str) -> set[str]:
