@@ -103,6 +103,11 @@ class RunPaths:
         return self.dir / "hangs.jsonl"
 
     @property
+    def rollbacks(self) -> Path:
+        """One JSON line per divergence the trainer met: rolled back or stopped (run/divergence.py)."""
+        return self.dir / "rollbacks.jsonl"
+
+    @property
     def preemptions(self) -> Path:
         """One JSON line per SIGTERM honoured with a checkpoint (train/preempt.py)."""
         return self.dir / "preemptions.jsonl"

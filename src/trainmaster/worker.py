@@ -58,6 +58,7 @@ class Net(Protocol):
     """The shim's side (train/scriptnet.py), as the helpers see it."""
 
     def progress(self, step: int | None) -> None: ...
+    def loss(self, step: int, value: Any) -> None: ...
     def checkpoint_saved(self, step: int) -> None: ...
     def resumed(self, step: int) -> None: ...
     def sigterm(self) -> bool: ...
@@ -78,7 +79,10 @@ def log_metrics(
     watchdog and goodput, so call it on every rank."""
     if net is not None:
         net.progress(_int(step))
-    return _log_metrics(step, environ=environ, **values)
+    row = _log_metrics(step, environ=environ, **values)
+    if net is not None and "loss" in values:  # a non-finite loss stops the job (divergence)
+        net.loss(_int(step), values["loss"])
+    return row
 
 
 def heartbeat(step: int | None = None) -> None:

@@ -15,6 +15,7 @@ from trainmaster import api
 from trainmaster import worker as helpers
 from trainmaster.launch import entry, torchrun
 from trainmaster.monitor import runinfo
+from trainmaster.run import divergence
 from trainmaster.run import metrics as runlog
 from trainmaster.storage import RunPaths
 
@@ -202,3 +203,22 @@ def test_checkpoint_folders_are_published_whole_and_the_newest_is_found(tmp_path
     (helpers.checkpoint_dir(40, env) / "w.pt").write_text("40")
     helpers.checkpoint_saved(40, environ={**env, "RANK": "1"})
     assert helpers.latest_checkpoint(env) == tmp_path / "step_30" and helpers.preempted() is False
+
+
+def test_a_scripts_non_finite_loss_stops_the_job_in_one_line(run: RunPaths, tmp_path: Path) -> None:
+    """run/divergence.py for a custom script: detection and the stop (no rollback of ours)."""
+    (tmp_path / "t.py").write_text(
+        "from trainmaster.worker import log_metrics\n"
+        "for step in range(1, 6):\n"
+        "    log_metrics(step=step, loss=float('nan') if step == 3 else 1.0 / step)\n"
+        "print('after the loop')\n"
+    )
+    result = worker(run, ["t.py"], rank=0, workdir=tmp_path, cwd=tmp_path)
+    assert result.returncode == divergence.EXIT_DIVERGED, result.stderr
+    said = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(said) == 1 and said[0].startswith("trainmaster: training diverged: non-finite loss")
+    assert "at step 3" in said[0] and "after the loop" not in result.stdout
+    [line] = divergence.read(run.rollbacks)
+    assert (line["step"], line["action"], line["to"]) == (3, "stop", None)
+    assert [r["step"] for r in runinfo.read_metrics(run.metrics)] == [1, 2, 3]
+    assert not run.summary.exists()  # not "completed"

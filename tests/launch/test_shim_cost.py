@@ -22,7 +22,7 @@ from trainmaster import api
 from trainmaster.config import TrainSection, jobfile
 from trainmaster.errors import ConfigError
 from trainmaster.launch import entry
-from trainmaster.train import scriptnet
+from trainmaster.train import scriptsettings
 
 ROOT = Path(__file__).resolve().parents[2]
 # What a torchrun script does not import, and the shim therefore must not either.
@@ -31,12 +31,13 @@ NOT_NEEDED = ("pydantic", "yaml", "typer", "rich", "h5py", "tokenizers", "tomli_
               "trainmaster.train.preflight", "trainmaster.train.dataset")  # fmt: skip
 
 
-def full(path: Path) -> scriptnet.Settings:
+def full(path: Path) -> scriptsettings.Settings:
     cfg = jobfile.load(path)
     t = cfg.train
-    return scriptnet.Settings(
-        t.preflight, t.hang_timeout, t.device, t.keep_checkpoints, cfg.derived.instance
-    )
+    return scriptsettings.Settings(
+        t.preflight, t.hang_timeout, t.device, t.keep_checkpoints, cfg.derived.instance,
+        t.on_divergence,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -46,6 +47,7 @@ def full(path: Path) -> scriptnet.Settings:
         ("local-cpu", ["train.preflight=false", "train.hang_timeout=45", "train.device='cpu'"]),
         ("local-cpu", ["job.backend='kubernetes'", "kubernetes.instance_type='p5.48xlarge'"]),
         ("trn1-bert-large", ["train.keep_checkpoints=5", "train.hang_timeout=0"]),
+        ("local-cpu", ["train.on_divergence='off'"]),
         ("p5-bert-large", ["job.backend='local'"]),  # a p5 job file run here: a CPU host
     ],
 )
@@ -55,27 +57,29 @@ def test_the_net_reads_launchs_job_file_as_the_config_does(
     cfg = api.preset_job(preset, sets)
     path = tmp_path / "job.toml"
     path.write_text(jobfile.render(cfg, "resolved job (written by launch)"))
-    assert scriptnet._resolved(tomllib.loads(path.read_text())) is not None  # no pydantic
-    assert scriptnet.settings(path) == full(path)
+    assert scriptsettings._resolved(tomllib.loads(path.read_text())) is not None  # no pydantic
+    assert scriptsettings.settings(path) == full(path)
 
 
 def test_a_job_file_written_by_hand_goes_through_the_full_loader(tmp_path: Path) -> None:
     path = tmp_path / "job.toml"
     path.write_text('[job]\nname = "mine"\nentrypoint = "train.py"\n[train]\nhang_timeout = 9\n')
-    assert scriptnet._resolved(tomllib.loads(path.read_text())) is None
-    got = scriptnet.settings(path)  # the defaults, from the config
+    assert scriptsettings._resolved(tomllib.loads(path.read_text())) is None
+    got = scriptsettings.settings(path)  # the defaults, from the config
     assert got == full(path) and got.preflight is True and got.hang_timeout == 9.0
     path.write_text(
         jobfile.render(api.preset_job("local-cpu"), "x").replace('device = "cpu"', 'device = "tpu"')
     )
     with pytest.raises(ConfigError) as bad:  # the config names what is wrong, as at launch
-        scriptnet.settings(path)
+        scriptsettings.settings(path)
     assert "train.device" in str(bad.value)
 
 
-def test_the_nets_device_values_are_the_configs() -> None:
+def test_the_nets_device_and_divergence_values_are_the_configs() -> None:
     annotation = TrainSection.model_fields["device"].annotation
-    assert typing.get_args(annotation) == scriptnet.DEVICES
+    assert typing.get_args(annotation) == scriptsettings.DEVICES
+    annotation = TrainSection.model_fields["on_divergence"].annotation
+    assert typing.get_args(annotation) == scriptsettings.DIVERGENCE
 
 
 SCRIPT = """\

@@ -95,6 +95,8 @@ class JobStatus:
     workers: tuple[WorkerStatus, ...] = ()
     restarts: int = 0  # every restart of the training: torchrun's and the gang's (job_retries)
     preemptions: int = 0  # SIGTERMs honoured with a checkpoint
+    rollbacks: int = 0  # divergences rolled back to a checkpoint (run/divergence.py)
+    rollback_steps_lost: int = 0  # the steps those rollbacks took back
     job_retries: int = 0  # whole-gang restarts by the launcher (local) or Volcano (kubernetes)
     step: int | None = None
     max_steps: int | None = None

@@ -243,6 +243,20 @@ class TrainSection(Section):
         None,
         description="seconds without a finished step before a worker counts as hung: its stacks are dumped and the job restarts from its last checkpoint (unset = max(300, 20x the slowest recent step); 0 = off)",
     )
+    on_divergence: Literal["rollback", "stop", "off"] = Field(
+        "rollback",
+        description="a non-finite loss or gradient norm, or a loss spike: rollback (to the newest checkpoint from before it, skipping the batches that led there) | stop (exit, the last good checkpoint kept as newest) | off",
+    )
+    loss_spike: Annotated[float, Field(ge=0)] = Field(
+        2.0,
+        description="a step's loss above this many times the median of the last 50 counts as divergence (0 = only non-finite values)",
+    )
+    max_rollbacks: NonNegativeInt = Field(
+        3, description="rollbacks allowed within rollback_window steps; one more stops the job"
+    )
+    rollback_window: PositiveInt = Field(
+        1000, description="the steps over which max_rollbacks counts"
+    )
     seed: NonNegativeInt = Field(12345, description="seed of weights, data order and dropout")
     compile: bool = Field(
         False, description="torch.compile (cpu/cuda) or the Neuron compile cache (xla)"

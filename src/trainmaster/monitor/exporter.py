@@ -56,6 +56,8 @@ SERIES = (
     "trainmaster_restarts_total",
     "trainmaster_hangs_total",
     "trainmaster_preemptions_total",
+    "trainmaster_rollbacks_total",
+    "trainmaster_rollback_steps_lost_total",
     "trainmaster_finished",
 )
 
@@ -140,6 +142,16 @@ class RunCollector(Collector):
         yield counter("trainmaster_hangs_total", "Hangs the watchdogs caught", len(s.hangs))
         yield counter(
             "trainmaster_preemptions_total", "SIGTERMs honoured with a checkpoint", s.preemptions
+        )
+        yield counter(
+            "trainmaster_rollbacks_total",
+            "Divergences rolled back to a checkpoint",
+            s.divergence["rollbacks"],
+        )
+        yield counter(
+            "trainmaster_rollback_steps_lost_total",
+            "Steps the rollbacks took back",
+            s.divergence["rollback_steps_lost"],
         )
         yield from gauge(
             "trainmaster_finished",

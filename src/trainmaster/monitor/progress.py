@@ -37,6 +37,8 @@ class RunProgress:
     cost_to_finish_usd: float | None = None
     restarts: int = 0  # of the worker group (runinfo.restarts); status_fields adds the gang's
     preemptions: int = 0
+    rollbacks: int = 0
+    rollback_steps_lost: int = 0
     hangs: tuple[str, ...] = ()
     metrics: dict[str, Any] = field(default_factory=dict)  # the newest metrics.jsonl row
     summary: dict[str, Any] | None = None  # summary.json once the workers wrote it
@@ -92,6 +94,8 @@ def of_status(s: runinfo.Status, run: RunPaths, *, detail: bool = True) -> RunPr
         eta_s=s.eta_s,
         restarts=s.restarts,
         preemptions=s.preemptions,
+        rollbacks=s.divergence["rollbacks"],
+        rollback_steps_lost=s.divergence["rollback_steps_lost"],
         hangs=tuple(
             f"{h.describe()} (stacks in logs/{h.dump})" for h in s.hangs[-runinfo.HANGS_SHOWN :]
         ),
@@ -112,6 +116,7 @@ def of_status(s: runinfo.Status, run: RunPaths, *, detail: bool = True) -> RunPr
     said += [f"last checkpoint: step {newest}"] if newest is not None else []
     notes += ["  ".join(said)] if said else []
     notes += runinfo.hang_lines(s)
+    notes += runinfo.divergence_lines(s)
     summary = runinfo.summary_text(s)
     notes += [summary] if summary else []
     return dataclasses.replace(
@@ -191,6 +196,8 @@ def status_fields(
         "cost_so_far_usd": record.cost_so_far_usd,
         "cost_to_finish_usd": record.cost_to_finish_usd,
         "preemptions": record.preemptions,
+        "rollbacks": record.rollbacks,
+        "rollback_steps_lost": record.rollback_steps_lost,
         "hangs": record.hangs,
         "goodput": record.goodput,
         "last_checkpoint": record.last_checkpoint,

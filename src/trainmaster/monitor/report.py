@@ -118,6 +118,8 @@ class Report:
             text = f"{g[kind]:.2f} s ({g[kind] / wall:.1%})"
             if kind == "lost":
                 text += f", {g['steps_lost']} steps redone"
+                if g.get("rollbacks"):  # part of them taken back by divergence rollbacks
+                    text += f" ({g['rollbacks']} divergence rollback(s): rollbacks.jsonl)"
             out.append((f"  {NAMES.get(kind, kind)}", text))
         return out + self._saves_row()
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig, jobfile
 from trainmaster.errors import UserError
-from trainmaster.run import goodput, segments, state
+from trainmaster.run import divergence, goodput, segments, state
 from trainmaster.run import metrics as runlog
 from trainmaster.run.processes import Worker, workers
 from trainmaster.storage import RunPaths, Storage
@@ -82,6 +82,7 @@ class Status:
     hangs: list[watchdog.Hang] = field(default_factory=list)
     preemptions: int = 0  # SIGTERMs honoured with a checkpoint (not failures)
     processes: int = 0  # rank 0's trainer processes started in this launch (its timeline)
+    divergence: dict[str, Any] = field(default_factory=lambda: divergence.summary(None))
 
     @property
     def restarts(self) -> int:
@@ -136,6 +137,7 @@ def status_of(run: RunPaths, st: state.RunState) -> Status:
         watchdog.read_hangs(run.hangs),
         len(preempt.read(run.preemptions)),
         goodput.processes(events, launched),
+        divergence.summary(run.rollbacks),
     )
 
 
@@ -184,6 +186,14 @@ def hang_lines(s: Status) -> list[str]:
     return lines
 
 
+def divergence_lines(s: Status) -> list[str]:
+    """The stop of a run that diverged (run/divergence.py), while it is its newest verdict."""
+    last = s.divergence["diverged"]
+    if not last or last.get("action") != "stop" or s.state.phase == "running":
+        return []
+    return [f"stopped: {last.get('line') or 'training diverged (rollbacks.jsonl)'}"]
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.1f}" if 1e3 <= abs(value) < 1e9 else f"{value:.4g}"
@@ -214,6 +224,9 @@ def progress_text(s: Status) -> str:
     parts.append(f"restarts {training_restarts(s.restarts, s.state.job_retries)}")
     if s.preemptions:
         parts.append(f"preemptions {s.preemptions} (SIGTERM, checkpointed)")
+    if s.divergence["rollbacks"]:
+        lost = s.divergence["rollback_steps_lost"]
+        parts.append(f"rollbacks {s.divergence['rollbacks']} ({lost} steps taken back)")
     return "  ".join(parts)
 
 

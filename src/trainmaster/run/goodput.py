@@ -28,6 +28,11 @@ all times from time.time():
                                                              step S's background write finished
                                                              (it overlapped training)
     {"event": "end", "t": T, "step": S}                      the trainer finished at step S
+    {"event": "rollback", "t": T0, "end": T1, "step": B, "to": S}
+                                                             a divergence at step B rolled the
+                                                             running trainer back to step S
+                                                             (run/divergence.py): steps S+1..B
+                                                             are lost, T0..T1 is restart time
     {"event": "resume", "t": T, "step": S}                   a custom script resumed after step S
                                                              (its start event has no step: the shim
                                                              learns it from latest_checkpoint())
@@ -107,6 +112,7 @@ class Goodput:
     steps_lost: int
     restarts: int
     spans: tuple[Span, ...]
+    rollbacks: int = 0
 
     @property
     def ratio(self) -> float:
@@ -120,6 +126,7 @@ class Goodput:
             "ratio": round(self.ratio, 4),
             "steps_lost": self.steps_lost,
             "restarts": self.restarts,
+            "rollbacks": self.rollbacks,
         }
 
 
@@ -131,6 +138,7 @@ class _Attempt:
     resumed: int | None  # a script that did not say: before its first step (None: no step)
     compiles: bool
     items: list[dict[str, Any]] = field(default_factory=list)
+    rollback: bool = False  # the same process, rolled back (not a restart)
 
 
 def _attempts(events: Iterable[dict[str, Any]], launched: float | None) -> list[_Attempt]:
@@ -140,6 +148,8 @@ def _attempts(events: Iterable[dict[str, Any]], launched: float | None) -> list[
             step = ev.get("step")
             resumed = int(step) if isinstance(step, int) else None
             out.append(_Attempt(float(ev["t"]), resumed, bool(ev.get("compiles"))))
+        elif out and ev["event"] == "rollback" and isinstance(ev.get("to"), int):
+            out.append(_Attempt(float(ev["t"]), int(ev["to"]), False, rollback=True))
         elif out and ev["event"] == "resume" and isinstance(ev.get("step"), int):
             out[-1].resumed = int(ev["step"])
         elif (
@@ -184,7 +194,8 @@ def breakdown(
     startup: launch to the run's first step. compile: the first step of a compiling process,
     less a steady step. productive / lost: step time, lost where a later process resumed from
     an earlier step (that work was redone). checkpoint: training stood still for a save.
-    restart: from the last event of a process that died to its successor's first step.
+    restart: from the last event of a process that died to its successor's first step (and of a
+    rollback, from the bad step to the first step after it).
     other: logging between steps, and the end (last checksum, summary, exit).
     """
     attempts = _attempts(events, launched_at)
@@ -245,7 +256,9 @@ def breakdown(
     seconds = dict.fromkeys(KINDS, 0.0)
     for s in spans:
         seconds[s.kind] += s.end - s.start
-    return Goodput(max(0.0, end - launch), seconds, lost_steps, len(attempts) - 1, tuple(spans))
+    rolled = sum(a.rollback for a in attempts)
+    restarts = len(attempts) - rolled - 1
+    return Goodput(max(0.0, end - launch), seconds, lost_steps, restarts, tuple(spans), rolled)
 
 
 def of_run(
@@ -277,7 +290,7 @@ def processes(events: Iterable[dict[str, Any]], launched_at: float | None = None
         ends = [float(e["t"]) for e in evs if e["event"] == "end"]
         before = [t for t in ends if starts and t < max(starts)]
         launched_at = max(before) if before else None
-    return len(_attempts(evs, launched_at))
+    return sum(not a.rollback for a in _attempts(evs, launched_at))
 
 
 def resume_steps(events: Iterable[dict[str, Any]], launched_at: float | None = None) -> list[int]:

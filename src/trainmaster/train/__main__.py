@@ -3,7 +3,8 @@
 torchrun starts this on every worker (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR... come from
 its environment); started by hand without torchrun it is one worker of a world of 1. Exit
 codes: 0 done, 2 bad input (one `error: ...` line on stderr, no traceback), 3 hung (the
-watchdog), 143 preempted (SIGTERM, after a checkpoint), 1 anything else.
+watchdog), 4 diverged (train.on_divergence: one line, run/divergence.py), 143 preempted
+(SIGTERM, after a checkpoint), 1 anything else.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import traceback  # noqa: E402
 
 from trainmaster.compile import cache, lock  # noqa: E402
 from trainmaster.errors import EXIT_BAD_INPUT, EXIT_FAILED, UserError  # noqa: E402
-from trainmaster.run import ranklog  # noqa: E402
+from trainmaster.run import divergence, ranklog  # noqa: E402
 from trainmaster.train import preempt, preflight  # noqa: E402
 
 LOCK_WAIT_ENV = "TRAINMASTER_CACHE_LOCK_WAIT_S"
@@ -67,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         return _exit(EXIT_BAD_INPUT, hard=False)
     hard = plan.env.world_size > 1
     ranklog.tee_to_rank_file(plan.run.logs, plan.env.rank)
+    stopped = divergence.refuse_restart(plan.run.rollbacks, os.environ)
+    if stopped is not None:  # a restart of a launch that stopped for divergence: stop again
+        if plan.env.rank == 0:
+            print(f"trainmaster: {stopped}", file=sys.stderr)
+        return _exit(divergence.EXIT_DIVERGED, hard=hard)
     held: lock.CacheLock | None = None
     code = 0
     try:
@@ -82,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     except preempt.Preempted as exc:
         print(f"trainmaster: {exc}", flush=True)
         code = preempt.EXIT_PREEMPTED
+    except divergence.Diverged as exc:
+        if plan.env.rank == 0:
+            print(f"trainmaster: {exc}", file=sys.stderr, flush=True)
+        code = divergence.EXIT_DIVERGED
     except BaseException:
         traceback.print_exc()
         code = EXIT_FAILED

@@ -11,7 +11,10 @@ sets one of:
 - TRAINMASTER_FAULT_HANG_AT_STEP=R:N: rank R stops right after its step N and never goes on
   (a sleep), as a worker stuck in a driver or a collective would (the watchdog test);
 - TRAINMASTER_FAULT_BAD_MATMUL_RANK=R: rank R's device computes its preflight matmul 1% off,
-  as a faulty accelerator would (the node preflight test).
+  as a faulty accelerator would (the node preflight test);
+- TRAINMASTER_FAULT_NAN_AT_STEP=R:N: rank R's loss is NaN in step N (step.loss_hooks), so
+  its gradients and, through DDP's all-reduce, every rank's weights are too (the divergence
+  tests).
 
 Each fires once per job.
 """
@@ -26,13 +29,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainmaster.train import checkpoint, health, loop
+from trainmaster.train import checkpoint, health, loop, step
 from trainmaster.train.checkpoint import saving
 
 KILL_IN_CHECKPOINT_ENV = "TRAINMASTER_FAULT_KILL_IN_CHECKPOINT"
 KILL_AT_STEP_ENV = "TRAINMASTER_FAULT_KILL_AT_STEP"
 HANG_AT_STEP_ENV = "TRAINMASTER_FAULT_HANG_AT_STEP"
 BAD_MATMUL_ENV = "TRAINMASTER_FAULT_BAD_MATMUL_RANK"
+NAN_AT_STEP_ENV = "TRAINMASTER_FAULT_NAN_AT_STEP"
 
 
 def _once(marker: Path) -> bool:
@@ -63,6 +67,22 @@ def hang_at_step(rank: int, target: int, run_dir: Path, my_rank: int, step: int)
             time.sleep(3600)
 
 
+class _Poison:
+    armed = False  # set before the step, spent by the first loss of it
+
+
+def nan_at_step(rank: int, target: int, run_dir: Path, my_rank: int, at: int) -> None:
+    if (my_rank, at) == (rank, target) and _once(run_dir / f".fault-nan-{rank}-{at}"):
+        _Poison.armed = True
+
+
+def poison(loss: Any) -> Any:
+    if _Poison.armed:
+        _Poison.armed = False
+        return loss * float("nan")
+    return loss
+
+
 def bad_matmul(rank: int, my_rank: int, product: Any) -> Any:
     return product * 1.01 if my_rank == rank else product
 
@@ -81,3 +101,7 @@ def install(environ: Mapping[str, str] = os.environ) -> None:
     for env, hook in ((KILL_AT_STEP_ENV, kill_at_step), (HANG_AT_STEP_ENV, hang_at_step)):
         if environ.get(env):
             loop.after_step_hooks.append(functools.partial(hook, *_rank_step(environ[env])))
+    if environ.get(NAN_AT_STEP_ENV):
+        at = _rank_step(environ[NAN_AT_STEP_ENV])
+        loop.before_step_hooks.append(functools.partial(nan_at_step, *at))
+        step.loss_hooks.append(poison)

@@ -20,7 +20,7 @@ from torch import nn
 from trainmaster.compile import counters as compile_counters
 from trainmaster.compile import fingerprint
 from trainmaster.run import goodput
-from trainmaster.train import checkpoint, metrics, netplugin, preempt
+from trainmaster.train import checkpoint, metrics, netplugin, preempt, rollback
 from trainmaster.train.metrics import log
 from trainmaster.train.preflight import Plan
 from trainmaster.train.trainsetup import TrainerSetup
@@ -29,6 +29,7 @@ from trainmaster.train.trainsetup import TrainerSetup
 # fault tests add one (train/faults.py) to kill a worker at a chosen step.
 StepHook = Callable[[Path, int, int], None]
 after_step_hooks: list[StepHook] = []
+before_step_hooks: list[StepHook] = []  # (run folder, rank, the step about to run)
 
 
 def param_checksum(model: nn.Module) -> str:
@@ -81,28 +82,32 @@ class Trainer(TrainerSetup):
         pending: list[tuple[int, torch.Tensor, float]] = []  # steps not yet read on the host
         window_t0, window_wall = 0.0, 0.0
         wd = self.watchdog.start()
+        guard = rollback.Guard(self)
         while step < end:
             t0 = time.perf_counter()
             if not pending:
                 window_t0, window_wall = t0, time.time()
+            for hook in before_step_hooks:
+                hook(self.plan.run.dir, rt.rank, step + 1)
             wd.where = f"step {step + 1}: data, forward, backward (gradient all_reduce), optimizer"
             result = self.stepper(batches, accum, self.loader.consumed, self._before_update)
             wd.where = f"step {step + 1}: loss all_reduce"
-            # One more float in the all-reduce: the ranks' SIGTERM votes (preempt.py).
-            votes = torch.full(
-                (1,), self.preempt.flag, dtype=result.losses.dtype, device=result.losses.device
-            )
-            reduced = rt.all_reduce_sum(torch.cat([result.losses, votes]))
-            losses = reduced[:-1] / (accum * rt.world)
+            # Two more floats in the all-reduce: the ranks' SIGTERM votes (preempt.py) and the
+            # ranks whose gradient norm is not finite (divergence: every rank learns of it).
+            dtype, device = result.losses.dtype, result.losses.device
+            flags = torch.cat([torch.full((1,), self.preempt.flag, dtype=dtype, device=device),
+                               (~torch.isfinite(result.grad_norm.detach())).reshape(1).to(dtype)])  # fmt: skip
+            reduced = rt.all_reduce_sum(torch.cat([result.losses, flags]))
+            losses = reduced[:-2] / (accum * rt.world)
             step += 1
             pending.append(
                 (
                     step,
-                    torch.cat([losses, result.grad_norm.reshape(1).float(), reduced[-1:].float()]),
+                    torch.cat([losses, result.grad_norm.reshape(1).float(), reduced[-2:].float()]),
                     result.lr,
                 )
             )
-            stop = False
+            stop, bad = False, None
             if (
                 first_step_s is None
                 or step % rt.options.sync_every == 0
@@ -110,7 +115,7 @@ class Trainer(TrainerSetup):
                 or step % t.checkpoint_every == 0
             ):  # the same steps on every rank
                 wd.where = f"step {step}: reading losses on the host"
-                stop = self._log(pending, window_t0, window_wall)  # the one host sync of the window
+                stop, bad = self._log(pending, window_t0, window_wall, guard)  # the one host sync
                 self._gpu_stalls()
             warm = first_step_s is not None
             if first_step_s is None:
@@ -121,6 +126,10 @@ class Trainer(TrainerSetup):
                 ):  # NCCL opens its plugin at the first collective
                     self.net_plugin = netplugin.describe(rt.kind)
                     log(f"nccl net plugin: {self.net_plugin}")
+            if bad is not None:  # before this step's checkpoint: it is never written
+                step = rollback.roll_back(self, guard, bad)
+                wd.beat(step, None)
+                continue  # a SIGTERM meanwhile is still voted at the next step
             if stop and step < end:  # preempted: every rank saw the vote at this same step
                 self._stop_preempted(step)
             if step % t.checkpoint_every == 0 or step == end:  # and always at the end
@@ -183,16 +192,21 @@ class Trainer(TrainerSetup):
         raise preempt.Preempted(step)
 
     def _log(
-        self, pending: list[tuple[int, torch.Tensor, float]], since: float, since_wall: float
-    ) -> bool:
+        self,
+        pending: list[tuple[int, torch.Tensor, float]],
+        since: float,
+        since_wall: float,
+        guard: rollback.Guard,
+    ) -> tuple[bool, rollback.Verdict | None]:
         """Read the window's losses and gradient norms in one host sync (every step on CPU,
         every options.sync_every on CUDA) and write their metrics rows; step_s is the window's
         mean (the host runs ahead of the GPU, so one step's own time is not known). Returns
-        whether any rank voted to stop (SIGTERM) in the window: the same answer on every rank."""
+        whether any rank voted to stop (SIGTERM) in the window, and the window's first diverged
+        step (rollback.py): the same answers on every rank."""
         values = torch.stack([v for _, v, _ in pending]).tolist()
         step_s = (time.perf_counter() - since) / len(pending)
         if self.metrics is not None:
-            for (step, _, lr), (loss, mlm, nsp, norm, _votes) in zip(pending, values, strict=True):
+            for (step, _, lr), (loss, mlm, nsp, norm, *_) in zip(pending, values, strict=True):
                 self.metrics.step(
                     step=step,
                     loss=loss,
@@ -210,8 +224,9 @@ class Trainer(TrainerSetup):
                 first=pending[0][0],
                 last=pending[-1][0],
             )
+        bad = guard.verdict([(s, row) for (s, _, _), row in zip(pending, values, strict=True)])
         pending.clear()
-        return any(row[-1] > 0 for row in values)
+        return any(row[-2] > 0 for row in values), bad
 
     def _compiled(self) -> None:
         """After the first step the graphs are in the cache: record whose they are (rank 0)."""

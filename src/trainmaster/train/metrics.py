@@ -174,6 +174,17 @@ class MetricsLog:
         files.write_json(self.run.summary, out, indent=1)
         return out
 
+    def rollback(self, step: int) -> None:
+        """Back to STEP (a divergence rolled back): its later rows and TensorBoard events go, as
+        a resumed run's do, so that no step appears twice; rollbacks.jsonl keeps the bad one."""
+        self._file.close()
+        runlog.truncate_after(self.run.metrics, step)
+        self._file = open(self.run.metrics, "a", encoding="utf-8")  # noqa: SIM115
+        self.rows = [r for r in self.rows if r["step"] <= step]
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = _summary_writer(self.run.tensorboard, purge_step=step + 1)
+
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:

@@ -26,78 +26,24 @@ from __future__ import annotations
 
 import datetime
 import gc
+import math
 import os
+import sys
 import time
-import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainmaster import catalog, worker
-from trainmaster.run import goodput
+from trainmaster import worker
+from trainmaster.run import checkpoints, divergence, goodput
 from trainmaster.storage import RunPaths
 from trainmaster.train import nodefault, preempt
+from trainmaster.train.scriptsettings import Settings, settings
 from trainmaster.train.watchdog import Watchdog
 
 STORE_PREFIX = "trainmaster-preflight"  # the preflight group's keys: never the script's default_pg
 FAULT_PREFIX = "TRAINMASTER_FAULT_"  # tests only (faults.py), e.g. a node computing wrong numbers
 _kept: list[Any] = []  # rank 0's preflight store: its server stays up for the script (docstring)
-DEVICES = ("auto", "cpu", "cuda", "xla", "neuron")  # train.device's values (a test compares)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The job's keys the net uses."""
-
-    preflight: bool
-    hang_timeout: float | None
-    device: str
-    keep_checkpoints: int
-    instance: catalog.InstanceType
-
-
-def settings(job_file: Path) -> Settings:
-    """The net's keys of the job file. launch writes the resolved job (jobfile.render: every
-    key that has a value, checked by the config), so tomllib reads them: pydantic and the
-    config model would cost every worker a fifth of a second the script does not need. A file
-    that is not such a job (written by hand, a missing key, a bad value) goes through the full
-    loader, which fills in defaults or says what is wrong."""
-    try:
-        found = _resolved(tomllib.loads(job_file.read_text(encoding="utf-8")))
-    except tomllib.TOMLDecodeError:
-        found = None
-    if found is not None:
-        return found
-    from trainmaster.config import jobfile
-
-    cfg = jobfile.load(job_file)
-    t = cfg.train
-    return Settings(t.preflight, t.hang_timeout, t.device, t.keep_checkpoints, cfg.derived.instance)
-
-
-def _resolved(data: dict[str, Any]) -> Settings | None:
-    """Settings when every key is there with a value the config allows, else None."""
-    job, train, k8s = ({**v} if isinstance(v := data.get(k), dict) else {}
-                       for k in ("job", "train", "kubernetes"))  # fmt: skip
-    hang, keep, node_type = (
-        train.get("hang_timeout"),
-        train.get("keep_checkpoints"),
-        k8s.get("instance_type"),
-    )
-    if not (
-        isinstance(train.get("preflight"), bool)
-        and (hang is None or (type(hang) in (int, float) and hang >= 0))  # None: render omits it
-        and type(keep) is int and keep >= 1
-        and train.get("device") in DEVICES
-        and job.get("backend") in ("local", "kubernetes")
-        and node_type in catalog.CATALOG
-    ):  # fmt: skip
-        return None
-    # as config.instance_of: the cluster's node type for kubernetes jobs, else a CPU host
-    inst = catalog.CATALOG[node_type if job["backend"] == "kubernetes" else "cpu"]
-    hang_s = None if hang is None else float(hang)
-    return Settings(train["preflight"], hang_s, train["device"], keep, inst)
 
 
 class Net:
@@ -112,8 +58,9 @@ class Net:
         node: int,
         hang_timeout: float | None,
         device: str = "auto:0",
+        on_divergence: str = "rollback",
     ) -> None:
-        self.run, self.rank = run, rank
+        self.run, self.rank, self.on_divergence = run, rank, on_divergence
         self.timeline = run.timeline if rank == 0 else None
         self.watchdog = Watchdog(
             logs=run.logs,
@@ -149,6 +96,21 @@ class Net:
             self.watchdog.beat(step, (now - self.mark) / (step - self.step))
         self.watchdog.where = f"after step {step}"
         self.step, self.mark = step, now
+
+    def loss(self, step: int, value: Any) -> None:
+        """A non-finite loss logged: the job stops (run/divergence.py; a script has no rollback
+        of ours, so `rollback` stops it too), one line, exit EXIT_DIVERGED, unless `off`."""
+        if self.on_divergence == "off" or type(value) not in (int, float) or math.isfinite(value):
+            return
+        bad = divergence.Verdict(step, "non-finite loss", float(value), None)
+        newest = checkpoints.newest_named(self.run.checkpoints)
+        line = divergence.stop_line(bad, newest, f"rank {self.rank}'s script logged it")
+        launch = divergence.launch_of(os.environ)
+        divergence.record(
+            self.run.rollbacks, bad, action="stop", to=newest, launch=launch, line=line
+        )
+        print(f"trainmaster: {line}", file=sys.stderr, flush=True)
+        raise SystemExit(divergence.EXIT_DIVERGED)
 
     def checkpoint_saved(self, step: int) -> None:
         """Training stood still since the last step for this save (log before saving)."""
@@ -214,6 +176,7 @@ def start(
         rank=int(environ.get("RANK", "0") or 0),
         node=int(environ.get("GROUP_RANK", "0") or 0),
         hang_timeout=cfg.hang_timeout if cfg else None,
+        on_divergence=cfg.on_divergence if cfg else "rollback",
         device=f"{device}:{environ.get('LOCAL_RANK', '0') or 0}" if device != "cpu" else "cpu",
     )
     net.record("start", t=started, compiles=False)

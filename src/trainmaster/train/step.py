@@ -26,6 +26,9 @@ from trainmaster.train.device import Batch, Runtime
 from trainmaster.train.model import Pretraining, compile_layers
 
 MAX_GRAD_NORM = 1.0
+# Applied to each micro-batch's loss before backward. Empty in normal runs; the divergence
+# tests add one (train/faults.py) that makes one step's loss NaN.
+loss_hooks: list[Callable[[torch.Tensor], torch.Tensor]] = []
 # An A/B knob while a GPU measures it (bench/gpu.sh): "layers" compiles each encoder layer and
 # the head (model.compile_layers) instead of the whole model; unset: the whole model.
 COMPILE_SCOPE_ENV = "TRAINMASTER_COMPILE_SCOPE"
@@ -94,6 +97,8 @@ class Stepper:
             with ctx:
                 with rt.autocast():
                     loss, mlm, nsp = self.net(**batch)
+                for hook in loss_hooks:
+                    loss = hook(loss)
                 (loss / accum).backward()
             totals += torch.stack([loss.detach(), mlm, nsp]).float()
             if consumed is not None:
