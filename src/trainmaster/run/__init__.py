@@ -7,6 +7,7 @@ Modules:
   segments   metrics.jsonl's rows split by the trainer process that wrote them
   checkpoints  checkpoints/step_N: which are complete, whose (config hash), atomic publish,
              pruning (the writing is the trainer's: train/checkpoint/)
+  divergence rollbacks.jsonl: the divergence detector, its verdicts, the stop a restart keeps
   ranklog    logs/rankR.log, one per rank
   processes  a local run's agents and workers, found through /proc
   pids       whether a process is alive (standard library only)

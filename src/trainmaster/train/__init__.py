@@ -19,6 +19,7 @@ Modules, in the order a run uses them:
   watchdog    the hang watchdog: stack dumps and a restart instead of a 30-minute wait
   health      node preflight: device, matmul, all-reduce, disk, shm, Neuron and EFA devices
   preempt     SIGTERM: a checkpoint of the current step, then stop (not a failure)
+  rollback    divergence: the verdict of each window, the rollback in the running processes
   metrics     metrics.jsonl, TensorBoard, log lines, rank0.json and summary.json
   trainsetup  the run's start-up: model, optimizer, data and writer, resumed exactly
   loop        the training loop: steps, checkpoints, preemption, the summary
@@ -28,6 +29,7 @@ And beside them:
   netplugin   which NCCL network plugin a CUDA worker really uses
   nodefault   the node mark a restart avoids, and the device probe after a hang
   scriptnet   the trainer's safety net for your own script, run by the entry shim
+  scriptsettings  the job file's keys that net reads, without the config model
   faults      fault injection for the end-to-end tests
   __main__    `python -m trainmaster.train --job ...`
 """
