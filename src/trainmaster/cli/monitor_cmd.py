@@ -1,7 +1,8 @@
 """`trainmaster top | tensorboard | report`: watch a running job, browse its curves, sum a run up.
 
 Registered by app.py as plain functions (`app.command()(monitor_cmd.top)` ...). The work is in
-trainmaster.monitor (top, top_k8s, tensorboard, report); here: options, printing, exit codes.
+trainmaster.monitor (top, tensorboard, report; on Kubernetes backends/kubernetes/top.py); here:
+options, printing, exit codes.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Local jobs: the worker processes are found from state.json (runinfo.workers: eac
 children, by their RANK); CPU % and resident memory come from psutil over a sampling window,
 GPU utilisation and memory from NVML (the `nvidia-ml-py` package, imported only here and only
 if installed; without it, or without a driver, the GPU columns are left out). Kubernetes jobs:
-see top_k8s.py. psutil and NVML are imported inside the functions: `--help` stays fast.
+see backends/kubernetes/top.py. psutil and NVML are imported inside the functions: `--help`
+stays fast.
 """
 
 from __future__ import annotations
