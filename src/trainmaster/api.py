@@ -222,3 +222,58 @@ def describe(cfg: JobConfig, storage: str | None = None) -> dict[str, Any]:
             "config_hash": d.config_hash,
         },
     }
+
+
+# --- Kubernetes-only commands (node, data stage, cluster status): the CLI reaches the backend
+# through here too, so that no command imports a backend package (the import contract) --------
+
+
+def _cluster(target: Target) -> Any:
+    from trainmaster.backends.kubernetes.client import connect
+
+    return connect(target.kubeconfig, target.context, target.namespace)
+
+
+def node_marks(target: Target) -> list[Any]:
+    """The nodes a training pod or the node watcher marked unhealthy (nodemark.Mark each)."""
+    from trainmaster.backends.kubernetes import nodemark
+
+    return nodemark.marks(_cluster(target))
+
+
+def clear_node_mark(target: Target, node: str) -> bool:
+    from trainmaster.backends.kubernetes import nodemark
+
+    return nodemark.clear(_cluster(target), node)
+
+
+def stage_pod(cfg: JobConfig, src: str, name: str, *, image: str | None, public: bool) -> Any:
+    """The short-lived pod that copies a dataset onto the claim (backends/kubernetes/stage.py)."""
+    from trainmaster.backends.kubernetes import stage
+
+    return stage.build_stage_pod(cfg, src, name, image=image, no_sign_request=public)
+
+
+def stage_yaml(pod: Any) -> str:
+    from trainmaster.backends.kubernetes.volcano import render_yaml
+
+    return render_yaml([pod])
+
+
+def run_stage(target: Target, cfg: JobConfig, pod: Any, on_line: Callable[[str], None]) -> str:
+    """Run the stage pod to its end; the dataset's path on the claim, verified there."""
+    from trainmaster.backends.kubernetes import stage
+
+    where = dataclasses.replace(target, namespace=cfg.kubernetes.namespace)
+    return str(stage.run_stage(_cluster(where), pod, on_line=on_line))
+
+
+def cluster_status(plan: Any, kubeconfig: str | None, context: str | None) -> Any:
+    """What of a plan exists in AWS and in the cluster (cluster/status.py, the cluster's side
+    from backends/kubernetes/clusterinfo.py)."""
+    import functools
+
+    from trainmaster.backends.kubernetes import clusterinfo
+    from trainmaster.cluster.status import gather
+
+    return gather(plan, functools.partial(clusterinfo.fill, kubeconfig=kubeconfig, context=context))

@@ -6,7 +6,6 @@ the commands that use them, so that `trainmaster --help` stays fast.
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -132,12 +131,11 @@ def status(
     ] = None,
 ) -> None:
     """What of the plan exists in AWS and in the cluster; per node, allocatable Neuron/GPU/EFA."""
-    from trainmaster.backends.kubernetes import clusterinfo
+    from trainmaster import api
     from trainmaster.cluster.plan import load_plan
-    from trainmaster.cluster.status import gather
 
     plan = load_plan(plan_dir)
-    st = gather(plan, functools.partial(clusterinfo.fill, kubeconfig=kubeconfig, context=context))
+    st = api.cluster_status(plan, kubeconfig, context)
     c = plan.cluster
     rows: list[tuple[str, str]] = []
     cl = st.cluster

@@ -12,8 +12,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainmaster import api
-from trainmaster.backends.kubernetes.volcano import ETCD_VERSIONS
 from trainmaster.cli.options import JobFileArg, SetOpt, target, write_output
+from trainmaster.config.job import ETCD_VERSIONS
 from trainmaster.errors import UserError
 
 config_app = typer.Typer(

@@ -309,19 +309,14 @@ def stage(
 ) -> None:
     """Copy a dataset onto the cluster's shared storage through a short-lived pod, verify it there."""
     where = target(ctx)
-    from trainmaster.backends.kubernetes import stage as stage_mod
+    from trainmaster import api
     from trainmaster.config import jobfile
 
     extra = [f'kubernetes.namespace="{where.namespace}"'] if where.namespace else []
     cfg = jobfile.load(job, [*(overrides or []), *extra])
-    pod = stage_mod.build_stage_pod(cfg, src, name, image=image, no_sign_request=no_sign_request)
+    pod = api.stage_pod(cfg, src, name, image=image, public=no_sign_request)
     if dry_run:
-        from trainmaster.backends.kubernetes.volcano import render_yaml
-
-        typer.echo(render_yaml([pod]), nl=False)
+        typer.echo(api.stage_yaml(pod), nl=False)
         return
-    from trainmaster.backends.kubernetes import jobs as kubernetes
-
-    cluster = kubernetes.connect(where.kubeconfig, where.context, cfg.kubernetes.namespace)
-    dest = stage_mod.run_stage(cluster, pod, on_line=lambda line: typer.echo(line))
+    dest = api.run_stage(where, cfg, pod, on_line=lambda line: typer.echo(line))
     typer.echo(f"staged and verified: {dest}")

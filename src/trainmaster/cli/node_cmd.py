@@ -7,33 +7,20 @@ node is repaired (or replaced: a new node never carries it). Kubernetes only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import typer
 
+from trainmaster import api
 from trainmaster.cli.options import target
-
-if TYPE_CHECKING:
-    from trainmaster.backends.kubernetes.client import Cluster
 
 node_app = typer.Typer(
     help="Nodes marked unhealthy by trainmaster (Kubernetes)", no_args_is_help=True
 )
 
 
-def _cluster(ctx: typer.Context) -> Cluster:
-    from trainmaster.backends.kubernetes.client import connect
-
-    where = target(ctx)
-    return connect(where.kubeconfig, where.context, where.namespace)
-
-
 @node_app.command("list")
 def list_marks(ctx: typer.Context) -> None:
     """Every node marked unhealthy: why, since when, by which job."""
-    from trainmaster.backends.kubernetes import nodemark
-
-    found = nodemark.marks(_cluster(ctx))
+    found = api.node_marks(target(ctx))
     for m in found:
         typer.echo(f"{m.line()} (job {m.job})")
     if not found:
@@ -43,9 +30,7 @@ def list_marks(ctx: typer.Context) -> None:
 @node_app.command()
 def clear(ctx: typer.Context, node: str = typer.Argument(..., metavar="NODE")) -> None:
     """Remove trainmaster's unhealthy mark (taint and annotations) from NODE."""
-    from trainmaster.backends.kubernetes import nodemark
-
-    if nodemark.clear(_cluster(ctx), node):
+    if api.clear_node_mark(target(ctx), node):
         typer.echo(f"{node}: mark cleared; new pods may land on it again")
     else:
         typer.echo(f"{node}: not marked")

@@ -123,6 +123,11 @@ class JobSection(Section):
         return value
 
 
+# Versions that serve the v2 API torch's etcd rendezvous needs: etcd 3.6 removed it
+# (pytorch/pytorch issues 158326 and 170707).
+ETCD_VERSIONS = "etcd 3.4 or 3.5 started with --enable-v2 (etcd 3.6 and later removed the v2 API)"
+
+
 class RendezvousSection(Section):
     backend: Literal["c10d", "etcd", "etcd-v2"] = Field(
         "c10d", description="torchrun rendezvous: c10d (no extra service), etcd or etcd-v2"

@@ -46,9 +46,6 @@ from trainmaster.storage import RunPaths, Storage
 C10D_PORT = 29400
 # The in-cluster etcd lives in its own namespace (cluster/addons.py), reached by its Service name.
 DEFAULT_ETCD = "etcd-server.trainmaster-etcd.svc:2379"
-# Versions that serve the v2 API torch's etcd rendezvous needs: etcd 3.6 removed it
-# (pytorch/pytorch issues 158326 and 170707).
-ETCD_VERSIONS = "etcd 3.4 or 3.5 started with --enable-v2 (etcd 3.6 and later removed the v2 API)"
 LABEL_NAME, LABEL_MANAGED = "app.kubernetes.io/name", "app.kubernetes.io/managed-by"
 LABEL_JOB, LABEL_KIND = "trainmaster.io/job", "trainmaster.io/kind"
 MANAGED_SELECTOR = f"{LABEL_MANAGED}=trainmaster"
