@@ -17,6 +17,8 @@ from trainmaster.errors import UserError
 ENV_VAR = "TRAINMASTER_STORAGE"
 DEFAULT_ROOT = "trainmaster-data"
 SHARD_GLOB = "*_training_*.hdf5"
+# The folders under STORAGE. A pod's paths are these under kubernetes.mount (PurePosixPath).
+RUNS, DATASETS, CACHES = "runs", "datasets", "cache"
 
 
 def resolve_root(cli: str | os.PathLike[str] | None = None, job: str | None = None) -> Path:
@@ -37,15 +39,23 @@ class Storage:
 
     # datasets/NAME/: NAME_training_K.hdf5 ..., vocab.txt, dataset.json
     def dataset_dir(self, name: str) -> Path:
-        return self.root / "datasets" / name
+        return self.root / DATASETS / name
 
     # cache/CACHESET/: compiler caches, fingerprint.json, .lock
+    @property
+    def caches(self) -> Path:
+        return self.root / CACHES
+
     def cache_dir(self, cacheset: str) -> Path:
-        return self.root / "cache" / cacheset
+        return self.caches / cacheset
 
     # runs/JOB/: job.toml, state.json, logs/, checkpoints/, tensorboard/, metrics.jsonl, ...
+    @property
+    def runs(self) -> Path:
+        return self.root / RUNS
+
     def run_dir(self, job: str) -> Path:
-        return self.root / "runs" / job
+        return self.runs / job
 
     def ensure_writable(self) -> Path:
         """Create the root if needed and prove we can write to it (fail early, not hours in)."""

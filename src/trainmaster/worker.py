@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from trainmaster.run.metrics import drop_after as _drop_after
 from trainmaster.run.metrics import log_metrics as _log_metrics
+from trainmaster.storage import RunPaths
 
 __all__ = [
     "EXIT_PREEMPTED",
@@ -100,7 +101,7 @@ def drop_after(step: int, *, environ: Mapping[str, str] = os.environ) -> int:
 
 
 def _folder(environ: Mapping[str, str] = os.environ) -> Path:
-    return Path(environ.get(CHECKPOINT_DIR_ENV) or "checkpoints")
+    return Path(environ.get(CHECKPOINT_DIR_ENV) or RunPaths(Path()).checkpoints)
 
 
 def latest_checkpoint(environ: Mapping[str, str] = os.environ) -> Path | None:

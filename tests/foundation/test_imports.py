@@ -60,9 +60,11 @@ def test_a_script_importing_the_worker_helpers_pays_for_nothing_heavy() -> None:
     new = json.loads(out.stdout)
     assert [m for m in new if m.startswith("trainmaster")] == [
         "trainmaster",
-        "trainmaster.files",  # the standard library only
+        "trainmaster.errors",  # errors, files and storage: the standard library only
+        "trainmaster.files",
         "trainmaster.run",
         "trainmaster.run.metrics",
+        "trainmaster.storage",  # the run folder's names (RunPaths)
         "trainmaster.worker",
     ]
     assert not [

@@ -90,3 +90,24 @@ def test_every_module_named_bare_in_src_exists() -> None:
             if m.group(1) not in here | FOREIGN:
                 bad.append(f"{name}: {m.group(1)}")
     assert not bad, bad
+
+
+# What storage.py computes: the folders under STORAGE and the files of a run folder.
+LAYOUT = (r"runs|datasets|cache|checkpoints|logs|tensorboard|job\.toml|state\.json|metrics\.jsonl"
+          r"|summary\.json|timeline\.jsonl|hangs\.jsonl|preemptions\.jsonl|rollbacks\.jsonl"
+          r"|rank0\.json")  # fmt: skip
+
+
+def test_the_storage_layout_is_spelled_only_in_storage_py() -> None:
+    """storage.py says every path under STORAGE is computed there: a path joined from a layout
+    name anywhere else (`root / "runs"`, `with_name("summary.json")`) is a second source. The
+    cluster plan's own folder (`plan.state_dir / "logs"`) is not under STORAGE."""
+    join = re.compile(rf"""(/|with_name\(|joinpath\()\s*["']({LAYOUT})["']""")
+    bad = []
+    for name, text in sources():
+        if name == "storage.py":
+            continue
+        for line in text.splitlines():
+            if join.search(line) and "plan.state_dir" not in line:
+                bad.append(f"{name}: {line.strip()}")
+    assert not bad, bad

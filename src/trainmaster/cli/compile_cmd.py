@@ -104,7 +104,7 @@ def precompile(
 
 
 def _root(storage: str | None) -> Path:
-    return Storage.at(storage).root / "cache"
+    return Storage.at(storage).caches
 
 
 def _folder(storage: str | None, name: str) -> Path:

@@ -29,7 +29,7 @@ def find_run(store: Storage, job: str) -> RunPaths:
     run = RunPaths(store.run_dir(job))
     if run.state.exists() or run.metrics.exists() or run.job_toml.exists():
         return run
-    runs = store.root / "runs"
+    runs = store.runs
     known = sorted(p.name for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
     raise UserError(
         f"no job {job!r} under {runs} (jobs: {', '.join(known) or 'none'}); "

@@ -26,7 +26,7 @@ def run_paths(store: Storage, job: str) -> RunPaths:
     if not run.state.exists():
         known = ", ".join(list_jobs(store)) or "none"
         raise UserError(
-            f"no job {job!r} under {store.root / 'runs'} (jobs: {known}); "
+            f"no job {job!r} under {store.runs} (jobs: {known}); "
             "check --storage or `trainmaster list`",
             where="JOB",
         )
@@ -34,7 +34,7 @@ def run_paths(store: Storage, job: str) -> RunPaths:
 
 
 def list_jobs(store: Storage) -> list[str]:
-    runs = store.root / "runs"
+    runs = store.runs
     return sorted(p.parent.name for p in runs.glob("*/state.json")) if runs.exists() else []
 
 

@@ -63,7 +63,7 @@ def check_port(host: str, port: int) -> None:
 def logdir_args(store: Storage, job: str | None) -> tuple[list[str], str]:
     """(TensorBoard's logdir arguments, what they show) for one job or every run."""
     if job is None:
-        runs = store.root / "runs"
+        runs = store.runs
         if not runs.is_dir():
             raise UserError(f"no runs under {store.root} yet; check --storage", where="--storage")
         return ["--logdir", str(runs.resolve())], f"every run under {runs}"

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from trainmaster import files
+from trainmaster.storage import RunPaths
 
 RUN_DIR_ENV = "TRAINMASTER_RUN_DIR"
-METRICS_FILE = "metrics.jsonl"
+METRICS_FILE = RunPaths(Path()).metrics.name  # storage.py's name, also ./ when run by hand
 _STARTED = time.time()
 
 

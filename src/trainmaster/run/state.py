@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field, model_validator
 from trainmaster import files
 from trainmaster.run.pids import pid_alive as pid_alive  # re-exported: callers use state.pid_alive
 from trainmaster.run.pids import start_time as start_time
+from trainmaster.storage import RunPaths
 
 Phase = Literal["pending", "running", "succeeded", "failed", "cancelled"]
 FINAL: tuple[str, ...] = ("succeeded", "failed", "cancelled")
@@ -133,7 +134,7 @@ def summary_of_attempt(path: Path, state: RunState) -> bool:
     """True when this attempt's workers finished: rank 0 writes summary.json only at a normal
     end ("completed" at max_steps, "stopped" after train.steps_this_run, train/loop.py). One
     left by an earlier launch of the same job (older than this start) does not count."""
-    summary = path.with_name("summary.json")
+    summary = RunPaths(path.parent).summary
     try:
         mtime = summary.stat().st_mtime
         data = json.loads(summary.read_text(encoding="utf-8"))

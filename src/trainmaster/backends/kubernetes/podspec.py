@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Any
 
-from trainmaster import catalog
+from trainmaster import catalog, storage
 from trainmaster.backends.kubernetes.names import NODE_LOST_TAINTS
 from trainmaster.compile import cache
 from trainmaster.config import JobConfig
@@ -107,7 +107,7 @@ def node_selector(cfg: JobConfig, inst: catalog.InstanceType) -> dict[str, str]:
 def cache_dir(cfg: JobConfig) -> PurePosixPath:
     # docs/architecture.md 3.3: STORAGE/cache/CACHESET, ONE cache shared by all nodes (the
     # tutorial's per-node caches compiled every graph once per node).
-    return PurePosixPath(cfg.kubernetes.mount) / "cache" / cfg.train.cacheset
+    return PurePosixPath(cfg.kubernetes.mount, storage.CACHES, cfg.train.cacheset)
 
 
 def security_context(inst: catalog.InstanceType | None) -> dict[str, Any]:

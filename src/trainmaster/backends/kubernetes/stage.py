@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Literal, cast
 
+from trainmaster import storage
 from trainmaster.backends.kubernetes import names as k8s_names
 from trainmaster.backends.kubernetes import podspec
 from trainmaster.backends.kubernetes.client import (
@@ -106,7 +107,7 @@ def pod_name(dataset: str) -> str:
 
 def paths(cfg: JobConfig, dataset: str) -> tuple[str, str]:
     """(destination, staging folder) on the shared storage, as the pod sees it."""
-    datasets = PurePosixPath(cfg.kubernetes.mount) / "datasets"
+    datasets = PurePosixPath(cfg.kubernetes.mount, storage.DATASETS)
     return str(datasets / dataset), str(datasets / f".{dataset}.staging-{pod_name(dataset)}")
 
 

@@ -29,7 +29,7 @@ from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
 from trainmaster.monitor import progress, runinfo
 from trainmaster.run import state
-from trainmaster.storage import ENV_VAR, Storage
+from trainmaster.storage import ENV_VAR, RunPaths, Storage
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ class LocalBackend:
         top_mod.running_state(store, job)  # no such job / not running: exit 2 before sampling
 
         def sample() -> Any:
-            st = state.observed(store.run_dir(job) / "state.json")
+            st = state.observed(RunPaths(store.run_dir(job)).state)
             if st.phase in state.FINAL:
                 say(f"{job}: {st.phase}")
                 return None
