@@ -11,7 +11,7 @@ DEMO_DIR ?= demo-run
 # Exits 1 unless the environment's torch is version $(1) (a local build label like +cpu is fine).
 HAS_TORCH = -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$(1)')"
 
-.PHONY: demo test stacks lint unit install system-deps torchx-venv clean
+.PHONY: demo test check stacks lint unit install system-deps torchx-venv clean
 
 install: $(STAMP)
 
@@ -80,6 +80,16 @@ stacks: $(TRN1_STAMP) system-deps
 	$(TRN1_VENV)/bin/pytest -q -m stacks
 
 test: lint unit stacks
+
+# The fast loop while you change code: lint, then the tests of the packages your uncommitted
+# change touches (tests/changed.py; BASE=main for a branch's whole change), the multi-process,
+# control-plane and stacks tests left out (`make test` runs everything).
+BASE ?= HEAD
+check: lint
+	@paths="$$($(BIN)/python -m tests.changed --base $(BASE))"; \
+	if [ -z "$$paths" ]; then echo "no change against $(BASE): nothing to test"; \
+	else echo "pytest $$paths"; $(BIN)/pytest -q -m "not slow and not kube and not realnodes" $$paths \
+		|| [ $$? -eq 5 ]; fi  # 5: every test there is a slow one
 
 # The whole local flow on the built-in corpus: shards, a 2-node job with c10d rendezvous,
 # checkpoints, metrics, TensorBoard events, and a summary with the commands to look further.
