@@ -29,12 +29,6 @@ KUBE_PY = CONTROLPLANE / "kube.py"
 T = TypeVar("T")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "kube: needs the local Kubernetes control plane (controlplane/, make kube-build)"
-    )
-
-
 def controlplane_module(name: str) -> Any:
     """A module of controlplane/ (kube.py, kube_faults.py), as its scripts import each other."""
     if str(CONTROLPLANE) not in sys.path:
