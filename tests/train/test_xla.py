@@ -8,6 +8,7 @@ with dropout the two devices would train different networks.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,11 @@ from tests.train.helpers import make_job, metrics, processes_mentioning, summary
 pytestmark = [pytest.mark.slow, pytest.mark.stacks]
 XLA_ENV = {"PJRT_DEVICE": "CPU", "TRAINMASTER_DROPOUT": "0"}
 STEPS = ("train.max_steps=6", "train.warmup_steps=2", "train.checkpoint_every=3")
+# A resumed XLA run's losses go NaN at its second step (torch_xla 2.9 on the CPU, every
+# optimizer and precision here): found by the divergence check on 2026-12-06, not fixed yet
+# (test_a_resumed_xla_run_keeps_finite_losses below fails until it is). The resume tests are
+# about the resume's bookkeeping, so they run with the check off.
+UNCHECKED = ("train.on_divergence='off'",)
 
 
 def test_xla_losses_are_the_cpu_losses(pydoc_storage: Path) -> None:
@@ -46,6 +52,7 @@ def test_xla_resumes_from_its_checkpoint(pydoc_storage: Path, sets: tuple[str, .
         f"xla-resume-{len(sets)}",
         'train.device="xla"',
         *STEPS,
+        *UNCHECKED,
         "train.steps_this_run=3",
         *sets,
         nproc=1,
@@ -56,6 +63,17 @@ def test_xla_resumes_from_its_checkpoint(pydoc_storage: Path, sets: tuple[str, .
     assert summary(job)["resumed_from"] == 3 and [r["step"] for r in metrics(job)] == list(
         range(1, 7)
     )
+
+
+@pytest.mark.xfail(strict=True, reason="a resumed XLA run goes NaN at its second step (UNCHECKED)")
+def test_a_resumed_xla_run_keeps_finite_losses(pydoc_storage: Path) -> None:
+    job = make_job(
+        pydoc_storage, "xla-resume-finite", 'train.device="xla"', *STEPS, *UNCHECKED,
+        "train.steps_this_run=3", nproc=1,
+    )  # fmt: skip
+    for _ in range(2):
+        assert trainer(job, pydoc_storage, timeout=600, env=XLA_ENV).returncode == 0
+    assert all(math.isfinite(r["loss"]) for r in metrics(job))
 
 
 def test_more_than_one_xla_worker_on_a_cpu_is_refused(pydoc_storage: Path) -> None:
