@@ -106,6 +106,11 @@ def build(flavour: str = "cpu") -> dict:
     times (this run's) and recorded_times (the build's), etcd (ref, archive, stand_in)."""
     if flavour not in BUILDABLE:
         raise ValueError(f"only {BUILDABLE} build on this machine, not {flavour!r}")
+    with kb.build_lock():
+        return _build(flavour)
+
+
+def _build(flavour: str) -> dict:
     start = time.monotonic()
     base = kb.base()
     log(f"base {base['ref']} ({'made' if base['cold'] else 'cached'}, {base['seconds']} s)")

@@ -19,6 +19,7 @@ add-on's manifest runs, so the manifest runs unchanged.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -27,7 +28,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 CACHE = (
     Path(
@@ -50,6 +53,27 @@ rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb /
 """
 ETCD_BINARY = Path("/usr/bin/etcd")  # Debian's etcd-server
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")  # this machine's trust, its proxy's CA too
+
+
+@contextlib.contextmanager
+def build_lock() -> Iterator[None]:
+    """One build at a time per cache: `make unit` starts one in the background while the other
+    tests run (Makefile), and a test's build waits here for it, then finds its record. The
+    kernel drops the lock with the process, so a killed build never holds it."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "build.lock", "w") as held:
+        if not _try_lock(held):
+            log("another build of this cache is running: waiting for it")
+            fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
+def _try_lock(held: IO[str]) -> bool:
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def log(msg: str) -> None:
