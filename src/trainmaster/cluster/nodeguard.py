@@ -18,6 +18,7 @@ compromised training pod can at worst keep its own node free of new pods.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 TAINT_KEY = "trainmaster.io/unhealthy"
@@ -198,3 +199,14 @@ def watcher(image: str, node_selector: dict[str, str]) -> list[dict[str, Any]]:
             },
         },
     ]
+
+
+def ready_condition(conditions: Iterable[Any] | None) -> tuple[str, str]:
+    """(status, "reason: message") of a node's Ready condition; ("Unknown", "") when it reports
+    none. The one reader of it: `conditions` are the kubernetes client's models (nodemark,
+    nodewatch) or the API's JSON dicts (cluster status), read the same way."""
+    for c in conditions or []:
+        get = c.get if isinstance(c, dict) else lambda key, c=c: getattr(c, key, None)
+        if get("type") == "Ready":
+            return str(get("status")), ": ".join(filter(None, [get("reason"), get("message")]))
+    return "Unknown", ""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainmaster import catalog
-from trainmaster.cluster import aws
+from trainmaster.cluster import aws, nodeguard
 from trainmaster.cluster.plan import LoadedPlan
 from trainmaster.cluster.spec import ROLE_LABEL
 
@@ -51,10 +51,7 @@ def node_of(item: dict[str, Any]) -> Node:
     """One item of GET /api/v1/nodes."""
     meta, status = item.get("metadata", {}), item.get("status", {})
     labels = meta.get("labels", {}) or {}
-    ready = any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in status.get("conditions", []) or []
-    )
+    ready = nodeguard.ready_condition(status.get("conditions"))[0] == "True"
     alloc = status.get("allocatable", {}) or {}
     return Node(
         name=meta.get("name", "?"),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainmaster.compile import cache, fingerprint
-from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig, is_valid_job_name, jobfile
+from trainmaster.config import JobConfig, is_valid_job_name, jobfile
 from trainmaster.errors import UserError
 from trainmaster.storage import RunPaths, Storage
 
@@ -50,7 +50,7 @@ def precompile_config(cfg: JobConfig, steps: int = DEFAULT_STEPS) -> JobConfig:
     """
     if steps < 1:
         raise UserError(f"must be at least 1 (got {steps})", where="--steps")
-    if cfg.job.entrypoint != BUILTIN_ENTRYPOINT:
+    if not cfg.job.builtin:
         # The warm-cache check reads the fingerprint the built-in trainer's rank 0 writes; a
         # custom script writes none, so a precompile of it could never be judged. Its graphs
         # still land in the shared cache on its first launch (the cache env is the same).

@@ -101,6 +101,12 @@ class JobSection(Section):
         default_factory=list, description='arguments after the entrypoint, e.g. ["--lr", "3e-4"]'
     )
 
+    @property
+    def builtin(self) -> bool:
+        """The built-in BERT trainer runs (and [train], [model], [data] configure it), not a
+        script of the user's: the one place that asks."""
+        return self.entrypoint == BUILTIN_ENTRYPOINT
+
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
@@ -353,7 +359,7 @@ def derive(cfg: JobConfig) -> Derived:
     world = job.nnodes * job.nproc_per_node
     # [train], [model] and [data] configure the built-in trainer; a custom entrypoint's batch is
     # its own business (its arguments), so its job shape is not checked against them.
-    builtin = job.entrypoint == BUILTIN_ENTRYPOINT
+    builtin = job.builtin
     # Accumulation must divide exactly for every node count the job may run with, so that the
     # global batch (and with it the meaning of lr and max_steps) never silently changes.
     for nodes in range(min_nodes, job.nnodes + 1) if builtin else ():

@@ -24,7 +24,7 @@ and then runs the script in the same process (runpy, as `python script.py` would
 Every worker pays for what the shim imports before the script's first step, so it imports only
 what a torchrun script needs anyway: the standard library, trainmaster's stdlib-only run-folder
 modules, and torch for the preflight (the script imports it next). The config's pydantic model
-stays on the operator side (is_builtin, program_args, check_local import it there); the net reads
+stays on the operator side (program_args, check_local import it there); the net reads
 the resolved job.toml with tomllib (train/scriptnet.py settings()).
 """
 
@@ -62,12 +62,6 @@ ENV_JOB = "TRAINMASTER_JOB"
 ENV_NODE_INDEX = "TRAINMASTER_NODE_INDEX"  # the local supervisor's index of this worker's agent
 
 
-def is_builtin(cfg: JobConfig) -> bool:
-    from trainmaster.config import BUILTIN_ENTRYPOINT  # loaded already: cfg is a JobConfig
-
-    return cfg.job.entrypoint == BUILTIN_ENTRYPOINT
-
-
 def target_argv(entrypoint: str) -> list[str]:
     """`-m pkg.mod` -> ["-m", "pkg.mod"]; a file -> [file] (config.check_entrypoint checked it)."""
     return ["-m", entrypoint.split()[-1]] if entrypoint.startswith("-m") else [entrypoint]
@@ -94,7 +88,7 @@ def check_local(cfg: JobConfig, cwd: Path) -> None:
     """Before a local launch: the script exists (relative to the launch folder), or the
     module's top-level package can be found from there. Packages are not imported: that would
     run their code in the launching shell."""
-    if is_builtin(cfg):
+    if cfg.job.builtin:
         return
     target = target_argv(cfg.job.entrypoint)
     if target[0] == "-m":

@@ -91,7 +91,7 @@ def program_args(
     """The worker program: the built-in trainer (job.args appended), or a custom job.entrypoint
     through launch/entry.py's shim, which gives it the run folder's environment and files.
     workdir: where a custom script's relative path and modules are found (default: here)."""
-    if entry.is_builtin(cfg):
+    if cfg.job.builtin:
         return ["-m", TRAIN_MODULE, "--job", job_file, "--storage", storage, *cfg.job.args]
     return entry.program_args(
         cfg, job_file=job_file, storage=storage, workdir=workdir or os.getcwd()

@@ -29,10 +29,9 @@ def find_run(store: Storage, job: str) -> RunPaths:
     run = RunPaths(store.run_dir(job))
     if run.state.exists() or run.metrics.exists() or run.job_toml.exists():
         return run
-    runs = store.runs
-    known = sorted(p.name for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+    known = runinfo.list_jobs(store)
     raise UserError(
-        f"no job {job!r} under {runs} (jobs: {', '.join(known) or 'none'}); "
+        f"no job {job!r} under {store.runs} (jobs: {', '.join(known) or 'none'}); "
         "check --storage or `trainmaster list`",
         where="JOB",
     )

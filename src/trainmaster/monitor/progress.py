@@ -16,7 +16,6 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from trainmaster.config import BUILTIN_ENTRYPOINT
 from trainmaster.monitor import cost, history, runinfo
 from trainmaster.run import checkpoints, goodput, state
 from trainmaster.storage import RunPaths
@@ -139,7 +138,7 @@ def _last_checkpoint(run: RunPaths) -> int | None:
     if newest is not None:
         return newest.step
     cfg = history.read_config(run)
-    if cfg is None or cfg.job.entrypoint == BUILTIN_ENTRYPOINT:
+    if cfg is None or cfg.job.builtin:
         return None
     return checkpoints.newest_named(run.checkpoints)
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from trainmaster import files
-from trainmaster.config import BUILTIN_ENTRYPOINT
 from trainmaster.monitor import cost, history, runinfo
 from trainmaster.run import goodput, segments
 from trainmaster.run.goodput import Span
@@ -321,7 +320,7 @@ def make_report(store: Storage, job: str) -> Report:
     """Read the run, write report.png, return the figures (UserError: no such job, no metrics)."""
     run = history.find_run(store, job)
     cfg = history.read_config(run)
-    if cfg is not None and cfg.job.entrypoint != BUILTIN_ENTRYPOINT:
+    if cfg is not None and not cfg.job.builtin:
         # A custom script need not log metrics: phase, restarts, wall time and cost still count.
         rows = runinfo.read_metrics(run.metrics)
         if not rows:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainmaster.config import BUILTIN_ENTRYPOINT, JobConfig, jobfile
+from trainmaster.config import JobConfig, jobfile
 from trainmaster.errors import UserError
 from trainmaster.run import divergence, goodput, segments, state
 from trainmaster.run import metrics as runlog
@@ -34,6 +34,8 @@ def run_paths(store: Storage, job: str) -> RunPaths:
 
 
 def list_jobs(store: Storage) -> list[str]:
+    """The jobs under the storage root (a run folder with its state.json), by name: the one
+    lister (`list`, and the names an unknown job's error offers)."""
     runs = store.runs
     return sorted(p.parent.name for p in runs.glob("*/state.json")) if runs.exists() else []
 
@@ -62,7 +64,7 @@ def _is_num(value: object) -> bool:
 def max_steps_of(cfg: JobConfig | None, rows: list[dict[str, Any]]) -> int | None:
     """Steps the run is heading for: train.max_steps for the built-in trainer; for a custom
     entrypoint the `max_steps` its newest row logged, if any (train.* are not its settings)."""
-    if cfg is not None and cfg.job.entrypoint == BUILTIN_ENTRYPOINT:
+    if cfg is not None and cfg.job.builtin:
         return cfg.train.max_steps
     for row in reversed(rows):
         if _is_num(row.get("max_steps")) and int(row["max_steps"]) > 0:

@@ -31,7 +31,14 @@ from typing import Any
 
 from trainmaster.backends.kubernetes.client import Cluster, call, connect, whoami
 from trainmaster.backends.kubernetes.names import NODE_LOST_TAINTS
-from trainmaster.cluster.nodeguard import ANN_DETAIL, ANN_JOB, ANN_REASON, ANN_TIME, TAINT_KEY
+from trainmaster.cluster.nodeguard import (
+    ANN_DETAIL,
+    ANN_JOB,
+    ANN_REASON,
+    ANN_TIME,
+    TAINT_KEY,
+    ready_condition,
+)
 from trainmaster.cluster.nodeguard import NODE_NAME_EXTRA as NODE_NAME
 from trainmaster.errors import UserError
 
@@ -111,16 +118,13 @@ def list_nodes(cluster: Cluster) -> list[Any]:
 def ready(node: Any) -> str:
     """The node's Ready condition: "True"; "False", its kubelet's own word that it is not
     ready; "Unknown", set by the node controller once it stopped hearing from the kubelet (and
-    read so for a node that reports no Ready condition at all). The one reader of it."""
+    read so for a node that reports no Ready condition at all; cluster/nodeguard.py reads it)."""
     return str(_ready_condition(node)[0])
 
 
 def _ready_condition(node: Any) -> tuple[str, str]:
     """(status, "reason: message") of the node's Ready condition; ("Unknown", "") if none."""
-    for c in (node.status.conditions if node.status else None) or []:
-        if c.type == "Ready":
-            return str(c.status), ": ".join(filter(None, [c.reason, c.message]))
-    return "Unknown", ""
+    return ready_condition(node.status.conditions if node.status else None)
 
 
 def not_ready(node: Any) -> str | None:

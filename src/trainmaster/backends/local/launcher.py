@@ -122,7 +122,7 @@ def plan(cfg: JobConfig, store: Storage, *, resume: bool = False, precompile: bo
                 "to continue it from its last checkpoint, or choose another job.name",
                 where="job.name",
             )
-    if entry.is_builtin(cfg):  # a custom entrypoint reads what it likes (docs/architecture.md 3.8)
+    if cfg.job.builtin:  # a custom entrypoint reads what it likes (docs/architecture.md 3.8)
         check_shards(cfg, store)
         # Checkpoints of other settings: refused here, before any process starts (every worker
         # would refuse them too, each after its start-up). Not a precompile's: its run starts

@@ -43,7 +43,6 @@ from trainmaster.backends.local.ending import ending
 from trainmaster.backends.local.gang import Cancel, Gang, signal_groups
 from trainmaster.compile import cache, lock
 from trainmaster.config import JobConfig, jobfile
-from trainmaster.launch import entry
 from trainmaster.launch.torchrun import AGENT_ENV, Rendezvous
 from trainmaster.monitor import exporter
 from trainmaster.run import goodput, state
@@ -243,7 +242,7 @@ def supervise(run_dir: Path) -> int:
                     run.state, cfg.job.max_retries, gang.start_node, last, rejoins_used
                 )
             store_lost = functools.partial(rejoin.store_lost, cfg, rdzv)
-            builtin = entry.is_builtin(cfg)
+            builtin = cfg.job.builtin
             end = completion.EndWatch(run, builtin, gang.offsets, launched, cfg.job.nproc_per_node)
             codes, lost = gang.wait(cancel, rejoins, store_lost, end)
             rejoins_used = rejoins.used if rejoins is not None else 0
