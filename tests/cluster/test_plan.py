@@ -100,7 +100,7 @@ def test_cli_plan_writes_every_file(tmp_path: Path) -> None:
     assert (out / "runbook.sh").stat().st_mode & 0o111
     assert "2 x trn1.32xlarge in us-west-2 (us-west-2d" in result.stdout
     # the pins with the date each was checked, and why trn1 stays on its stack
-    pin = rf"neuron_helm_chart +{re.escape(versions.NEURON_CHART_VERSION)}  checked 2026-12-04"
+    pin = rf"neuron_helm_chart +{re.escape(versions.NEURON_CHART_VERSION)}  checked 2026-12-06"
     assert re.search(pin, result.stdout), result.stdout
     assert versions.FROZEN_XLA_NOTE in result.stdout
 

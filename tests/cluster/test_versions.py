@@ -12,7 +12,7 @@ from trainmaster.compile import cache
 from trainmaster.config import ClusterSection, jobfile
 from trainmaster.errors import ConfigError
 
-TODAY = datetime.date(2026, 12, 4)
+TODAY = datetime.date(2026, 12, 6)
 # How long a check stays good: past this, the table must be checked again (a one-line change).
 MAX_AGE = datetime.timedelta(days=120)
 
@@ -35,7 +35,7 @@ def test_pin_lines_carry_the_dates() -> None:
     lines = versions.pin_lines()
     assert len(lines) == len(versions.PINS)
     frozen = next(line for line in lines if line.startswith("neuron_xla_image"))
-    assert "checked 2026-12-04" in frozen and "frozen" in frozen
+    assert "checked 2026-12-06" in frozen and "frozen" in frozen
 
 
 def test_trn1_is_on_the_last_xla_training_release() -> None:

@@ -6,7 +6,7 @@ kubernetes-versions.html) and EKS publishes AL2023 Neuron and NVIDIA AMIs for it
 no AL2 accelerated AMIs after 1.32 (docs/architecture.md 5: tutorial 6.12), so AL2023 it is.
 The default is the newest version in standard support.
 
-Dates, checked 2026-12-04:
+Dates, checked 2026-12-04 and again 2026-12-06 (no source read on 2026-12-06 adds to them):
 - 1.29-1.34: the release calendar of awsdocs/amazon-eks-user-guide
   latest/ug/versioning/kubernetes-versions.adoc; 1.35: endoflife.date/amazon-eks (EKS release
   2026-01-28, end of standard support 2027-03-27, of extended support 2028-03-27).
@@ -27,7 +27,7 @@ from trainmaster.errors import ConfigError
 
 Support = Literal["standard", "extended"]
 _D = datetime.date
-CHECKED: Final = _D(2026, 12, 4)
+CHECKED: Final = _D(2026, 12, 6)
 
 
 @dataclass(frozen=True)

@@ -91,12 +91,12 @@ CMD ["/bin/bash"]
 
 
 def torchneuron() -> str:
-    """Trn2/Trn3 on TorchNeuron (PUBLIC BETA, as AWS flags it): torch 2.13.0 and torch-neuronx
-    2.13.3.0 from Neuron's pip repository, on the Ubuntu that its standalone wheels support
-    (versions.py says what was and was not verified). The Neuron runtime and collectives come
-    from Neuron's apt repository as the quickstart installs them; their Neuron 2.33 versions
-    were not readable here, so they are the repository's at build time: the build prints them,
-    pin them then (`apt-get install aws-neuronx-runtime-lib=VERSION`)."""
+    """Trn2/Trn3 on TorchNeuron (PUBLIC BETA, as AWS flags it): torch and torch-neuronx
+    (versions.TORCH_VERSION, versions.TORCHNEURON_VERSION) from Neuron's pip repository, on the
+    Ubuntu of Neuron's own images (versions.py says what was and was not verified). The Neuron
+    runtime and collectives come from Neuron's apt repository as the quickstart installs them;
+    their Neuron 2.34 versions were not readable here, so they are the repository's at build
+    time: the build prints them, pin them then (`apt-get install aws-neuronx-runtime-lib=VERSION`)."""
     efa = versions.EFA_INSTALLER_URL
     return (
         _header(

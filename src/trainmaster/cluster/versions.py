@@ -28,7 +28,7 @@ class Pin:
 
 
 _D = datetime.date
-CHECKED: Final = _D(2026, 12, 4)
+CHECKED: Final = _D(2026, 12, 6)
 
 # --- add-ons -------------------------------------------------------------------------------
 # volcano-sh/volcano tag v1.15.1: the release whose CRDs trainmaster ships in
@@ -56,21 +56,29 @@ EFA_CHART_VERSION: Final = "v0.5.30"
 # recovery; Neuron recommends it over the raw manifests (aws-neuron-sdk deploy/eks/helm-chart.rst,
 # deploy/infrastructure/problem-detector.rst: `helm upgrade --install neuron-helm-chart
 # oci://public.ecr.aws/neuron/neuron-helm-chart`, recovery with npd.nodeRecovery.enabled=true).
-# aws-neuron/neuron-helm-charts charts/neuron-helm-chart/Chart.yaml at b77a6f90: 1.9.0 (values:
-# device plugin 2.31.0.0, NPD v1.35.2, neuron-node-recovery 1.11.0). A chart 1.10.0 (device
-# plugin 2.32.0.0) appears in users' `helm list` output of 2026-09-11, but its Chart.yaml was
-# not readable here, so it is not pinned (unverified).
+# Chart 1.10.0: the newest on github.com/aws-neuron/neuron-helm-charts/releases (tag 1.10.0,
+# 8ca1e5c, 2026-08-19; none seen for Neuron 2.33/2.34). Its Chart.yaml was not readable; its
+# values were, as `helm show values --version 1.10.0` (sha256:ed5d8f73...) quoted in a user's
+# write-up of 2026-09-11: device plugin 2.32.0.0, NPD v1.36.0, node recovery 1.12.0, and every
+# key addons.neuron_values sets, with npd.namespaceOverride neuron-healthcheck-system.
 NEURON_CHART: Final = "oci://public.ecr.aws/neuron/neuron-helm-chart"
-NEURON_CHART_VERSION: Final = "1.9.0"
+NEURON_CHART_VERSION: Final = "1.10.0"
 NEURON_NPD_NAMESPACE: Final = "neuron-healthcheck-system"  # the chart's npd.namespaceOverride
 
-# NVIDIA/k8s-device-plugin deployments/helm/nvidia-device-plugin/Chart.yaml at tag v0.20.0
-# (1b826acc, 2026-08-19).
+# NVIDIA/k8s-device-plugin v0.20.1 (2026-09-22; chart nvidia-device-plugin-0.20.1.tgz, read in
+# the release's file list and changelog on its SourceForge mirror, sourceforge.net/projects/
+# nvidia-device-plugin-k.mirror/files/v0.20.1). Its changelog gives the DaemonSets component-
+# specific selector labels (#1716): a selector is immutable, so a release installed with 0.20.0
+# may need its DaemonSet deleted before `helm upgrade` to 0.20.1; a new cluster is unaffected.
+# The values trainmaster sets (tolerations, nodeSelector) are not among its changes.
 NVIDIA_CHARTS_REPO: Final = "https://nvidia.github.io/k8s-device-plugin"
 NVIDIA_CHART: Final = "nvdp/nvidia-device-plugin"
-NVIDIA_CHART_VERSION: Final = "0.20.0"
+NVIDIA_CHART_VERSION: Final = "0.20.1"
 
 # kubernetes-sigs/aws-fsx-csi-driver charts/aws-fsx-csi-driver (chart 1.17.0, driver v1.9.0).
+# Checked 2026-12-06: the driver's newest release is v1.10.0, but the newest chart release seen
+# (newreleases.io's list for the repository) is still helm-chart-aws-fsx-csi-driver-1.17.0, so
+# no chart ships v1.10.0 yet; the chart pin stays.
 FSX_CHARTS_REPO: Final = "https://kubernetes-sigs.github.io/aws-fsx-csi-driver"
 FSX_CHART: Final = "aws-fsx-csi-driver/aws-fsx-csi-driver"
 FSX_CHART_VERSION: Final = "1.17.0"
@@ -138,19 +146,28 @@ FROZEN_XLA_NOTE: Final = (
     "(torch-neuronx 2.9, Python 3.12, Ubuntu 24.04)"
 )
 
-# TorchNeuron (native PyTorch, device "neuron"): torch-neuronx 2.13.3.0 for PyTorch 2.13.0 (the
-# torch this project installs), Python 3.12-3.14, Trn2/Trn3, PUBLIC BETA as of Neuron 2.33.0
-# (2026-10-19; release-notes/components/torchneuron.rst, torch/about-pytorch-neuron). AWS lists
-# a "PyTorch Training (TorchNeuron)" DLC for 2.33 (setup/pytorch/dlc.rst at v2.33.0), but its
-# tag was not readable here (the deep-learning-containers snapshot read is of 2026-08-17), so the
-# image installs the wheel from Neuron's pip repository as the quickstart does; "the standalone
-# wheels in this release support Ubuntu 26.04 only" (torch/get-started/quickstart-torch-neuron,
-# v2.33.1), hence that base. The ubuntu:26.04 tag itself was not verified here.
-TORCHNEURON_SDK: Final = "2.33.0"
-TORCHNEURON_VERSION: Final = "2.13.3.0"
+# TorchNeuron (native PyTorch, device "neuron"), Trn2/Trn3, still "TorchNeuron (Beta)" in
+# Neuron 2.34.0 (2026-11-30; release-notes/2.34.0.rst). Neuron 2.34.0 ships torch-neuronx
+# 2.13.3.1 and 2.14.3.1 (github.com/aws-neuron/torch-neuronx releases/tag/v2.34.0): the 2.13
+# family goes with PyTorch 2.13, the torch this project installs ("install the torch-neuronx
+# package family that matches the PyTorch version"). Neuron 2.33.0's table mapped 2.13.3.0.* to
+# PyTorch 2.13.0 and Python 3.12-3.14 (release-notes/components/torchneuron.rst); 2.34.0's table
+# was not readable here, so that 2.13.3.1 still wants torch 2.13.0 exactly is assumed: pip fails
+# the build, not the job, if it does not. Base: Ubuntu 26.04, the only OS of Neuron's DLCs from
+# 2.33.0 on (setup/pytorch/update-dlc.rst at v2.33.0) and of 2.33's standalone wheels; 26.04
+# stays supported for TorchNeuron. The image installs the wheel from Neuron's pip repository as
+# the quickstart does (no TorchNeuron DLC tag was readable: the deep-learning-containers
+# snapshot read is of 2026-08-17). The ubuntu:26.04 tag itself was not verified here.
+# neuron-ls: Neuron 2.34 replaced its JSON flag `-j`/`--json-output` with `--output-format json`
+# (about-neuron/announcements/neuron2.x/announce-intent-eos-neuron-ls-json.rst). Nothing that
+# trainmaster generates runs neuron-ls: the torchneuron image installs no Neuron tools (runtime
+# and collectives only) and the trn1 image's are Neuron 2.29.1's, where `-j` still works; the
+# preflight counts /dev/neuronN instead (train/health.py).
+TORCHNEURON_SDK: Final = "2.34.0"
+TORCHNEURON_VERSION: Final = "2.13.3.1"
 TORCHNEURON_BASE_IMAGE: Final = "public.ecr.aws/docker/library/ubuntu:26.04"
 NEURON_PIP_INDEX: Final = "https://pip.repos.neuron.amazonaws.com"
-TORCHNEURON_BETA: Final = "TorchNeuron is a public beta (Neuron 2.33.0)"
+TORCHNEURON_BETA: Final = "TorchNeuron is a public beta (Neuron 2.34.0)"
 
 CUDA_BASE_IMAGE: Final = "nvidia/cuda:12.8.1-base-ubuntu24.04"
 CPU_BASE_IMAGE: Final = "python:3.11-slim-bookworm"
@@ -168,6 +185,8 @@ TENSORBOARD_VERSION: Final = "2.20.0"
 TRN1_TRANSFORMERS: Final = "4.51.3"
 
 _AUG = _D(2026, 8, 1)  # the first table: checked against the repositories in 2026-08
+# Pins still dated _AUG were looked for again on 2026-12-06, but no newer source was readable
+# (no volcano release list; no etcd 3.5.x patch after v3.5.33), so they stay, unverified.
 PINS: Final = (
     Pin("volcano", VOLCANO_VERSION, VOLCANO_VERSION, _AUG, "github.com/volcano-sh/volcano tags"),
     Pin(
@@ -181,25 +200,35 @@ PINS: Final = (
     Pin(
         "neuron_helm_chart",
         NEURON_CHART_VERSION,
-        "1.9.0",
+        "1.10.0",
         CHECKED,
-        "aws-neuron/neuron-helm-charts charts/neuron-helm-chart/Chart.yaml (b77a6f90)",
+        "github.com/aws-neuron/neuron-helm-charts/releases (1.10.0, 8ca1e5c, 2026-08-19); "
+        "its values as `helm show values` prints them",
     ),
     Pin(
         "nvidia_device_plugin_chart",
         NVIDIA_CHART_VERSION,
-        "0.20.0",
+        "0.20.1",
         CHECKED,
-        "NVIDIA/k8s-device-plugin tag v0.20.0 (2026-08-19)",
+        "NVIDIA/k8s-device-plugin v0.20.1 (2026-09-22), its SourceForge mirror's file list and "
+        "changelog",
     ),
     Pin(
         "efa_device_plugin_chart",
         EFA_CHART_VERSION,
         "v0.5.30",
         CHECKED,
-        "aws/eks-charts stable/aws-efa-k8s-device-plugin/Chart.yaml (5239609, 2026-08-03)",
+        "aws/eks-charts stable/aws-efa-k8s-device-plugin/Chart.yaml (5239609, 2026-08-03: "
+        "the newest snapshot of eks-charts readable on 2026-12-06)",
     ),
-    Pin("fsx_csi_driver_chart", FSX_CHART_VERSION, FSX_CHART_VERSION, _AUG, "aws-fsx-csi-driver"),
+    Pin(
+        "fsx_csi_driver_chart",
+        FSX_CHART_VERSION,
+        FSX_CHART_VERSION,
+        CHECKED,
+        "kubernetes-sigs/aws-fsx-csi-driver releases (newreleases.io): newest chart 1.17.0; "
+        "driver v1.10.0 has no chart yet",
+    ),
     Pin("efa_installer", EFA_INSTALLER_VERSION, EFA_INSTALLER_VERSION, _AUG, "efa-installer"),
     Pin(
         "neuron_xla_image",
@@ -213,9 +242,10 @@ PINS: Final = (
     Pin(
         "torchneuron",
         TORCHNEURON_VERSION,
-        "2.13.3.0",
+        "2.13.3.1",
         CHECKED,
-        "aws-neuron-sdk release-notes/components/torchneuron.rst (Neuron 2.33.0, 2026-10-19)",
+        "aws-neuron/torch-neuronx releases/tag/v2.34.0 and aws-neuron-sdk release-notes/2.34.0.rst "
+        "(Neuron 2.34.0, 2026-11-30)",
         held="",
     ),
     Pin("cuda_base_image", CUDA_BASE_IMAGE, CUDA_BASE_IMAGE, _AUG, "hub.docker.com/r/nvidia/cuda"),

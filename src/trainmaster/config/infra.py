@@ -78,7 +78,7 @@ class ClusterSection(Section):
     region: str = Field("us-west-2", pattern=r"^[a-z]{2}(-[a-z]+)+-\d$", description="AWS region")
     kubernetes_version: str = Field(
         # the newest in EKS standard support with Neuron and NVIDIA AL2023 AMIs (checked
-        # 2026-12-04; cluster/eks_versions.py, whose test keeps the two equal)
+        # 2026-12-06; cluster/eks_versions.py, whose test keeps the two equal)
         "1.36",
         pattern=r"^1\.\d+$",
         description="EKS Kubernetes version (standard or extended support)",

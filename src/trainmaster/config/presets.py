@@ -76,7 +76,7 @@ JOB_PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "cluster": {"name": "trainmaster-trn1", "region": "us-west-2"},
     },
     # The same model on 2 x trn2.48xlarge through TorchNeuron (native PyTorch, device "neuron";
-    # a public beta as of Neuron 2.33.0, Trn2/Trn3 only: cluster/versions.py): 64 workers per node
+    # a public beta as of Neuron 2.34.0, Trn2/Trn3 only: cluster/versions.py): 64 workers per node
     # (16 Trainium2 x 4 logical NeuronCores at LNC=2, catalog.py), DDP, bf16 autocast. The global
     # batch is the trn1 preset's, so the accumulation is 16 on 2 nodes. Region us-east-2: one
     # that offers trn2.48xlarge in cfn-lint 1.58.0's EC2 data (instancetype_enum.json), and

@@ -187,7 +187,7 @@ check_nodegroup() {
 # device-plugin: NVIDIA device plugin (nvidia.com/gpu)
 step_device_plugin() {
   helm repo add nvdp https://nvidia.github.io/k8s-device-plugin --force-update
-  helm upgrade --install nvidia-device-plugin nvdp/nvidia-device-plugin --version 0.20.0 --namespace kube-system --values "$PLAN_DIR/helm/nvidia-device-plugin.yaml" --wait --timeout 10m
+  helm upgrade --install nvidia-device-plugin nvdp/nvidia-device-plugin --version 0.20.1 --namespace kube-system --values "$PLAN_DIR/helm/nvidia-device-plugin.yaml" --wait --timeout 10m
 }
 check_device_plugin() {
   helm status nvidia-device-plugin --namespace kube-system >/dev/null 2>&1

@@ -189,7 +189,7 @@ step_device_plugin() {
   kubectl create namespace neuron-healthcheck-system --dry-run=client -o yaml | kubectl apply -f -
   local file; file="$(render eksctl/npd-irsa.yaml)"
   eksctl create iamserviceaccount --config-file "$file" --approve --override-existing-serviceaccounts
-  helm upgrade --install neuron-helm-chart oci://public.ecr.aws/neuron/neuron-helm-chart --version 1.9.0 --namespace kube-system --values "$PLAN_DIR/helm/neuron-helm-chart.yaml" --wait --timeout 10m
+  helm upgrade --install neuron-helm-chart oci://public.ecr.aws/neuron/neuron-helm-chart --version 1.10.0 --namespace kube-system --values "$PLAN_DIR/helm/neuron-helm-chart.yaml" --wait --timeout 10m
 }
 check_device_plugin() {
   helm status neuron-helm-chart --namespace kube-system >/dev/null 2>&1
