@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +295,34 @@ def test_s3_reads_for_the_stage_pod(aws_env: None, tmp_path: Path) -> None:
         aws.s3_cat("s3://bkt/missing", io.BytesIO())
     assert aws.main(["s3", "sync", "s3://bkt/p/", str(tmp_path / "cli"), "--no-progress"]) == 0
     assert (tmp_path / "cli" / "sub" / "b.txt").exists()
+
+
+def test_spot_prices_are_each_zones_newest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DescribeSpotPriceHistory from now gives rows per zone, not always newest first: each
+    zone's price is its newest row's (botocore's Stubber checks the request too)."""
+    from datetime import datetime
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    ec2 = boto3.client("ec2", region_name="us-west-2")
+    at = [datetime(2026, 12, 6, h, tzinfo=UTC) for h in (1, 2, 3)]
+    rows = [
+        {"AvailabilityZone": "us-west-2d", "SpotPrice": "7.50", "Timestamp": at[0]},
+        {"AvailabilityZone": "us-west-2d", "SpotPrice": "8.25", "Timestamp": at[2]},
+        {"AvailabilityZone": "us-west-2a", "SpotPrice": "9.10", "Timestamp": at[1]},
+    ]
+    with Stubber(ec2) as stub:
+        stub.add_response(
+            "describe_spot_price_history",
+            {"SpotPriceHistory": rows[:2], "NextToken": "more"},
+        )
+        stub.add_response("describe_spot_price_history", {"SpotPriceHistory": rows[2:]})
+        monkeypatch.setattr(aws, "client", lambda service, region: ec2)
+        prices = aws.spot_prices("us-west-2", "trn1.32xlarge")
+    assert prices == {"us-west-2a": 9.10, "us-west-2d": 8.25}
+
+
+def test_spot_prices_through_moto(aws_read_only: None) -> None:
+    prices = aws.spot_prices("us-west-2", "trn1.32xlarge")
+    assert set(prices) == set(aws.offered_zones("us-west-2", "trn1.32xlarge"))
+    assert all(p > 0 for p in prices.values())

@@ -107,6 +107,39 @@ def test_plan_refuses(
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["cluster.spot=true", "cluster.capacity_block_id=cr-0fedcba9876543210"],
+            "cluster.spot: cluster.spot runs the nodes on Spot capacity, which a capacity "
+            "reservation or block is not",
+        ),
+        (
+            ["cluster.spot=true", "kubernetes.stop_grace_s=115"],
+            "kubernetes.stop_grace_s: 115 s does not fit in the 120 s a Spot node has after "
+            "its notice (cluster.spot); use at most 110",
+        ),
+    ],
+)
+def test_spot_refuses_what_its_notice_cannot_hold(
+    capsys: pytest.CaptureFixture[str],
+    job: Path,
+    tmp_path: Path,
+    overrides: list[str],
+    expected: str,
+) -> None:
+    out = tmp_path / "plan"
+    sets = [a for o in overrides for a in ("--set", o)]
+    code, stdout, stderr = tm_here(
+        capsys, "cluster", "plan", str(job), "--out", str(out), "--set",
+        f"cluster.zones={TRN1_ZONES}", *sets,
+    )  # fmt: skip
+    assert code == 2, stdout + stderr
+    assert expected in stderr and stderr.count("\n") == 1 and "Traceback" not in stderr
+    assert not out.exists()
+
+
 def test_bad_input_through_the_installed_command(job: Path, tmp_path: Path) -> None:
     result = tm(
         "cluster",

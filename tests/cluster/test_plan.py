@@ -30,8 +30,10 @@ P5_CASE = (
 )
 CASES = {
     "trn1": lambda: trn1_config(*TRN1_CASE),
-    # TorchNeuron (beta), Neuron's chart, node repair
-    "trn2": lambda: trn2_config('cluster.public_access_cidrs=["198.51.100.0/24"]'),
+    # TorchNeuron (beta), Neuron's chart, node repair, a Spot node group
+    "trn2": lambda: trn2_config(
+        'cluster.public_access_cidrs=["198.51.100.0/24"]', "cluster.spot=true"
+    ),
     "p5": lambda: p5_config(*P5_CASE),
 }
 COMMON = [
@@ -291,3 +293,15 @@ def test_bad_data_bucket_is_refused() -> None:
         ConfigError, match="cluster.data_buckets: 'Not_A_Bucket' is not an S3 bucket"
     ):
         files_of(trn1_config('cluster.data_buckets=["Not_A_Bucket"]'))
+
+
+def test_spot_puts_the_accelerator_node_group_on_spot_and_nothing_else() -> None:
+    """cluster.spot is eksctl's own `spot: true` on the accelerator node group (the schema and
+    cfn-lint see it in the trn2 golden); the system node group stays on-demand."""
+    on = files_of(trn2_config("cluster.spot=true"))
+    off = files_of(trn2_config())
+    ng = docs(on["eksctl/nodegroup.yaml"])[0]["managedNodeGroups"]
+    assert [g.get("spot") for g in ng] == [True]
+    assert "spot" not in docs(off["eksctl/nodegroup.yaml"])[0]["managedNodeGroups"][0]
+    system = docs(on["eksctl/cluster.yaml"])[0]["managedNodeGroups"]
+    assert system and all("spot" not in g for g in system)

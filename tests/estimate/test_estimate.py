@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.conftest import _shared_moto, aws_read_only, no_credentials  # noqa: F401
 from tests.conftest import run_cli
 from tests.monitor.conftest import job_file
 from trainmaster import catalog
@@ -29,6 +30,7 @@ from trainmaster.cli.app import main
 from trainmaster.config import JobConfig, jobfile
 from trainmaster.errors import UserError
 from trainmaster.estimate import figures, rates
+from trainmaster.estimate.spot import SpotPrice
 from trainmaster.storage import Storage
 
 TUTORIAL = ["train.global_batch_size=16384"]
@@ -363,3 +365,41 @@ def test_measure_of_a_job_that_cannot_start_is_one_line(
         "error: --measure: the measuring run refused the job: "
     )
     assert "4 shards in" in err[1] and "for 6 workers" in err[1], err
+
+
+# --- Spot: EC2's price now (estimate/spot.py), never a list price ---
+
+
+def test_a_spot_price_prices_the_node_hours_and_says_where_it_came_from() -> None:
+    spot = SpotPrice(6.45, "EC2 Spot price of trn1.32xlarge now, the highest of us-west-2's zones")
+    rate = figures.Rate(1000.0, "given", "--rate")
+    cfg = trn1()
+    on_demand = figures.estimate(cfg, rate, [16])
+    priced = figures.estimate(cfg, rate, [16], spot)
+    assert priced.price_per_node_hour == 6.45 and priced.price_source == spot.source
+    row, base = priced.rows[0], on_demand.rows[0]
+    assert row.node_hours == base.node_hours  # the same hours, another price
+    assert row.cost == pytest.approx(base.cost * 6.45 / 21.50)
+    assert any("Spot price now x node-hours" in a for a in priced.assumptions)
+    # the job file's own price wins over a looked-up one
+    own = figures.estimate(trn1("cluster.price_per_hour=12.0"), rate, [16], spot)
+    assert own.price_per_node_hour == 12.0 and "price_per_hour" in own.price_source
+
+
+@pytest.mark.usefixtures("aws_read_only")
+def test_command_spot_asks_ec2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tutorial_file(tmp_path)
+    assert main(["estimate", str(path), "--nodes", "16", "--spot", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["price_source"].startswith("EC2 Spot price of trn1.32xlarge now")
+    assert "us-west-2" in data["price_source"] and data["price_per_node_hour"] > 0
+    assert data["price_per_node_hour"] != 21.50
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_command_spot_without_credentials_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["estimate", str(tutorial_file(tmp_path)), "--spot"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no AWS credentials for ec2:DescribeSpotPriceHistory" in err[0], err

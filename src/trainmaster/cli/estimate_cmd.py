@@ -21,6 +21,7 @@ from trainmaster import api
 from trainmaster.cli.options import JobFileArg, SetOpt, target
 from trainmaster.errors import UserError
 from trainmaster.estimate import figures, rates
+from trainmaster.estimate.spot import spot_price
 from trainmaster.monitor import cost
 from trainmaster.storage import Storage
 
@@ -66,6 +67,13 @@ def estimate(
             help="Steps of the --measure run (the first is left out of the rate)",
         ),
     ] = 20,
+    spot: Annotated[
+        bool,
+        typer.Option(
+            "--spot",
+            help="Price the node-hours at EC2's Spot price now (the highest of cluster.region's zones; AWS credentials needed), as a Spot node group pays; the default when the job file sets cluster.spot. [cluster] price_per_hour still wins",
+        ),
+    ] = False,
     overrides: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON")] = False,
 ) -> None:
@@ -94,7 +102,10 @@ def estimate(
         )
     else:
         one = rates.published_rate(cfg)
-    result = figures.estimate(cfg, one, counts)
+    priced = None
+    if (spot or cfg.cluster.spot) and cfg.cluster.price_per_hour is None:
+        priced = spot_price(cfg)
+    result = figures.estimate(cfg, one, counts, priced)
     if as_json:
         typer.echo(json.dumps(result.to_json(), indent=2))
         return

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -115,6 +116,27 @@ def offered_zones(region: str, instance_type: str) -> list[str]:
         zones.update(o["Location"] for o in page.get("InstanceTypeOfferings", []))
         if not page.get("NextToken"):
             return sorted(zones)
+        kwargs["NextToken"] = page["NextToken"]
+
+
+def spot_prices(region: str, instance_type: str) -> dict[str, float]:
+    """The instance type's Spot price now (USD per hour, Linux) in each zone of the region
+    that sells it: the newest price EC2 reports per zone (DescribeSpotPriceHistory)."""
+    ec2 = client("ec2", region)
+    newest: dict[str, tuple[Any, float]] = {}
+    kwargs: dict[str, Any] = {
+        "InstanceTypes": [instance_type],
+        "ProductDescriptions": ["Linux/UNIX"],
+        "StartTime": datetime.now(UTC),  # from now: each zone's current price
+    }
+    while True:
+        page = call("ec2:DescribeSpotPriceHistory", ec2.describe_spot_price_history, **kwargs)
+        for row in page.get("SpotPriceHistory", []):
+            zone, at = row["AvailabilityZone"], row.get("Timestamp")
+            if zone not in newest or (at is not None and at > newest[zone][0]):
+                newest[zone] = (at, float(row["SpotPrice"]))
+        if not page.get("NextToken"):
+            return {zone: price for zone, (_, price) in sorted(newest.items())}
         kwargs["NextToken"] = page["NextToken"]
 
 

@@ -153,6 +153,14 @@ def nodegroup_config(spec: ClusterSpec) -> dict[str, Any]:
             "nodeRepairConfig": {"enabled": True},
         }
     ]
+    if spec.spot:
+        # capacityType SPOT (eksctl schema ManagedNodeGroup.spot). The instance type stays the
+        # launch template's. EKS turns on Capacity Rebalancing for a Spot node group and drains
+        # a node at its rebalance recommendation or interruption notice (cordon, then evict):
+        # the pods' SIGTERM, after which the trainer saves and leaves within
+        # kubernetes.stop_grace_s, and Volcano restarts the gang. Nothing else to install.
+        # https://docs.aws.amazon.com/eks/latest/userguide/managed-node-groups.html (capacity types)
+        cfg["managedNodeGroups"][0]["spot"] = True
     if spec.capacity_block:
         # EKS creates a Capacity Block node group only with capacityType CAPACITY_BLOCK, from a
         # launch template that targets the block (cloudformation.py does); eksctl's field for it

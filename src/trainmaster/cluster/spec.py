@@ -66,6 +66,7 @@ class ClusterSpec:
     endpoint_note: str = ""
     capacity_reservation_id: str | None = None  # an ODCR or, with capacity_block, a Capacity Block
     capacity_block: bool = False
+    spot: bool = False  # the accelerator node group on EC2 Spot (eksctl `spot: true`)
     queue_weight: int = 1
     queue_capability: tuple[tuple[str, str], ...] = ()  # kubernetes.queue_capability, in order
     workspace: str | None = (
@@ -330,6 +331,13 @@ def resolve(
     else:
         zones = (zone_lookup or lookup_zones)(c.region, inst.name)
     capacity_id, block = _capacity(c.capacity_reservation_id, c.capacity_block_id)
+    if c.spot and capacity_id is not None:
+        # a reservation or a block is capacity bought ahead; Spot is capacity EC2 can take back
+        raise ConfigError(
+            "cluster.spot runs the nodes on Spot capacity, which a capacity reservation or "
+            "block is not; drop one of them",
+            where="cluster.spot",
+        )
     cidrs, note = _endpoint_access(c.public_access_cidrs, cidr_lookup or caller_cidr)
     repo, tag = image_reference(k.image, c.region, _flavour(inst))
     _check_capability(k.queue_capability, inst, cfg.job.min_nnodes or cfg.job.nnodes)
@@ -353,6 +361,7 @@ def resolve(
         endpoint_note=note,
         capacity_reservation_id=capacity_id,
         capacity_block=block,
+        spot=c.spot,
         workspace=k.workspace,
         data_buckets=tuple(c.data_buckets),
         results_bucket=c.results_bucket,

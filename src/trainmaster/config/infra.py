@@ -44,6 +44,10 @@ class KubernetesSection(Section):
         60,
         description="seconds a training pod stays bound to a node that stopped answering (NotReady or unreachable) before it is evicted and Volcano restarts the gang elsewhere (Kubernetes' default: 300); trainmaster's node watcher then takes the node out of service, so pods the node cannot confirm gone do not hold the gang",
     )
+    stop_grace_s: PositiveInt = Field(
+        90,
+        description="seconds a training pod has after SIGTERM (a drain, a Spot notice, an eviction, `cancel`) to checkpoint its current step and leave before it is killed: the pod's terminationGracePeriodSeconds (Kubernetes' default: 30); with cluster.spot it must stay under the two-minute notice",
+    )
     cpu: PositiveFloat | None = Field(
         None,
         description="CPUs of a training container (requests = limits); unset: the whole node of kubernetes.instance_type less what the node reserves, as the catalog gives it; set it for a node type smaller than the catalog's (e.g. the generic `cpu` type, 32 vCPU)",
@@ -104,6 +108,10 @@ class ClusterSection(Section):
     )
     capacity_block_id: str | None = Field(
         None, description="Capacity Block for ML (cr-...) the accelerator nodes launch into"
+    )
+    spot: bool = Field(
+        False,
+        description="the accelerator node group runs on EC2 Spot (eksctl's `spot: true`): cheaper, but a node can be reclaimed with a two-minute notice. EKS drains a managed node at the notice (and at a rebalance recommendation), the pods checkpoint and leave within kubernetes.stop_grace_s, and Volcano restarts the gang on nodes left or new; `estimate --spot` prices it; not with capacity_reservation_id or capacity_block_id",
     )
     data_buckets: list[str] = Field(
         default_factory=list,

@@ -32,6 +32,7 @@ from trainmaster.config.infra import ClusterSection, KubernetesSection
 
 # The built-in BERT trainer (train/__main__.py); any other entrypoint is the user's own script.
 BUILTIN_ENTRYPOINT = "-m trainmaster.train"
+SPOT_NOTICE_S = 120  # EC2 reclaims a Spot instance two minutes after its interruption notice
 _MODULE = re.compile(r"-m[ \t]+([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 _LAUNCHERS = ("python", "python3", "torchrun")
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -343,6 +344,16 @@ def derive(cfg: JobConfig) -> Derived:
             f"{cfg.cluster.instance_type} differs from kubernetes.instance_type "
             f"{k8s_inst.name}: the job's pods would never be scheduled",
         )
+    # A Spot node is reclaimed two minutes after its notice, whatever the pod's grace says, and
+    # the drain starts a few seconds after the notice: a longer grace would let the node go
+    # under a trainer still saving, instead of the trainer leaving saved.
+    most = SPOT_NOTICE_S - 10
+    _check(
+        not cfg.cluster.spot or cfg.kubernetes.stop_grace_s <= most,
+        "kubernetes.stop_grace_s",
+        f"{cfg.kubernetes.stop_grace_s} s does not fit in the {SPOT_NOTICE_S} s a Spot node has "
+        f"after its notice (cluster.spot); use at most {most}",
+    )
     if job.backend == "kubernetes":
         refusal = catalog.device_refusal(inst, train.device)
         _check(refusal is None, "train.device", refusal or "")

@@ -15,10 +15,13 @@ extrapolated past the last one the same way (e(N) = e_last ** (log N / log N_las
 without published points borrows trn1's, and every row says which of these it is.
 
 Not counted: start-up, compilation, checkpoints, restarts, idle nodes, storage and network;
-prices are on-demand list prices (catalog or [cluster] price_per_hour), not a bill.
+prices are on-demand list prices (catalog or [cluster] price_per_hour) or, with --spot,
+EC2's Spot price now (spot.py); not a bill.
 No torch. Modules:
   figures the arithmetic, pure: one node's Rate -> the Estimate of every node count (efficiency,
           scaling, price); parse_nodes
   rates   where one node's rate comes from: the catalog's published figure, a finished run's
           summary.json (rate_of_run), or a short run made here (measure, a subprocess)
+  spot    the Spot price `--spot` (or cluster.spot) prices the node-hours at: EC2's now, the
+          highest of the region's zones
 """

@@ -11,6 +11,7 @@ from typing import Any
 from trainmaster import catalog
 from trainmaster.config import JobConfig
 from trainmaster.errors import UserError
+from trainmaster.estimate.spot import SpotPrice
 from trainmaster.monitor import history
 
 DEFAULT_NODES = "2,4,16,64"
@@ -100,12 +101,17 @@ def per_node(total: float, nodes: int, instance: str) -> float:
     return total / (nodes * efficiency(scaling_for(instance)[0], nodes)[0])
 
 
-def estimate(cfg: JobConfig, rate: Rate, nodes: list[int]) -> Estimate:
+def estimate(
+    cfg: JobConfig, rate: Rate, nodes: list[int], spot: SpotPrice | None = None
+) -> Estimate:
     """Every figure of the table, from the job, a one-node rate and the node counts."""
     inst = cfg.derived.instance
     sc, own = scaling_for(inst.name)
     price = history.price_of(cfg, 1)
     assert price is not None  # a config is given
+    # [cluster] price_per_hour is the user's own figure and wins over a looked-up Spot price
+    spot = spot if price.source == "catalog" else None
+    per_node_hour = spot.per_node_hour if spot else price.per_node_hour
     t = cfg.train
     sequences = t.max_steps * t.global_batch_size
     workers_per_node = cfg.job.nproc_per_node
@@ -140,7 +146,7 @@ def estimate(cfg: JobConfig, rate: Rate, nodes: list[int]) -> Estimate:
                 rate_n,
                 time_s,
                 node_hours,
-                node_hours * price.per_node_hour,
+                node_hours * per_node_hour,
                 tuple(notes),
             )
         )
@@ -160,11 +166,13 @@ def estimate(cfg: JobConfig, rate: Rate, nodes: list[int]) -> Estimate:
         "rows with fewer (marked *; below_published in --json) spend a larger share of each step in the all-reduce, "
         "so expect a lower rate there than shown",
         "only training steps take time: no start-up, compilation, checkpoints, restarts or idle "
-        "nodes; cost is the on-demand list price x node-hours (no storage, network, control "
-        "plane), not a bill",
+        f"nodes; cost is the {'Spot price now' if spot else 'on-demand list price'} x "
+        "node-hours (no storage, network, control plane), not a bill",
     )
     price_source = (
-        "[cluster] price_per_hour of the job file"
+        spot.source
+        if spot
+        else "[cluster] price_per_hour of the job file"
         if price.source != "catalog"
         else f"catalog: EC2 on-demand list price of {inst.name}, us-east-1, Linux"
         + (" (a generic CPU host, m7i.8xlarge-sized)" if inst.name == "cpu" else "")
@@ -177,7 +185,7 @@ def estimate(cfg: JobConfig, rate: Rate, nodes: list[int]) -> Estimate:
         sequences,
         rate,
         scaling,
-        price.per_node_hour,
+        per_node_hour,
         price_source,
         tuple(rows),
         assumptions,

@@ -29,7 +29,7 @@ def find_run(store: Storage, job: str) -> RunPaths:
     run = RunPaths(store.run_dir(job))
     if run.state.exists() or run.metrics.exists() or run.job_toml.exists():
         return run
-    known = runinfo.list_jobs(store)
+    known = runinfo.run_folders(store)
     raise UserError(
         f"no job {job!r} under {store.runs} (jobs: {', '.join(known) or 'none'}); "
         "check --storage or `trainmaster list`",

@@ -33,11 +33,16 @@ def run_paths(store: Storage, job: str) -> RunPaths:
     return run
 
 
-def list_jobs(store: Storage) -> list[str]:
-    """The jobs under the storage root (a run folder with its state.json), by name: the one
-    lister (`list`, and the names an unknown job's error offers)."""
+def run_folders(store: Storage) -> list[str]:
+    """Every run folder under the storage root, by name: the one lister. A folder may hold a
+    run this machine did not launch (a Kubernetes job's, on shared storage: no state.json)."""
     runs = store.runs
-    return sorted(p.parent.name for p in runs.glob("*/state.json")) if runs.exists() else []
+    return sorted(p.name for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+
+
+def list_jobs(store: Storage) -> list[str]:
+    """The run folders of jobs launched from here: those with a state.json (`list`)."""
+    return [j for j in run_folders(store) if RunPaths(store.run_dir(j)).state.exists()]
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -137,6 +137,12 @@ def _field(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+def worker_grace_s(cfg: JobConfig) -> int:
+    """Seconds the workers have to save and exit after SIGTERM: the pod's grace
+    (kubernetes.stop_grace_s, its terminationGracePeriodSeconds) less torchrun's own exit."""
+    return max(1, cfg.kubernetes.stop_grace_s - 5)
+
+
 def env(
     cfg: JobConfig, inst: catalog.InstanceType, *, precompile: bool = False
 ) -> list[dict[str, Any]]:
@@ -150,6 +156,10 @@ def env(
         "TRAINMASTER_STORAGE": cfg.kubernetes.mount,
         "PYTHONUNBUFFERED": "1",
         **torchrun.AGENT_ENV,
+        # torchrun gives its workers this long after the pod's SIGTERM before it SIGKILLs them
+        # (torch 2.13 reads it; trn1's torch 2.9 keeps a fixed 30 s); its default 30 would cut a save
+        # short inside a longer grace. A few seconds are left for torchrun's own exit.
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(worker_grace_s(cfg)),
     }
     if inst.neuron:  # trn1 (XLA) and Trn2/Trn3 (TorchNeuron) alike
         plain |= {

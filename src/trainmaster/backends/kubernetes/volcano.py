@@ -227,6 +227,8 @@ def _build(
     action = "RestartJob" if job.max_restarts else "TerminateJob"
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        # a drain, a Spot notice or `cancel`: the trainer saves its step and leaves in this time
+        "terminationGracePeriodSeconds": k.stop_grace_s,
         "containers": [
             {
                 "name": "trainer",
