@@ -7,13 +7,17 @@ pydoc shards on the claim, then `trainmaster launch --backend kubernetes` of ber
 nodes with the etcd rendezvous (controlplane/kube_job.py). After a complete checkpoint one
 training node is killed (never real-6, the system node) (kubelet, containerd and containers SIGKILLed, its network gone:
 controlplane/kube_job_loss.py); the job must come back on the spare from that checkpoint and
-finish. Minutes: the node controller's 50 s grace before it says NotReady is most of it.
+finish. Minutes: the node controller's 50 s grace before it says NotReady is most of it. Then
+the job again, and the node under one of its pods given a Spot notice as AWS Node Termination
+Handler gives it (tainted, cordoned, its pods evicted): the trainer saves its current step and
+leaves inside the notice, and the restart avoids that node.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -95,41 +99,66 @@ def test_logs_follow_rank_0_and_report_reads_the_claim(
     assert "tiny-real" in report.stdout
 
 
+# The taint AWS Node Termination Handler puts on a node whose Spot interruption notice came
+# (its SpotInterruptionTaint); Karpenter's karpenter.sh/disrupted and EKS's own drain of a Spot
+# managed node end the same way: a cordon, then every pod evicted through the Eviction API.
+SPOT_NOTICE_TAINT = {"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}
+NOTICE_S = 120  # EC2 reclaims a Spot instance two minutes after its notice
+
+
 @pytest.fixture(scope="module")
-def deleted_pod_run(real_nodes: RealNodes, lost_node_run: dict[str, Any]) -> dict[str, Any]:
-    """The job again on what is left of POOL (after lost_node_run: module order), and one of
-    its pods deleted after a checkpoint, as `kubectl delete pod` does: the kubelet sends
-    SIGTERM and gives the pod its grace period (30 s, Kubernetes' default) before SIGKILL."""
+def noticed_node_run(real_nodes: RealNodes, lost_node_run: dict[str, Any]) -> Iterator[dict]:
+    """The job again (after lost_node_run: module order) on what is left of POOL plus real-1 as
+    the spare, and the node under one of its pods given a Spot notice as AWS Node Termination
+    Handler gives it: the node tainted and cordoned, then its pods evicted (`kubectl drain`).
+    The kubelet sends SIGTERM and gives the pod kubernetes.stop_grace_s (90 s) before SIGKILL."""
+    from kubernetes import client
+
     kubeconfig, run_dir = real_nodes.run_dir / "kubeconfig", real_nodes.run_dir
     live = set(kube_job.live_nodes(run_dir))
-    pool = [n for n in POOL if n in live]
+    pool = ["real-1", *(n for n in POOL if n in live)]  # the last stays the system node
     kube_job.setup(kubeconfig, run_dir, real_nodes.image, pool)
-    sets = kube_job.job_sets(real_nodes.image, "tiny-sigterm", STEPS, EVERY)
-    deleted_at: list[float] = []
+    sets = kube_job.job_sets(real_nodes.image, "tiny-notice", STEPS, EVERY)
+    noticed: list[tuple[str, float]] = []
 
-    def delete_pod_on(node: str) -> None:
-        pod = next(p for p in kube_job.pods(kubeconfig, "tiny-sigterm") if p.spec.node_name == node)
-        deleted_at.append(time.time())
-        real_nodes.core.delete_namespaced_pod(pod.metadata.name, kube_job.NAMESPACE)
+    def notice(node: str) -> None:
+        noticed.append((node, time.time()))
+        taints = real_nodes.core.read_node(node).spec.taints or []
+        body = {"spec": {"unschedulable": True, "taints": [*taints, SPOT_NOTICE_TAINT]}}
+        real_nodes.core.patch_node(node, body)
+        for pod in kube_job.pods(kubeconfig, "tiny-notice"):
+            if pod.spec.node_name == node:
+                meta = client.V1ObjectMeta(name=pod.metadata.name, namespace=kube_job.NAMESPACE)
+                real_nodes.core.create_namespaced_pod_eviction(
+                    pod.metadata.name, kube_job.NAMESPACE, client.V1Eviction(metadata=meta)
+                )
 
-    out = kube_job_loss.run(kubeconfig, run_dir, sets, pool[-1], kill=delete_pod_on)
-    return dict(out, deleted_at=deleted_at[0])
+    try:
+        out = kube_job_loss.run(kubeconfig, run_dir, sets, pool[-1], kill=notice)
+        yield dict(out, noticed_at=noticed[0][1])
+    finally:
+        for node, _ in noticed:  # give the node back to the tests after (test_real_nodes.py)
+            taints = real_nodes.core.read_node(node).spec.taints or []
+            kept = [x for x in taints if x.key != SPOT_NOTICE_TAINT["key"]]
+            real_nodes.core.patch_node(node, {"spec": {"unschedulable": False, "taints": kept}})
 
 
-def test_a_deleted_pod_is_a_sigterm_the_trainer_saves_before_it_goes(
-    real_nodes: RealNodes, deleted_pod_run: dict[str, Any]
+def test_a_node_given_notice_is_left_with_a_fresh_checkpoint_before_the_notice_ends(
+    real_nodes: RealNodes, noticed_node_run: dict[str, Any]
 ) -> None:
-    final = deleted_pod_run["final"]
+    run = noticed_node_run
+    final = run["final"]
     assert final["phase"] == "succeeded", json.dumps(final, indent=1)
     assert final["step"] == STEPS and final["preemptions"] == 1
-    folder = real_nodes.run_dir / "fsx" / "runs" / "tiny-sigterm"
+    folder = real_nodes.run_dir / "fsx" / "runs" / "tiny-notice"
     lines = [json.loads(x) for x in (folder / "preemptions.jsonl").read_text().splitlines()]
     assert len(lines) == 1
     saved = lines[0]
-    # the trainer checkpointed within the pod's grace period, at a step after the periodic one
-    assert 0 < saved["t"] - deleted_pod_run["deleted_at"] < 30
-    assert saved["step"] >= deleted_pod_run["running"]["last_checkpoint"]
-    # and the restart resumed from that very checkpoint: no step since it was lost
-    starts = [e for e in deleted_pod_run["timeline"] if e["event"] == "start"]
+    # the trainer checkpointed its current step and left well inside the notice, at a step
+    # after the periodic checkpoint: only the step in flight is lost
+    assert 0 < saved["t"] - run["noticed_at"] < NOTICE_S
+    assert saved["step"] >= run["running"]["last_checkpoint"]
+    starts = [e for e in run["timeline"] if e["event"] == "start"]
     assert len(starts) >= 2 and starts[-1]["step"] == saved["step"]
-    assert deleted_pod_run["victim"] not in {None, ""}
+    # the restart avoided the node given notice: it is cordoned, as the handler leaves it
+    assert run["victim"] and all(p["node"] != run["victim"] for p in run["pods_after"])
