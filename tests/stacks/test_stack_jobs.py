@@ -91,9 +91,7 @@ def test_an_xla_job_saves_every_5_steps_and_resumes_on_relaunch(
     pydoc_storage: Path, tmp_path: Path
 ) -> None:
     job = "stack-xla"
-    # the divergence check off: a resumed XLA run goes NaN (tests/train/test_xla.py, UNCHECKED)
-    path = job_file(tmp_path, job, 'train.device="xla"', "job.nnodes=1", "job.nproc_per_node=1",
-                    "train.on_divergence='off'")  # fmt: skip
+    path = job_file(tmp_path, job, 'train.device="xla"', "job.nnodes=1", "job.nproc_per_node=1")
     launch(pydoc_storage, str(path), env=XLA_ENV)
     s = succeeded(pydoc_storage, job)
     assert s["device"] == "xla" and s["steps"] == 20 and s["restarts"] == 0
@@ -106,9 +104,7 @@ def test_an_xla_job_saves_every_5_steps_and_resumes_on_relaunch(
 def test_precompile_of_the_xla_job_runs_to_its_end(pydoc_storage: Path, tmp_path: Path) -> None:
     """The precompile job ends with a checkpoint save too (where torch 2.9 crashed)."""
     job = "stack-pre"
-    # the divergence check off: a resumed XLA run goes NaN (tests/train/test_xla.py, UNCHECKED)
-    path = job_file(tmp_path, job, 'train.device="xla"', "job.nnodes=1", "job.nproc_per_node=1",
-                    "train.on_divergence='off'")  # fmt: skip
+    path = job_file(tmp_path, job, 'train.device="xla"', "job.nnodes=1", "job.nproc_per_node=1")
     result = run_cli(
         "precompile",
         str(path),

@@ -369,6 +369,19 @@ def test_the_shared_buffer_is_reused_and_tied_weights_share_a_slot() -> None:
         os.close(fd)
 
 
+def test_tensors_without_an_address_get_a_slot_each() -> None:
+    """An XLA tensor has no address (data_ptr() is 0, as on the meta device here): keyed by it,
+    every tensor of one shape and dtype shared one slot, and a checkpoint of an XLA run held
+    one LayerNorm weight for every LayerNorm weight and bias, and exp_avg for exp_avg_sq (NaN
+    after a resume: tests/train/test_xla.py). The one tensor met twice still shares its slot."""
+    from trainmaster.train.checkpoint import staging
+
+    a, b = torch.zeros(4, device="meta"), torch.ones(4, device="meta")
+    assert a.data_ptr() == b.data_ptr() == 0
+    skeleton, tensors = staging.flatten({"a": a, "b": b, "a again": a})
+    assert len(tensors) == 2 and skeleton["a"] == skeleton["a again"] != skeleton["b"]
+
+
 def test_the_block_is_page_locked_portably_on_the_trainings_gpu_and_a_refusal_once(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -62,13 +62,21 @@ Layout = tuple[Spec, ...]
 
 def flatten(obj: Any) -> tuple[Any, list[torch.Tensor]]:
     """`obj` with every tensor replaced by a Slot, and the tensors in slot order. Tensors that
-    are the same view of one storage (tied weights) share a slot: written once, as before."""
+    are the same view of one storage (tied weights) share a slot: written once, as before.
+
+    Only an address tells two views of one storage: an XLA tensor has none (data_ptr() is 0
+    for every one of them, torch_xla 2.9), so keyed by it all tensors of one shape and dtype
+    shared a slot and the checkpoint held one of them for all (every LayerNorm's weight for
+    its bias, exp_avg for exp_avg_sq: NaN at the first update after a resume). Such a tensor
+    gets a slot of its own (tied weights saved twice, as to_cpu's synchronous save does)."""
     tensors: list[torch.Tensor] = []
     seen: dict[tuple[Any, ...], Slot] = {}
 
     def walk(o: Any) -> Any:
         if isinstance(o, torch.Tensor):
-            key = (o.device, o.dtype, o.data_ptr(), tuple(o.shape), o.stride())
+            ptr = o.data_ptr()
+            where = ptr if ptr else ("object", id(o))  # `obj` holds o: its id stays its own
+            key = (o.device, o.dtype, where, tuple(o.shape), o.stride())
             if key not in seen:
                 seen[key] = Slot(len(tensors))
                 tensors.append(o.detach())
