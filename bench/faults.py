@@ -59,8 +59,8 @@ from typing import Any
 
 from benchlib import agent_env, emit, load, machine, prepare_corpus, wait_final
 from trainmaster.config import jobfile
-from trainmaster.run import goodput, processes, state
 from trainmaster.run import metrics as runlog
+from trainmaster.run import processes, state, timeline
 from trainmaster.storage import RunPaths, Storage
 from trainmaster.train import faults
 from trainmaster.train.model import DROPOUT_ENV
@@ -187,7 +187,9 @@ def recover_s(run: RunPaths, back: float | None) -> float | None:
     """From the link's return to the next training step (timeline.jsonl)."""
     if back is None:
         return None
-    after = [e["t"] for e in goodput.read(run.timeline) if e["event"] == "steps" and e["t"] > back]
+    after = [
+        e.t for e in timeline.read(run.timeline) if isinstance(e, timeline.Steps) and e.t > back
+    ]
     return round(min(after) - back, 2) if after else None
 
 

@@ -104,7 +104,7 @@ class RunPaths:
 
     @property
     def timeline(self) -> Path:
-        """rank 0's events for goodput (run/goodput.py): never truncated, unlike metrics.jsonl."""
+        """rank 0's events for goodput (run/timeline.py): never truncated, unlike metrics.jsonl."""
         return self.dir / "timeline.jsonl"
 
     @property

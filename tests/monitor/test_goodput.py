@@ -2,34 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from trainmaster.monitor import report
-from trainmaster.run import goodput
+from trainmaster.run import counters, goodput, saves
+from trainmaster.run.timeline import Checkpoint, End, Event, Resume, Save, Start, Steps
 
 
-def start(t: float, step: int = 0, compiles: bool = False) -> dict[str, Any]:
-    return {"event": "start", "t": t, "step": step, "compiles": compiles}
+def start(t: float, step: int | None = 0, compiles: bool = False) -> Start:
+    return Start(t, step, compiles)
 
 
-def steps(t: float, end: float, first: int, last: int | None = None) -> dict[str, Any]:
-    return {
-        "event": "steps",
-        "t": t,
-        "end": end,
-        "first": first,
-        "last": first if last is None else last,
-    }
+def steps(t: float, end: float, first: int, last: int | None = None) -> Steps:
+    return Steps(t, end, first, first if last is None else last)
 
 
-def ckpt(t: float, end: float, step: int) -> dict[str, Any]:
-    return {"event": "checkpoint", "t": t, "end": end, "step": step}
+def ckpt(
+    t: float, end: float, step: int, *, final: bool = False, saved: bool = False
+) -> Checkpoint:
+    return Checkpoint(t, end, step, final=final, saved=saved)
 
 
-def killed_once(compiles: bool = False) -> list[dict[str, Any]]:
+def killed_once(compiles: bool = False) -> list[Event]:
     """Launched at 100. The first trainer starts at 101, steps 1-6 (step 1 takes 2 s, the rest
     1 s), checkpoints step 4 (0.5 s), dies after step 6. The second starts at 115 from step 4,
     redoes 5-6, steps 7-8, checkpoints step 8, ends at 125; the run ends at 126."""
@@ -48,7 +45,7 @@ def killed_once(compiles: bool = False) -> list[dict[str, Any]]:
         steps(122, 123, 7),
         steps(123, 124, 8),
         ckpt(124, 124.5, 8),
-        {"event": "end", "t": 125, "step": 8},
+        End(125, 8),
     ]
 
 
@@ -108,12 +105,12 @@ def test_an_earlier_launch_of_the_job_is_not_counted() -> None:
     g = goodput.breakdown(old + new, launched_at=50, ended_at=56)
     assert g is not None and g.restarts == 0 and g.steps_lost == 0
     assert g.seconds["startup"] == pytest.approx(3) and g.seconds["productive"] == pytest.approx(2)
-    stats = goodput.save_stats(
+    stats = saves.stats(
         [
             *old,
-            {"event": "save", "t": 12, "end": 13, "bytes": 10**6},
+            Save(12, 13, None, 10**6),
             *new,
-            {"event": "save", "t": 54, "end": 54.5, "bytes": 10**6},
+            Save(54, 54.5, None, 10**6),
         ],
         launched_at=50,
     )
@@ -157,7 +154,7 @@ def test_a_wait_inside_a_steps_window_is_checkpoint_time_where_it_falls() -> Non
         ("checkpoint", 12, pytest.approx(12.1)),
     ]
     # The stand-still per save agrees: step 2's three waits.
-    assert goodput.save_stats(events)["per_save_blocked_s"] == pytest.approx(1.0)
+    assert saves.stats(events)["per_save_blocked_s"] == pytest.approx(1.0)
 
 
 def test_a_wait_in_a_window_later_redone_is_still_checkpoint_time() -> None:
@@ -175,11 +172,11 @@ def test_a_script_dead_before_its_first_step_redid_nothing() -> None:
     """A custom script's process says where it resumed (`resume`) or makes steps; one that died
     at its imports did neither and must not count the steps before it as lost."""
     events = [
-        {"event": "start", "t": 0},
+        Start(0),
         *[steps(k, k + 1, k) for k in range(1, 11)],  # steps 1-10, a checkpoint at 5
-        {"event": "start", "t": 12},  # dies at its imports
-        {"event": "start", "t": 14},
-        {"event": "resume", "t": 15, "step": 5},
+        Start(12),  # dies at its imports
+        Start(14),
+        Resume(15, 5),
         *[steps(15 + k, 16 + k, 5 + k) for k in range(1, 6)],  # redoes 6-10
     ]
     g = goodput.breakdown(events)
@@ -201,38 +198,38 @@ def test_report_status_and_metrics_measure_one_window() -> None:
     # A Kubernetes folder's running job: to now, so that a hang lowers it (the goodput alert).
     hung = goodput.of_run(events, started_at=None, finished_at=None, running=True, now=110)
     assert hung is not None and hung.wall == 100 and hung.seconds["other"] == 96
-    assert goodput.processes(events + [start(50, 2)], launched_at=20) == 1
+    assert counters.processes(events + [start(50, 2)], launched_at=20) == 1
 
 
 def test_a_folder_without_a_launch_time_counts_the_processes_since_the_last_launch_ended() -> None:
     """A Kubernetes job's timeline holds every launch of the job: an `end` closes each."""
-    first = [start(0), steps(1, 2, 1), start(3, 1), steps(4, 5, 2), {"event": "end", "t": 6}]
+    first = [start(0), steps(1, 2, 1), start(3, 1), steps(4, 5, 2), End(6)]
     again = [start(100, 2), steps(101, 102, 3)]
-    assert goodput.processes(first) == 2
-    assert goodput.processes(first + again) == 1
-    assert goodput.processes(first + again + [start(110, 3)]) == 2
-    assert goodput.processes(first + again + [{"event": "end", "t": 105}]) == 1
+    assert counters.processes(first) == 2
+    assert counters.processes(first + again) == 1
+    assert counters.processes(first + again + [start(110, 3)]) == 2
+    assert counters.processes(first + again + [End(105)]) == 1
 
 
 def test_saves_count_what_was_written_and_never_go_down() -> None:
     """The trainer's saves are its background writes (`save`): a staging killed before its
     write is none. A script's are its checkpoint_saved calls (`saved`)."""
     staged = [start(0), ckpt(10, 10.2, 10), start(20, 0), ckpt(30, 30.2, 10)]
-    written = [*staged, {"event": "save", "t": 30.2, "end": 31, "step": 10, "bytes": 5}]
-    counts = [goodput.save_stats(staged)["count"], goodput.save_stats(written)["count"]]
+    written = [*staged, Save(30.2, 31, 10, 5)]
+    counts = [saves.stats(staged)["count"], saves.stats(written)["count"]]
     assert counts == [0, 1]
-    script = [start(0), {**ckpt(5, 5.5, 5), "saved": True}, {**ckpt(9, 9.5, 10), "saved": True}]
-    assert goodput.save_stats(script)["count"] == 2
+    script = [start(0), ckpt(5, 5.5, 5, saved=True), ckpt(9, 9.5, 10, saved=True)]
+    assert saves.stats(script)["count"] == 2
 
 
 def test_save_stats_sum_writes_and_stalls() -> None:
     events = [
         ckpt(10, 10.2, 10),
-        {"event": "save", "t": 10.2, "end": 12.2, "step": 10, "bytes": 40_000_000},
+        Save(10.2, 12.2, 10, 40_000_000),
         ckpt(20, 20.1, 20),
-        {"event": "save", "t": 20.1, "end": 21.1, "step": 20, "bytes": 40_000_000},
+        Save(20.1, 21.1, 20, 40_000_000),
     ]
-    stats = goodput.save_stats(events)
+    stats = saves.stats(events)
     assert stats == {
         "count": 2,
         "total_s": 3.0,
@@ -246,7 +243,7 @@ def test_save_stats_sum_writes_and_stalls() -> None:
         "max_per_save_blocked_s": 0.2,
         "final_wait_s": 0.0,
     }
-    assert goodput.save_stats([])["mb_per_s"] is None
+    assert saves.stats([])["mb_per_s"] is None
 
 
 def test_a_save_stands_still_for_its_staging_and_its_copy_and_the_end_apart() -> None:
@@ -257,9 +254,9 @@ def test_a_save_stands_still_for_its_staging_and_its_copy_and_the_end_apart() ->
         ckpt(11, 11.25, 10),  # the copy of step 10's checkpoint, waited before step 11's update
         ckpt(20, 20.1, 20),
         ckpt(30, 30.1, 30),
-        {**ckpt(30.1, 32.1, 30), "final": True},
+        ckpt(30.1, 32.1, 30, final=True),
     ]
-    stats = goodput.save_stats(events)
+    stats = saves.stats(events)
     assert stats["per_save_blocked_s"] == pytest.approx(0.2)  # median of 0.3 and 0.1
     assert stats["max_per_save_blocked_s"] == pytest.approx(0.3)
     assert stats["final_wait_s"] == pytest.approx(2.1)
@@ -268,7 +265,7 @@ def test_a_save_stands_still_for_its_staging_and_its_copy_and_the_end_apart() ->
     assert text == (
         "training stood still 0.20 s per save (at most 0.30 s), 2.10 s at the end for the last write"
     )
-    only_end = goodput.save_stats(events[-2:])
+    only_end = saves.stats(events[-2:])
     assert only_end["per_save_blocked_s"] is None
     assert report.standstill(only_end) == "2.10 s at the end for the last write"
     older = {k: v for k, v in stats.items() if "per_save" not in k and k != "final_wait_s"}
@@ -286,12 +283,12 @@ def test_a_timeline_from_before_final_still_puts_its_end_apart() -> None:
         ckpt(30, 30.1, 30),
         ckpt(30.1, 32.1, 30),  # the drain of step 30's write, unmarked
     ]
-    finished = goodput.save_stats([*events, {"event": "end", "t": 32.2, "step": 30}])
+    finished = saves.stats([*events, End(32.2, 30)])
     assert finished["final_wait_s"] == pytest.approx(2.1) and finished["per_save_blocked_s"] == 0.1
-    going = goodput.save_stats(events[:4])  # saved step 30, its next steps not flushed yet
+    going = saves.stats(events[:4])  # saved step 30, its next steps not flushed yet
     assert going["final_wait_s"] == 0.0 and going["per_save_blocked_s"] == pytest.approx(0.1)
-    followed = [*events[:2], steps(10.1, 30, 30), {"event": "end", "t": 30.1, "step": 30}]
-    assert goodput.save_stats(followed)["final_wait_s"] == 0.0
+    followed = [*events[:2], steps(10.1, 30, 30), End(30.1, 30)]
+    assert saves.stats(followed)["final_wait_s"] == 0.0
 
 
 def test_record_and_read_back_skip_a_torn_line(tmp_path: Path) -> None:
@@ -311,9 +308,9 @@ def test_a_custom_script_says_where_it_resumed_after_its_start() -> None:
     latest_checkpoint()) says where the second process went on from; without one, the step
     before its first. Either way steps 5-6 are lost, as with the trainer's own start events."""
     events = [
-        {k: v for k, v in e.items() if k != "step" or e["event"] != "start"} for e in killed_once()
+        dataclasses.replace(e, step=None) if isinstance(e, Start) else e for e in killed_once()
     ]
-    with_resume = [*events, {"event": "resume", "t": 116, "step": 4}]
+    with_resume = [*events, Resume(116, 4)]
     for timeline in (with_resume, events):
         g = goodput.breakdown(timeline, launched_at=100, ended_at=126)
         want = goodput.breakdown(killed_once(), launched_at=100, ended_at=126)
@@ -325,18 +322,18 @@ def test_a_step_saved_again_after_a_restart_is_another_save_and_only_the_last_en
     """Run 1 saves step 10 and is preempted at 20 (its end); run 2 resumes, is killed after
     staging step 30, and run 3 saves step 30 again and ends at 40."""
     events = [
-        {"event": "start", "t": 0},
+        Start(0),
         ckpt(10, 10.1, 10),
         ckpt(20, 20.2, 20),
-        {**ckpt(20.2, 21.2, 20), "final": True},
-        {"event": "start", "t": 30},
+        ckpt(20.2, 21.2, 20, final=True),
+        Start(30),
         ckpt(35, 35.3, 30),
-        {"event": "start", "t": 40},
+        Start(40),
         ckpt(45, 45.5, 30),
         ckpt(50, 50.1, 40),
-        {**ckpt(50.1, 52.1, 40), "final": True},
+        ckpt(50.1, 52.1, 40, final=True),
     ]
-    stats = goodput.save_stats(events)
+    stats = saves.stats(events)
     # saves while training: 0.1 (10), 0.3 (30, run 2), 0.5 (30, run 3); not 0.8 for one "30"
     assert stats["per_save_blocked_s"] == pytest.approx(0.3)
     assert stats["max_per_save_blocked_s"] == pytest.approx(0.5)

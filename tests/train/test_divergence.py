@@ -22,7 +22,7 @@ from tests.backends.local.test_local import (
     wait_final,
 )
 from tests.conftest import run_cli
-from trainmaster.run import checkpoints, divergence, goodput, state
+from trainmaster.run import checkpoints, counters, divergence, goodput, state, timeline
 from trainmaster.storage import Storage
 from trainmaster.train import faults
 
@@ -74,17 +74,17 @@ def test_a_stop_refuses_restarts_of_its_own_launch_only(tmp_path: Path) -> None:
 
 def test_goodput_counts_a_rollback_as_lost_steps_not_a_restart() -> None:
     events = [
-        {"event": "start", "t": 0.0, "step": 0},
-        {"event": "steps", "t": 1.0, "end": 2.0, "first": 1, "last": 10},
-        {"event": "steps", "t": 2.0, "end": 3.0, "first": 11, "last": 13},
-        {"event": "rollback", "t": 3.0, "end": 3.5, "step": 13, "to": 10},
-        {"event": "steps", "t": 3.5, "end": 4.5, "first": 11, "last": 20},
+        timeline.Start(0.0, 0),
+        timeline.Steps(1.0, 2.0, 1, 10),
+        timeline.Steps(2.0, 3.0, 11, 13),
+        timeline.Rollback(3.0, 3.5, 13, to=10),
+        timeline.Steps(3.5, 4.5, 11, 20),
     ]
     g = goodput.breakdown(events)
     assert g is not None and g.steps_lost == 3 and g.rollbacks == 1 and g.restarts == 0
     assert g.seconds["lost"] == pytest.approx(1.0) and g.seconds["restart"] == pytest.approx(0.5)
-    assert goodput.processes(events) == 1  # one trainer process: restarts stay 0
-    assert goodput.resume_steps(events) == [0, 10]  # metrics rows after it start again at 11
+    assert counters.processes(events) == 1  # one trainer process: restarts stay 0
+    assert timeline.resume_steps(events) == [0, 10]  # metrics rows after it start again at 11
 
 
 # --- a real 2-node job, launched as a user launches it ---------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from trainmaster.run import goodput
+from trainmaster.run import saves, timeline
 from trainmaster.train.checkpoint import background, staging
 
 
@@ -108,13 +108,13 @@ def test_a_saves_stand_still_is_its_host_wait_and_its_streams_wait() -> None:
     """What loop.Trainer records: the host's wait at the update, the GPU's after the next sync;
     the report's per-save figure is their sum."""
     events = [
-        {"event": "start", "t": 0.0},
-        {"event": "checkpoint", "t": 10.0, "end": 10.02, "step": 10},  # staging
-        {"event": "checkpoint", "t": 10.5, "end": 10.501, "step": 10},  # host, before_update
-        {"event": "steps", "t": 10.0, "end": 12.0, "step": 20},
-        {"event": "checkpoint", "t": 11.75, "end": 12.0, "step": 10},  # the stream's, read at 12
-        {"event": "checkpoint", "t": 20.0, "end": 20.3, "step": 30, "final": True},
+        timeline.Start(0.0),
+        timeline.Checkpoint(10.0, 10.02, 10),  # staging
+        timeline.Checkpoint(10.5, 10.501, 10),  # host, before_update
+        timeline.Steps(10.0, 12.0, 11, 20),
+        timeline.Checkpoint(11.75, 12.0, 10),  # the stream's, read at 12
+        timeline.Checkpoint(20.0, 20.3, 30, final=True),
     ]
-    stats = goodput.save_stats(events)
+    stats = saves.stats(events)
     assert stats["per_save_blocked_s"] == pytest.approx(0.271)
     assert stats["final_wait_s"] == pytest.approx(0.3)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmaster.monitor import history, runinfo
-from trainmaster.run import goodput, segments, state
+from trainmaster.run import segments, state, timeline
 from trainmaster.storage import RunPaths, Storage
 
 BAR_WIDTH = 30
@@ -46,7 +46,7 @@ def progress(
     resumed: Iterable[int] = (),
 ) -> Progress:
     """Pure: where a job stands, from its metrics rows (split by process where `resumed`,
-    goodput.resume_steps, says) and wall time."""
+    timeline.resume_steps, says) and wall time."""
     step = int(rows[-1]["step"]) if rows else 0
     eta = None
     if phase in ("pending", "running") and rows:
@@ -103,7 +103,7 @@ def progress_of_run(
     phase = st.phase if st else "running"
     nodes = st.nnodes if st else None
     price = history.price_of(cfg, nodes, history.device_of(run))
-    resumed = goodput.resume_steps(goodput.read(run.timeline))
+    resumed = timeline.resume_steps(timeline.read(run.timeline))
     wall = history.wall_s(st, rows, resumed=resumed)
     return progress(rows, max_steps, phase, wall, price, resumed)
 

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from trainmaster import files
 from trainmaster.monitor import history, runinfo
-from trainmaster.run import goodput, state
+from trainmaster.run import goodput, saves, state, timeline
 from trainmaster.storage import RunPaths
 
 METRICS_PORT = 9400  # in a pod; a local job takes any free port and writes it to TARGETS
@@ -105,8 +105,8 @@ class RunCollector(Collector):
         yield from gauge(
             "trainmaster_eta_seconds", "Time to the last step at the recent pace", s.eta_s
         )
-        events = goodput.read(self.run.timeline)
-        stepped = [float(e["end"]) for e in events if e["event"] == "steps" and "end" in e]
+        events = timeline.read(self.run.timeline)
+        stepped = [float(e.end) for e in events if isinstance(e, timeline.Steps)]
         yield from gauge(
             "trainmaster_last_step_timestamp_seconds",
             "When rank 0 last finished a step (Unix time)",
@@ -123,20 +123,20 @@ class RunCollector(Collector):
             for kind in goodput.KINDS:
                 parts.add_metric([*labels, kind], g.seconds.get(kind, 0.0))
             yield parts
-        saves = goodput.save_stats(events)
-        yield counter("trainmaster_checkpoint_saves_total", "Checkpoints written", saves["count"])
+        written = saves.stats(events)
+        yield counter("trainmaster_checkpoint_saves_total", "Checkpoints written", written["count"])
         yield counter(
             "trainmaster_checkpoint_write_seconds_total",
             "Seconds spent writing checkpoints (in the background)",
-            saves["total_s"],
+            written["total_s"],
         )
         yield counter(
-            "trainmaster_checkpoint_bytes_total", "Bytes of checkpoints written", saves["bytes"]
+            "trainmaster_checkpoint_bytes_total", "Bytes of checkpoints written", written["bytes"]
         )
         yield counter(
             "trainmaster_checkpoint_standstill_seconds_total",
             "Seconds training stood still for checkpoints",
-            saves["blocked_s"],
+            written["blocked_s"],
         )
         yield counter("trainmaster_restarts_total", "Restarts of the worker group", s.restarts)
         yield counter("trainmaster_hangs_total", "Hangs the watchdogs caught", len(s.hangs))

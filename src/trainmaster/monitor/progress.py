@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from trainmaster.monitor import cost, history, runinfo
-from trainmaster.run import checkpoints, goodput, state
+from trainmaster.run import checkpoints, counters, state, timeline
 from trainmaster.storage import RunPaths
 
 RECORD_VERSION = 1
@@ -34,7 +34,7 @@ class RunProgress:
     eta_s: float | None = None
     cost_so_far_usd: float | None = None
     cost_to_finish_usd: float | None = None
-    restarts: int = 0  # of the worker group (runinfo.restarts); status_fields adds the gang's
+    restarts: int = 0  # of the worker group (counters.worker_group); status_fields adds the gang's
     preemptions: int = 0
     rollbacks: int = 0
     rollback_steps_lost: int = 0
@@ -109,7 +109,7 @@ def of_status(s: runinfo.Status, run: RunPaths, *, detail: bool = True) -> RunPr
     notes = [runinfo.progress_text(s)]
     p = cost.progress_of_run(run, s.state, s.max_steps)
     notes += [cost.render(p)] if p else []
-    g = runinfo.goodput_of(goodput.read(run.timeline), s.state)
+    g = runinfo.goodput_of(timeline.read(run.timeline), s.state)
     newest = _last_checkpoint(run)
     said = [f"goodput {g.ratio:.0%} of {cost.duration(g.wall)}"] if g and g.wall > 0 else []
     said += [f"last checkpoint: step {newest}"] if newest is not None else []
@@ -155,7 +155,7 @@ def of_folder(run: RunPaths, job: str, phase: state.Phase, job_retries: int = 0)
     """The record of a run folder that has no state.json (a Kubernetes job's, read in its pod):
     the node count and price from its job.toml, the time on the nodes from its metrics.
     job_retries: the gang's restarts before this attempt (the pod's Volcano job version), whose
-    trainer processes are in the timeline too and are not the worker group's (runinfo.restarts)."""
+    trainer processes are in the timeline too and are not the worker group's (counters.py)."""
     cfg = history.read_config(run)
     st = state.RunState(
         job=job,
@@ -173,11 +173,11 @@ def status_fields(
 ) -> dict[str, Any]:
     """The fields of a job's status (backends/base.py JobStatus) that its record fills, the same
     for every backend: `restarts` counts the worker group's and the gang's
-    (runinfo.training_restarts), job_retries the gang's alone; the ETA counts down from when the
+    (counters.training_restarts), job_retries the gang's alone; the ETA counts down from when the
     record was made and is None unless the job runs. No record: only the restarts are known."""
     worker_group = record.restarts if record else 0
     out: dict[str, Any] = {
-        "restarts": runinfo.training_restarts(worker_group, job_retries),
+        "restarts": counters.training_restarts(worker_group, job_retries),
         "job_retries": job_retries,
     }
     if record is None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from trainmaster import files
 from trainmaster.monitor import cost, history, runinfo
-from trainmaster.run import goodput, segments
+from trainmaster.run import counters, goodput, saves, segments, timeline
 from trainmaster.run.goodput import Span
 from trainmaster.storage import RunPaths, Storage
 
@@ -59,7 +59,7 @@ class Report:
     panels: tuple[Box, ...] = ()
     goodput: dict[str, Any] | None = None  # summary.json's shape (goodput.Goodput.to_json)
     spans: tuple[Span, ...] = ()  # the timeline drawn, when the run recorded one
-    saves: dict[str, Any] | None = None  # goodput.save_stats
+    saves: dict[str, Any] | None = None  # saves.stats
     restart_steps: tuple[int, ...] = ()  # the first step of each trainer process after the first
     timeline: Box | None = None
 
@@ -166,13 +166,13 @@ def summarize(run: RunPaths, job: str, rows: list[dict[str, Any]]) -> Report:
     summary = (runinfo.summary_of_launch(run, st) if st else runinfo.read_json(run.summary)) or {}
     rank0 = runinfo.read_json(run.rank0) or {}
     cfg = history.read_config(run)
-    events = goodput.read(run.timeline)
-    resumed = goodput.resume_steps(events)
+    events = timeline.read(run.timeline)
+    resumed = timeline.resume_steps(events)
     segs = segments.segments(rows, resumed)
     steady = [r for seg in segs for r in (seg[1:] or seg)]  # each process's first step is warm-up
     launched = runinfo.launch_time(st) if st else None
-    processes = goodput.processes(events, launched) if events else len(segs)
-    restarts = runinfo.restarts(processes - (st.job_retries if st else 0), summary, rank0)
+    processes = counters.processes(events, launched) if events else len(segs)
+    restarts = counters.worker_group(processes, st.job_retries if st else 0, summary, rank0)
     phase = st.phase if st else str(summary.get("status", "unknown"))
     # The window status and /metrics measure too (runinfo.goodput_of); the trainer's summary
     # stops as it exits: the parts agree, wall and other run longer here.
@@ -196,7 +196,7 @@ def summarize(run: RunPaths, job: str, rows: list[dict[str, Any]]) -> Report:
         goodput=g.to_json() if g else summary.get("goodput"),
         spans=g.spans if g else (),
         restart_steps=tuple(int(seg[0]["step"]) for seg in segs[1:]),
-        saves=goodput.save_stats(events, launched_at=launched)
+        saves=saves.stats(events, launched_at=launched)
         if events
         else summary.get("checkpoint_saves"),
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 from trainmaster.config import JobConfig, jobfile
 from trainmaster.errors import UserError
-from trainmaster.run import divergence, goodput, segments, state
+from trainmaster.run import counters, divergence, goodput, segments, state, timeline
 from trainmaster.run import metrics as runlog
 from trainmaster.run.processes import Worker, workers
 from trainmaster.storage import RunPaths, Storage
@@ -93,25 +93,10 @@ class Status:
 
     @property
     def restarts(self) -> int:
-        # a whole-gang retry after a lost node starts rank 0 again too; it is job_retries
-        return restarts(self.processes - self.state.job_retries, self.summary, self.rank0)
-
-
-def restarts(processes: int, *said: dict[str, Any] | None) -> int:
-    """Restarts of the worker group: while it runs, rank 0's trainer processes less one (the
-    timeline; summary.json comes only at the end, rank0.json holds none); at the end
-    torchrun's own count where larger. Never less than it was while the job ran."""
-    counts = [int(src["restarts"]) for src in said if src and _is_num(src.get("restarts"))]
-    return max([processes - 1, *counts, 0])
-
-
-def training_restarts(worker_group: int, job_retries: int) -> int:
-    """`restarts` in `status` and `status --json`, the same on every backend: every restart of
-    the training in this launch, whoever made it: the worker group's (torchrun's
-    --max-restarts, counted by restarts() from rank 0's processes in the run folder) and the
-    whole gang's (job_retries: the local launcher's job retry after a lost node, Volcano's
-    RestartJob on Kubernetes), which JobStatus.job_retries also gives alone."""
-    return max(0, worker_group) + max(0, job_retries)
+        """The worker group's (run/counters.py worker_group)."""
+        return counters.worker_group(
+            self.processes, self.state.job_retries, self.summary, self.rank0
+        )
 
 
 def status(store: Storage, job: str) -> Status:
@@ -127,10 +112,10 @@ def status_of(run: RunPaths, st: state.RunState) -> Status:
     with contextlib.suppress(UserError):
         cfg = jobfile.load(run.job_toml)
     max_steps = max_steps_of(cfg, rows)
-    events = goodput.read(run.timeline)
+    events = timeline.read(run.timeline)
     launched = launch_time(st)
     eta = None
-    per_step = segments.step_s(rows, goodput.resume_steps(events))  # this process's own clock
+    per_step = segments.step_s(rows, timeline.resume_steps(events))  # this process's own clock
     if last and max_steps and per_step is not None and len(rows) >= 2 and st.phase == "running":
         eta = per_step * max(0, max_steps - int(last["step"]))
     return Status(
@@ -143,7 +128,7 @@ def status_of(run: RunPaths, st: state.RunState) -> Status:
         eta,
         watchdog.read_hangs(run.hangs),
         len(preempt.read(run.preemptions)),
-        goodput.processes(events, launched),
+        counters.processes(events, launched),
         divergence.summary(run.rollbacks),
     )
 
@@ -157,7 +142,7 @@ def launch_time(st: state.RunState) -> float | None:
     return st.created_at if st.backend == "local" else None
 
 
-def goodput_of(events: list[dict[str, Any]], st: state.RunState | None) -> goodput.Goodput | None:
+def goodput_of(events: list[timeline.Event], st: state.RunState | None) -> goodput.Goodput | None:
     """Goodput over the one window `report`, `status` and /metrics share (goodput.of_run): this
     launch to the end state.json records, or now while it runs."""
     if st is None:
@@ -212,7 +197,8 @@ SHOWN = 6  # values of the newest row shown after its step
 
 def progress_text(s: Status) -> str:
     """`step 40/200  loss 2.31  seq_per_s 51.2  restarts 1`: the newest metrics row, whatever
-    keys it has (built-in rows: loss and seq/s first), and the restarts (training_restarts),
+    keys it has (built-in rows: loss and seq/s first), and the restarts (counters.py
+    training_restarts),
     metrics or not."""
     parts = []
     if s.last is not None:
@@ -228,7 +214,7 @@ def progress_text(s: Status) -> str:
             at = next((i + 1 for i, t in enumerate(shown) if t.startswith("seq_per_s ")), 0)
             shown.insert(at or len(shown), f"mfu {s.last['mfu']:.0%}")
         parts += shown
-    parts.append(f"restarts {training_restarts(s.restarts, s.state.job_retries)}")
+    parts.append(f"restarts {counters.training_restarts(s.restarts, s.state.job_retries)}")
     if s.preemptions:
         parts.append(f"preemptions {s.preemptions} (SIGTERM, checkpointed)")
     if s.divergence["rollbacks"]:

@@ -3,7 +3,12 @@
 Modules:
   state      state.json: what was started, where, and how it ended (local)
   metrics    metrics.jsonl: log_metrics() and its readers
-  goodput    timeline.jsonl: where a run's wall time went
+  timeline   timeline.jsonl: rank 0's events, one frozen dataclass per kind, read and written
+             in the one JSON-lines format; the trainer processes they make up
+  goodput    where a run's wall time went, from the timeline (and the writers' face: record)
+  counters   restarts, processes, job retries, rollbacks...: each counter's sources and the one
+             rule that combines them (never falls, summed, the largest)
+  saves      summary.json's checkpoint_saves: the writes and the stand-stills per save
   segments   metrics.jsonl's rows split by the trainer process that wrote them
   checkpoints  checkpoints/step_N: which are complete, whose (config hash), atomic publish,
              pruning (the writing is the trainer's: train/checkpoint/)

@@ -19,7 +19,7 @@ from torch import nn
 
 from trainmaster.compile import counters as compile_counters
 from trainmaster.compile import fingerprint
-from trainmaster.run import goodput
+from trainmaster.run import counters, goodput
 from trainmaster.train import checkpoint, metrics, netplugin, preempt, rollback
 from trainmaster.train.metrics import log
 from trainmaster.train.preflight import Plan
@@ -244,8 +244,8 @@ class Trainer(TrainerSetup):
         p, cfg, rt = self.plan, self.plan.cfg, self.rt
         self._drain(step)  # the last checkpoint is complete before the process ends
         sums = rt.all_gather_object(param_checksum(self.model), tag="checksum")
-        # torchrun counts restarts per node agent; the job's count is the largest.
-        restarts = max(rt.all_gather_object(p.env.restarts, tag="restarts"))
+        # torchrun counts restarts per node agent (run/counters.py agents: the largest)
+        restarts = counters.agents(rt.all_gather_object(p.env.restarts, tag="restarts"))
         self.loader.close()
         rt.finish()
         if self.metrics is None:

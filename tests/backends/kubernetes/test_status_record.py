@@ -86,7 +86,7 @@ def test_restarts_mean_the_same_on_both_backends(
 ) -> None:
     """Two torchrun restarts and one whole-gang restart (Volcano's RestartJob; locally the
     launcher's job retry): rank 0 started 4 times. Both backends say restarts 3, job retries 1,
-    from the same run folder through the same functions (runinfo.restarts, training_restarts)."""
+    from the same run folder through the same functions (run/counters.py)."""
     run = run_folder(tmp_path, starts=4, rank0_pod=POD1, rank0_at=T0 + 190)
     rows = [{"step": s, "loss": 9.0 - s, "seq_per_s": 50.0, "note": float("nan")} for s in (1, 2)]
     run.metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -19,7 +19,7 @@ from tests.backends.local.test_local import diagnosis, no_processes_left, summar
 from tests.conftest import run_cli
 from trainmaster.backends.local import completion
 from trainmaster.monitor import runinfo
-from trainmaster.run import goodput
+from trainmaster.run import timeline
 from trainmaster.storage import RunPaths, Storage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -67,8 +67,8 @@ def test_a_worker_aborted_at_exit_after_the_last_step_ends_the_job_succeeded(
     )
     assert final.message == warning
     assert "failed (exitcode: -6)" in Path(stuck[0].log).read_text()
-    events = [e for e in goodput.read(run.timeline) if e["event"] == "worker_died_at_exit"]
-    assert [(e["node"], e["why"]) for e in events] == [(node, "SIGABRT")]
+    events = [e for e in timeline.read(run.timeline) if isinstance(e, timeline.WorkerDiedAtExit)]
+    assert [(e.node, e.why) for e in events] == [(node, "SIGABRT")]
     assert summary(run.dir.parents[1], run.dir.name)["status"] == "completed"
     assert steps(run) == list(range(1, STEPS + 1))  # ran once: no restart, no job retry
     assert final.job_retries == 0 and no_processes_left(final)
@@ -102,7 +102,7 @@ def test_a_worker_aborted_mid_run_is_restarted_as_before(tmp_path: Path) -> None
     assert "at exit" not in final.message and not any(n.note for n in final.nodes)
     s = summary(run.dir.parents[1], run.dir.name)
     assert s["status"] == "completed" and s["restarts"] >= 1  # torchrun restarted the workers
-    assert not [e for e in goodput.read(run.timeline) if e["event"] == "worker_died_at_exit"]
+    assert not [e for e in timeline.read(run.timeline) if isinstance(e, timeline.WorkerDiedAtExit)]
 
 
 def test_a_worker_aborted_mid_run_with_no_restart_left_fails_the_job(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from tests.backends.local.test_local import diagnosis, job_file, wait_final, wait_step
 from tests.conftest import run_cli, wait_for
 from trainmaster.backends.local import netns
-from trainmaster.run import goodput
+from trainmaster.run import timeline
 from trainmaster.storage import RunPaths, Storage
 
 pytestmark = [
@@ -54,7 +54,9 @@ def test_a_partitioned_node_is_noticed_and_the_job_completes_once_the_link_is_ba
     assert final.phase == "succeeded", diagnosis(pydoc_storage, job)
     summary = json.loads(run.summary.read_text())
     assert summary["steps"] == STEPS and summary["restarts"] >= 1
-    after = [e["t"] for e in goodput.read(run.timeline) if e["event"] == "steps" and e["t"] > back]
+    after = [
+        e.t for e in timeline.read(run.timeline) if isinstance(e, timeline.Steps) and e.t > back
+    ]
     print(f"time to recover: {min(after) - back:.1f} s from the link's return to the next step")
     assert not [
         ns for ns in (net.namespace(0), net.namespace(1)) if Path(f"/run/netns/{ns}").exists()

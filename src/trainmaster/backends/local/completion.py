@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainmaster.run import goodput, processes, state
+from trainmaster.run import processes, state, timeline
 from trainmaster.storage import RunPaths
 
 # torch/distributed/elastic/multiprocessing/api.py when a worker of the group failed, in torch's
@@ -138,7 +138,7 @@ class EndWatch:
         st = state.read(self.run.state)
         if st.cancel_requested or processes.workers(st):
             return []
-        starts = [e["t"] for e in goodput.read(self.run.timeline) if e["event"] == "start"]
+        starts = [e.t for e in timeline.read(self.run.timeline) if isinstance(e, timeline.Start)]
         if not starts:
             return []
         last = max(starts)
