@@ -89,7 +89,7 @@ def test_the_supervisors_cancel_watch_parses_state_json_only_when_it_changed(
     """Starting n agents looked for a cancel n times; parsing every time was O(n^2) in nodes."""
     import pytest
 
-    from trainmaster.backends.local.supervisor import Cancelled, CancelWatch
+    from trainmaster.backends.local.gang import Cancelled, CancelWatch
     from trainmaster.storage import RunPaths
 
     run = RunPaths(tmp_path)

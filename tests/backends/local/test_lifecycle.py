@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from trainmaster.backends.local import ending
+from trainmaster.backends.local import ending, rendezvous
 from trainmaster.backends.local import launcher as local
-from trainmaster.backends.local import supervisor as supervise
 from trainmaster.config import jobfile
 from trainmaster.errors import UserError
 from trainmaster.run import pids, state
@@ -230,7 +229,7 @@ def test_supervisor_cleanup_that_fails_does_not_raise() -> None:
             self.killed = True
 
     stuck = Stuck()
-    supervise._stop(stuck)  # type: ignore[arg-type]
+    rendezvous.stop_private_etcd(stuck)  # type: ignore[arg-type]
     assert stuck.killed
 
 

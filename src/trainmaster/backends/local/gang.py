@@ -1,12 +1,16 @@
 """One attempt of a local run: its node agents, started together, watched together, stopped
 together (the supervisor's unit, as a worker group is torch's elastic agent's).
 
-Gang.wait() is the supervisor's poll loop. It returns when every agent ended, or at the first
+Gang.wait() is the supervisor's poll loop. It returns an Outcome (outcome.py) when every
+agent ended, or at the first
 lost node that ends the attempt: an agent that died by a signal (the instance died) or exited on
 a rendezvous or store error (the c10d store lived in a lost agent: its peers cannot go on). An
 elastic job (rejoins) loses a node by a signal and goes on, taking the node back (rejoin.py),
 unless the c10d store went with it. A run whose work is done while agents still wait
 (completion.py) is ended there: they are stopped.
+
+A cancel reaches an attempt two ways: the supervisor's SIGTERM handler (it signals the gang's
+agents and sets Cancel), or state.json, which CancelWatch looks at before each agent starts.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainmaster.backends.local import completion, rejoin
+from trainmaster.backends.local.outcome import Lost, Outcome
 from trainmaster.compile import lock
 from trainmaster.launch import entry
 from trainmaster.run import goodput, processes, state
@@ -28,8 +33,12 @@ from trainmaster.storage import RunPaths
 
 # What a torchrun agent's log says when the rendezvous or its store is gone with a lost node
 # (torch/distributed/elastic/rendezvous/api.py and c10d's error types).
-STORE_LOST = ("RendezvousConnectionError", "RendezvousClosedError", "DistStoreError",
-              "DistNetworkError")  # fmt: skip
+STORE_LOST = (
+    "RendezvousConnectionError",
+    "RendezvousClosedError",
+    "DistStoreError",
+    "DistNetworkError",
+)
 POLL_S = 0.2
 
 
@@ -39,6 +48,30 @@ class Cancel:
     that end from then on are cancelled, not lost: neither retried nor taken back."""
 
     requested: bool = False
+
+
+class Cancelled(Exception):
+    """`cancel` asked for the end while the supervisor was still starting the run."""
+
+
+class CancelWatch:
+    """Raises Cancelled once state.json records a cancel. The file is parsed again only when it
+    was replaced since the last look (every write is an atomic replace: a new inode): one parse
+    per started node of a file that grows with the node count made starting n agents O(n^2),
+    ~30 s at 1,024 nodes (measured in the scale work, docs/architecture.md 5: 15)."""
+
+    def __init__(self, run: RunPaths) -> None:
+        self.path, self.seen = run.state, (-1, -1, -1)
+        self.reads = 0
+
+    def check(self) -> None:
+        st = os.stat(self.path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp == self.seen:
+            return
+        self.seen, self.reads = stamp, self.reads + 1
+        if state.read(self.path).cancel_requested:
+            raise Cancelled
 
 
 def lost_reason(log: Path, offset: int, code: int | None) -> str | None:
@@ -72,8 +105,8 @@ def size(path: Path) -> int:
 
 @dataclass
 class Gang:
-    """The agents of one attempt. `agents` is the supervisor's list, shared with its SIGTERM
-    handler, and refilled by start()."""
+    """The agents of one attempt, owned by the supervisor: its SIGTERM handler signals them
+    through signal_all(), the agents started so far (start() appends each as it starts)."""
 
     run: RunPaths
     commands: list[list[str]]  # one per node (backends/local/agents.py)
@@ -86,7 +119,7 @@ class Gang:
     def start(self, before_each: Callable[[], None]) -> None:
         """Start every node's agent, each in its own session; before_each raises to stop."""
         self.offsets = [size(self._log(i)) for i in range(len(self.commands))]
-        self.agents[:] = []
+        self.agents.clear()
         for i in range(len(self.commands)):
             before_each()
             self.agents.append(self.start_node(i))
@@ -108,6 +141,10 @@ class Gang:
             self.held.also_held_by([a.pid for a in self.agents] + [agent.pid])
         return agent
 
+    def signal_all(self, sig: int) -> None:
+        """Signal every agent's process group (SIGTERM: `cancel` passed on)."""
+        signal_groups([a.pid for a in self.agents], sig)
+
     def _log(self, i: int) -> Path:
         return self.run.logs / f"node{i}.log"
 
@@ -117,15 +154,15 @@ class Gang:
         rejoins: rejoin.Rejoins | None,
         store_lost: Callable[[int], bool],
         end: completion.EndWatch,
-    ) -> tuple[list[int], tuple[int, str] | None]:
-        """Exit codes so far, and (node, why) of the lost node that ends this attempt, or None."""
+    ) -> Outcome:
+        """Exit codes so far, and the lost node that ends this attempt, if one does."""
         agents, offsets = self.agents, self.offsets
         left_out: set[int] = set()  # lost nodes not taken back (no rejoin left): seen once
         while True:
             codes = [a.poll() for a in agents]
             waiting = set(rejoins.waiting) if rejoins is not None else set()
             if not cancel.requested and end.check(codes, left_out | waiting):
-                return self.end_stuck(end.stuck), None
+                return Outcome(self.end_stuck(end.stuck))
             for i, code in enumerate(codes):
                 if i in left_out:
                     continue
@@ -143,7 +180,7 @@ class Gang:
                     cancel.requested = True
                     continue
                 if rejoins is None or code is None or code > 0 or store_lost(i):
-                    return [c if c is not None else -1 for c in codes], (i, why)
+                    return Outcome([c if c is not None else -1 for c in codes], Lost(i, why))
                 rejoins.lost(i, why, agents)
                 if agents[i].poll() is not None:
                     left_out.add(i)
@@ -151,7 +188,7 @@ class Gang:
                 rejoins.poll()
             codes = [a.poll() for a in agents]
             if all(c is not None for c in codes):
-                return [int(c) for c in codes if c is not None], None
+                return Outcome([int(c) for c in codes if c is not None])
             time.sleep(POLL_S)  # polling child processes of their own sessions
 
     def stop(self, grace_s: float = 10.0) -> list[int]:

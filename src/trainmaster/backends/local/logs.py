@@ -42,3 +42,18 @@ def follow(path: Path, run: RunPaths, poll_s: float = 0.5) -> Iterator[str]:
                     yield rest
                 return
             time.sleep(poll_s)  # tailing a file written by another process
+
+
+def first_error(run: RunPaths) -> str | None:
+    """The `error: ...` line a worker wrote last (bad input, a failed node preflight), of the
+    lowest rank that wrote one: the one line `status` shows for a failed job (the supervisor's
+    verdict, ending.py). The newest, since rank logs append across restarts and launches."""
+    logs = sorted(
+        run.logs.glob("rank*.log"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0
+    )
+    for log in logs:
+        with log.open(encoding="utf-8", errors="replace") as f:
+            errors = [line for line in f if line.startswith("error: ")]
+        if errors:
+            return errors[-1].removeprefix("error: ").strip()
+    return None

@@ -8,6 +8,7 @@ with its data under the run folder, and stops when the job ends.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -118,3 +119,16 @@ def start_private_etcd(
             )
         time.sleep(0.1)  # waiting for an external server to come up
     return proc, endpoint
+
+
+def stop_private_etcd(etcd: subprocess.Popen[bytes] | None) -> None:
+    """Stop the private etcd; a cleanup that fails must not lose the run's final phase."""
+    if etcd is None:
+        return
+    try:
+        etcd.terminate()
+        etcd.wait(timeout=30)
+    except Exception:  # still running after 30 s, or already gone: kill it
+        with contextlib.suppress(Exception):
+            etcd.kill()
+            etcd.wait(timeout=5)

@@ -21,9 +21,12 @@ so) leaves its agent waiting in a restart rendezvous for nodes that have finishe
 supervisor stops the agents and counts the job as succeeded, with a warning (completion.py).
 
 Shaped like torch's elastic agent (torch/distributed/elastic/agent/server/api.py,
-SimpleElasticAgent._invoke_run): set up once (etcd, network, the agents' environment), then a
-short loop over attempts, each a Gang (gang.py: start, wait -> outcome, stop), and at the end
-ending.py's verdict, a pure function of what was seen, written to state.json.
+SimpleElasticAgent._invoke_run): `supervise` is a short loop over attempts. Supervisor sets
+up once (etcd, network, the agents' environment), starts a Gang per attempt (gang.py: start,
+wait -> Outcome, stop), acts on outcome.decide's typed answer (the verdict, a job retry, or
+none left) and tears down; at the end ending.py's verdict, a pure function of what was seen,
+goes into state.json. The Supervisor owns the SIGTERM handler and the attempt's gang, whose
+agents the handler signals.
 """
 
 from __future__ import annotations
@@ -37,13 +40,22 @@ import sys
 import time
 from pathlib import Path
 
-from trainmaster.backends.local import completion, netns, rejoin, rendezvous
-from trainmaster.backends.local.agents import agent_commands, rdzv_id
+from trainmaster.backends.local import agents, completion, logs, netns, rejoin, rendezvous
 from trainmaster.backends.local.ending import ending
-from trainmaster.backends.local.gang import Cancel, Gang, signal_groups
+from trainmaster.backends.local.gang import Cancel, Cancelled, CancelWatch, Gang
+from trainmaster.backends.local.outcome import (
+    GiveUp,
+    Lost,
+    Outcome,
+    Retry,
+    Verdict,
+    decide,
+    give_up_note,
+    retry_note,
+)
 from trainmaster.compile import cache, lock
 from trainmaster.config import JobConfig, jobfile
-from trainmaster.launch.torchrun import AGENT_ENV, Rendezvous
+from trainmaster.launch.torchrun import Rendezvous
 from trainmaster.monitor import exporter
 from trainmaster.run import goodput, state
 from trainmaster.run import metrics as runlog
@@ -54,82 +66,6 @@ from trainmaster.storage import RunPaths, Storage
 def _last_step(run: RunPaths) -> int | None:
     rows = [r for r in runlog.read_jsonl(run.metrics) if isinstance(r.get("step"), int)]
     return int(rows[-1]["step"]) if rows else None
-
-
-def first_error(run: RunPaths) -> str | None:
-    """The `error: ...` line a worker wrote last (bad input, a failed node preflight), of the
-    lowest rank that wrote one: the one line `status` shows for a failed job. The newest, since
-    rank logs append across restarts and launches of the job."""
-    logs = sorted(
-        run.logs.glob("rank*.log"), key=lambda p: int(p.stem[4:]) if p.stem[4:].isdigit() else 0
-    )
-    for log in logs:
-        with log.open(encoding="utf-8", errors="replace") as f:
-            errors = [line for line in f if line.startswith("error: ")]
-        if errors:
-            return errors[-1].removeprefix("error: ").strip()
-    return None
-
-
-class Cancelled(Exception):
-    """`cancel` asked for the end while the supervisor was still starting the run."""
-
-
-class CancelWatch:
-    """Raises Cancelled once state.json records a cancel. The file is parsed again only when it
-    was replaced since the last look (every write is an atomic replace: a new inode): one parse
-    per started node of a file that grows with the node count made starting n agents O(n^2),
-    ~30 s at 1,024 nodes (measured in the scale work, docs/architecture.md 5: 15)."""
-
-    def __init__(self, run: RunPaths) -> None:
-        self.path, self.seen = run.state, (-1, -1, -1)
-        self.reads = 0
-
-    def check(self) -> None:
-        st = os.stat(self.path)
-        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if stamp == self.seen:
-            return
-        self.seen, self.reads = stamp, self.reads + 1
-        if state.read(self.path).cancel_requested:
-            raise Cancelled
-
-
-def _stop(etcd: subprocess.Popen[bytes] | None) -> None:
-    """Stop the private etcd; a cleanup that fails must not lose the run's final phase."""
-    if etcd is None:
-        return
-    try:
-        etcd.terminate()
-        etcd.wait(timeout=30)
-    except Exception:  # still running after 30 s, or already gone: kill it
-        with contextlib.suppress(Exception):
-            etcd.kill()
-            etcd.wait(timeout=5)
-
-
-def _fresh(cfg: JobConfig, rdzv: Rendezvous) -> Rendezvous:
-    """The rendezvous of a job retry: a new id (the old one may be closed or half-joined) and,
-    for c10d on a port we chose, a new free port (the old one may linger in TIME_WAIT or still
-    be held by a dying agent)."""
-    endpoint = rdzv.endpoint
-    if cfg.job.network == "netns":  # node 0's address; the next port (the old may linger)
-        host, _, port = endpoint.rpartition(":")
-        endpoint = f"{host}:{int(port) + 1}"
-    elif rdzv.backend == "c10d" and cfg.rendezvous.endpoint is None:
-        endpoint = f"{rendezvous.LOOPBACK}:{rendezvous.free_port()}"
-    return Rendezvous(rdzv.backend, endpoint, run_id=rdzv_id(cfg.job.name))
-
-
-def cache_env(cfg: JobConfig, storage: Path) -> dict[str, str]:
-    """A compile job's cache settings (compile/cache.py), the same on every node."""
-    folder = Storage(storage).cache_dir(cfg.train.cacheset)
-    kind = cache.mechanism(cfg)
-    for sub in cache.dirs_to_make(kind, folder):
-        sub.mkdir(parents=True, exist_ok=True)
-    # TMPDIR is the trainer's to set (it does): torchrun's own temporary folders stay in /tmp.
-    settings = {k: v for k, v in cache.env(kind, folder).items() if k != "TMPDIR"}
-    return {**settings, cache.CACHE_ENV: str(folder)}
 
 
 def _hold_cache_lock(cfg: JobConfig, storage: Path) -> lock.CacheLock | None:
@@ -143,156 +79,212 @@ def _hold_cache_lock(cfg: JobConfig, storage: Path) -> lock.CacheLock | None:
     return held
 
 
-def agent_env(cfg: JobConfig, storage: Path) -> dict[str, str]:
-    """What every node's agent runs with (the attempt adds JOB_RETRIES_ENV)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **AGENT_ENV}
-    # All nodes share this machine's cores: without a limit every worker starts one thread
-    # per core and they fight (torchrun only sets this when nproc_per_node > 1).
-    workers = cfg.job.nnodes * cfg.job.nproc_per_node
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
-    if cfg.train.compile:
-        env |= cache_env(cfg, storage)
-    return env
+class Supervisor:
+    """One run's supervisor: what torch's SimpleElasticAgent is to its worker group, with a
+    gang of node agents per attempt. Constructed, it already answers SIGTERM (`cancel`), holds
+    the cacheset lock and serves /metrics; teardown() lets them go."""
 
+    def __init__(self, run: RunPaths) -> None:
+        self.run, self.st = run, state.read(run.state)
+        self.cfg = jobfile.load(run.job_toml)
+        # A fresh --rdzv-id per launch (backends/local/agents.py); older state files have none.
+        rdzv = self.st.rendezvous
+        self.rdzv = Rendezvous(rdzv["backend"], rdzv["endpoint"], run_id=rdzv.get("run_id") or None)
+        self.storage = Path(self.st.storage)
+        self.elastic = bool(
+            self.cfg.job.min_nnodes and self.cfg.job.min_nnodes < self.cfg.job.nnodes
+        )
+        self.cancel, self.watch = Cancel(), CancelWatch(run)
+        self.gang: Gang | None = None  # the attempt's: the SIGTERM handler signals its agents
+        self.etcd: subprocess.Popen[bytes] | None = None
+        self.net: netns.Network | None = None
+        self.end: completion.EndWatch | None = None  # the last attempt's
+        self.env: dict[str, str] = {}
+        self.workdir, self.launched = "", 0.0
+        self.retries = self.rejoins_used = 0
+        signal.signal(signal.SIGTERM, self.on_term)
+        self.held = _hold_cache_lock(self.cfg, self.storage)
+        # /metrics for Prometheus while the job lives, on a free port named in the run folder
+        self.metrics = exporter.serve_in_background(
+            run, self.st.job, lambda: state.observed(run.state).phase
+        )
 
-def _started(run: RunPaths, st: state.RunState, gang: Gang, rdzv: Rendezvous, launched: float,
-             cancel: Cancel) -> None:  # fmt: skip
-    """Record the attempt's agents. Read under the same lock as the write: a cancel recorded
-    before it saw no agents to signal, so they are signalled here; a later one finds them in
-    state.json."""
-    nodes = [
-        n.model_copy(update={"pid": a.pid, "start_time": state.start_time(a.pid),
-                             "exit_code": None})
-        for n, a in zip(st.nodes, gang.agents, strict=True)
-    ]  # fmt: skip
-    rdzv_now = st.rendezvous | {"endpoint": rdzv.endpoint, "run_id": rdzv.run_id or ""}
-    now = state.update(run.state, phase="running", started_at=launched, nodes=nodes,
-                       rendezvous=rdzv_now)  # fmt: skip
-    if now.cancel_requested:
-        cancel.requested = True
-        signal_groups([a.pid for a in gang.agents], signal.SIGTERM)
+    def on_term(self, signum: int, _frame: object) -> None:
+        """SIGTERM (`cancel`): recorded, and passed on to the agents started so far."""
+        self.cancel.requested = True
+        state.update(self.run.state, cancel_requested=True)
+        if self.gang is not None:
+            self.gang.signal_all(signal.SIGTERM)
+
+    def setup(self) -> None:
+        """Once per launch (torch's _initialize_workers): etcd, network, the agents' env."""
+        # `cancel` of a pending run finds no process group to signal: it only records the
+        # request, so every step of the start-up looks for it before starting anything more.
+        self.watch.check()
+        if self.st.private_etcd:
+            self.etcd, endpoint = rendezvous.start_private_etcd(
+                self.run.dir / "etcd", self.run.logs / "etcd.log", timeout_s=30.0
+            )
+            self.rdzv = Rendezvous(self.rdzv.backend, endpoint, run_id=self.rdzv.run_id)
+            state.update(
+                self.run.state,
+                etcd_pid=self.etcd.pid,
+                etcd_start=state.start_time(self.etcd.pid),
+                rendezvous=self.st.rendezvous | {"endpoint": endpoint},
+            )
+        self.env = agents.agent_env(self.cfg, self.storage)
+        # The launching shell's folder: a custom entrypoint runs from there (like TorchX local_cwd).
+        self.workdir = self.st.workdir or os.getcwd()
+        if self.cfg.job.network == "netns":
+            self.net = netns.plan(self.run.dir, self.cfg.job.nnodes)
+            netns.up(self.net)
+            self.env["GLOO_SOCKET_IFNAME"] = netns.IFNAME  # not the host name's address
+        # One launch time for state.json and the trainers' goodput (summary.json), so that
+        # summary and `report` measure startup from the same instant.
+        self.launched = time.time()
+        self.env[goodput.LAUNCHED_AT_ENV] = repr(self.launched)
+
+    def start(self) -> Gang:
+        """Start one attempt's gang and record its agents in state.json."""
+        self.env[JOB_RETRIES_ENV] = str(self.retries)
+        cfg, run = self.cfg, self.run
+        commands = agents.agent_commands(cfg, self.rdzv, run, self.storage, self.workdir)
+        self.gang = Gang(run, commands, dict(self.env), self.workdir, self.held)
+        self.gang.start(self.watch.check)
+        self._record_started(self.gang)
+        return self.gang
+
+    def _record_started(self, gang: Gang) -> None:
+        """Read under the same lock as the write: a cancel recorded before it saw no agents to
+        signal, so they are signalled here; a later one finds them in state.json."""
+        nodes = [
+            n.model_copy(
+                update={"pid": pid, "start_time": state.start_time(pid), "exit_code": None}
+            )
+            for n, pid in zip(self.st.nodes, (a.pid for a in gang.agents), strict=True)
+        ]
+        rdzv = self.st.rendezvous | {
+            "endpoint": self.rdzv.endpoint,
+            "run_id": self.rdzv.run_id or "",
+        }
+        now = state.update(
+            self.run.state, phase="running", started_at=self.launched, nodes=nodes, rendezvous=rdzv
+        )
+        if now.cancel_requested:
+            self.cancel.requested = True
+            gang.signal_all(signal.SIGTERM)
+
+    def monitor(self, gang: Gang) -> Outcome:
+        """Wait on the gang until its attempt has an outcome (torch's _monitor_workers)."""
+        cfg, run = self.cfg, self.run
+        rejoins = None
+        if self.elastic:
+            last = functools.partial(_last_step, run)
+            rejoins = rejoin.Rejoins(
+                run.state, cfg.job.max_retries, gang.start_node, last, self.rejoins_used
+            )
+        store_lost = functools.partial(rejoin.store_lost, cfg, self.rdzv)
+        builtin = cfg.job.builtin
+        self.end = completion.EndWatch(
+            run, builtin, gang.offsets, self.launched, cfg.job.nproc_per_node
+        )
+        outcome = gang.wait(self.cancel, rejoins, store_lost, self.end)
+        self.rejoins_used = rejoins.used if rejoins is not None else 0
+        return outcome
+
+    def retry(self, gang: Gang, lost: Lost) -> None:
+        """Stop the gang, record the job retry, and draw the next attempt's rendezvous."""
+        step = _last_step(self.run)
+        self.retries += 1
+        note = retry_note(lost, step, self.retries, self.cfg.job.max_retries)
+        print(f"trainmaster supervisor: {note}", flush=True)
+        gang.stop()
+        goodput.record(
+            self.run.timeline, "job_retry", t=time.time(), node=lost.node, step=step, why=lost.why
+        )
+        state.update(self.run.state, job_retries=self.retries, message=note)
+        self.watch.check()
+        self.rdzv = agents.fresh(self.cfg, self.rdzv)
+
+    def give_up(self, gang: Gang, lost: Lost) -> list[int]:
+        """A node lost with no job retry left: stop the others; their exit codes."""
+        step = _last_step(self.run)
+        codes = gang.stop()
+        note = give_up_note(lost, step, self.retries, self.cfg.job.max_retries)
+        state.update(self.run.state, message=note)
+        return codes
+
+    def cancelled(self) -> list[int]:
+        """A cancel seen while starting: pass it on to the agents started, and wait for them."""
+        if self.gang is None:  # cancelled before the first agent
+            return []
+        self.gang.signal_all(signal.SIGTERM)
+        return [a.wait() for a in self.gang.agents]
+
+    def crashed(self, exc: Exception) -> None:
+        """The supervisor failed: kill what it started and record why (the traceback follows)."""
+        if self.gang is not None:
+            self.gang.signal_all(signal.SIGKILL)
+        state.update(self.run.state, phase="failed", finished_at=time.time(), message=str(exc))
+
+    def teardown(self) -> None:
+        """Whatever happened: /metrics, etcd, the network and the cache lock go."""
+        self.metrics.stop()
+        rendezvous.stop_private_etcd(self.etcd)
+        if self.net is not None:
+            netns.down(self.net)
+        if self.held is not None:
+            with contextlib.suppress(Exception):
+                self.held.release()
+
+    def finish(self, codes: list[int]) -> int:
+        """ending.py's verdict on what was seen, into state.json; the exit code."""
+        final = state.read(self.run.state)
+        end = self.end
+        verdict = ending(
+            final,
+            codes,
+            elastic=self.elastic,
+            stuck=end.stuck if end is not None else [],
+            barrier=end.barrier if end is not None else [],
+            attempt_summary=state.summary_of_attempt(self.run.state, final),
+            first_error=functools.partial(logs.first_error, self.run),
+        )
+        extra = {"message": verdict.message} if verdict.message is not None else {}
+        state.update(
+            self.run.state,
+            phase=verdict.phase,
+            nodes=verdict.nodes,
+            finished_at=time.time(),
+            **extra,
+        )
+        return 0 if verdict.phase == "succeeded" else 1
 
 
 def supervise(run_dir: Path) -> int:
-    run = RunPaths(run_dir)
-    st = state.read(run.state)
-    cfg = jobfile.load(run.job_toml)
-    etcd: subprocess.Popen[bytes] | None = None
-    # A fresh --rdzv-id per launch (backends/local/agents.py); state files of older versions have none.
-    rdzv = Rendezvous(
-        st.rendezvous["backend"],
-        st.rendezvous["endpoint"],
-        run_id=st.rendezvous.get("run_id") or None,
-    )
-    agents: list[subprocess.Popen[bytes]] = []  # the attempt's, for the SIGTERM handler
-    net: netns.Network | None = None
-    cancel = Cancel()
-
-    def on_term(signum: int, _frame: object) -> None:
-        cancel.requested = True
-        state.update(run.state, cancel_requested=True)
-        signal_groups([a.pid for a in agents], signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, on_term)
-    storage = Path(st.storage)
-    held = _hold_cache_lock(cfg, storage)
-    elastic = bool(cfg.job.min_nnodes and cfg.job.min_nnodes < cfg.job.nnodes)
+    sup = Supervisor(RunPaths(run_dir))
     codes: list[int] = []
-    end: completion.EndWatch | None = None
-    # /metrics for Prometheus while the job lives, on a free port named in the run folder
-    metrics = exporter.serve_in_background(run, st.job, lambda: state.observed(run.state).phase)
     try:
-        # `cancel` of a pending run finds no process group to signal: it only records the
-        # request, so every step of the start-up looks for it before starting anything more.
-        watch = CancelWatch(run)
-        watch.check()
-        if st.private_etcd:
-            etcd, endpoint = rendezvous.start_private_etcd(
-                run.dir / "etcd", run.logs / "etcd.log", timeout_s=30.0
-            )
-            rdzv = Rendezvous(rdzv.backend, endpoint, run_id=rdzv.run_id)
-            state.update(
-                run.state,
-                etcd_pid=etcd.pid,
-                etcd_start=state.start_time(etcd.pid),
-                rendezvous=st.rendezvous | {"endpoint": endpoint},
-            )
-        env = agent_env(cfg, storage)
-        # The launching shell's folder: a custom entrypoint runs from there (like TorchX local_cwd).
-        workdir = st.workdir or os.getcwd()
-        if cfg.job.network == "netns":
-            net = netns.plan(run.dir, cfg.job.nnodes)
-            netns.up(net)
-            env["GLOO_SOCKET_IFNAME"] = netns.IFNAME  # not the host name's address
-        # One launch time for state.json and the trainers' goodput (summary.json), so that
-        # summary and `report` measure startup from the same instant.
-        launched = time.time()
-        env[goodput.LAUNCHED_AT_ENV] = repr(launched)
-        retries = rejoins_used = 0
+        sup.setup()
         while True:
-            env[JOB_RETRIES_ENV] = str(retries)
-            commands = agent_commands(cfg, rdzv, run, storage, workdir)
-            gang = Gang(run, commands, dict(env), workdir, held, agents)
-            gang.start(watch.check)
-            _started(run, st, gang, rdzv, launched, cancel)
-            rejoins = None
-            if elastic:
-                last = functools.partial(_last_step, run)
-                rejoins = rejoin.Rejoins(
-                    run.state, cfg.job.max_retries, gang.start_node, last, rejoins_used
-                )
-            store_lost = functools.partial(rejoin.store_lost, cfg, rdzv)
-            builtin = cfg.job.builtin
-            end = completion.EndWatch(run, builtin, gang.offsets, launched, cfg.job.nproc_per_node)
-            codes, lost = gang.wait(cancel, rejoins, store_lost, end)
-            rejoins_used = rejoins.used if rejoins is not None else 0
-            if lost is None:
-                break
-            node, why = lost
-            step = _last_step(run)
-            at = f" at step {step}" if step is not None else ""
-            if retries >= cfg.job.max_retries:
-                codes = gang.stop()
-                state.update(run.state, message=f"node {node} lost{at} ({why}); no job retry left "
-                             f"({retries}/{cfg.job.max_retries} used, job.max_retries)")  # fmt: skip
-                break
-            retries += 1
-            note = f"node {node} lost{at} ({why}); job retry {retries}/{cfg.job.max_retries}"
-            print(f"trainmaster supervisor: {note}", flush=True)
-            gang.stop()
-            goodput.record(run.timeline, "job_retry", t=time.time(), node=node, step=step, why=why)
-            state.update(run.state, job_retries=retries, message=note)
-            watch.check()
-            rdzv = _fresh(cfg, rdzv)
+            gang = sup.start()
+            match decide(sup.monitor(gang), sup.retries, sup.cfg.job.max_retries):
+                case Retry(lost):
+                    sup.retry(gang, lost)
+                case GiveUp(lost):
+                    codes = sup.give_up(gang, lost)
+                    break
+                case Verdict(ended):
+                    codes = ended
+                    break
     except Cancelled:
-        signal_groups([a.pid for a in agents], signal.SIGTERM)
-        codes = [a.wait() for a in agents]
+        codes = sup.cancelled()
     except Exception as exc:  # record why, then let the traceback reach supervisor.log
-        signal_groups([a.pid for a in agents], signal.SIGKILL)
-        state.update(run.state, phase="failed", finished_at=time.time(), message=str(exc))
+        sup.crashed(exc)
         raise
     finally:
-        metrics.stop()
-        _stop(etcd)
-        if net is not None:
-            netns.down(net)
-        if held is not None:
-            with contextlib.suppress(Exception):
-                held.release()
-    final = state.read(run.state)
-    verdict = ending(
-        final,
-        codes,
-        elastic=elastic,
-        stuck=end.stuck if end is not None else [],
-        barrier=end.barrier if end is not None else [],
-        attempt_summary=state.summary_of_attempt(run.state, final),
-        first_error=functools.partial(first_error, run),
-    )
-    extra = {"message": verdict.message} if verdict.message is not None else {}
-    state.update(run.state, phase=verdict.phase, nodes=verdict.nodes, finished_at=time.time(),
-                 **extra)  # fmt: skip
-    return 0 if verdict.phase == "succeeded" else 1
+        sup.teardown()
+    return sup.finish(codes)
 
 
 if __name__ == "__main__":
