@@ -26,7 +26,7 @@ def test_the_summary_averages_this_launchs_processes(
     run.metrics.write_text("".join(json.dumps(r) + "\n" for r in earlier + first))
     monkeypatch.setenv(goodput.LAUNCHED_AT_ENV, "200")
     log = metrics.MetricsLog(run, start_step=15, started=250.0, flops_per_seq=1.0,
-                             peak_tflops=0.0, world=1, global_batch=100, seq_len=8)  # fmt: skip
+                             peak_tflops=0.0, world=1, global_batch=100, seq_len=8).open()  # fmt: skip
     for step, step_s in ((16, 10.0), (17, 2.0), (18, 2.0), (19, 2.0), (20, 2.0)):
         log.step(step=step, loss=1.0, mlm_loss=1.0, nsp_loss=0.0, lr=1e-4, grad_norm=1.0,
                  step_s=step_s)  # fmt: skip

@@ -22,7 +22,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from trainmaster import catalog, files
 from trainmaster.run import goodput, segments
@@ -88,7 +88,7 @@ def log(message: str) -> None:
 
 
 class MetricsLog:
-    """Rank 0's writer; created only on rank 0."""
+    """Rank 0's writer; created only on rank 0. open() starts the files, close() ends them."""
 
     def __init__(
         self,
@@ -105,10 +105,14 @@ class MetricsLog:
         self.run, self.started, self.world = run, started, world
         self.flops, self.peak = flops_per_seq, peak_tflops
         self.global_batch, self.seq_len = global_batch, seq_len
+        self.start_step = start_step
         self.rows: list[dict[str, Any]] = []
-        runlog.truncate_after(run.metrics, start_step)
-        self._file = open(run.metrics, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._tb = _summary_writer(run.tensorboard, purge_step=start_step + 1)
+        self._file: TextIO | None = None
+        self._tb: Any = None
+
+    def open(self) -> MetricsLog:
+        """A resumed run's rows and events after its checkpoint go (it trains those steps again)."""
+        return self._reopen(self.start_step, tensorboard=True)
 
     def step(
         self,
@@ -135,6 +139,7 @@ class MetricsLog:
             "elapsed_s": round(time.time() - self.started, 3),
         }
         self.rows.append(row)
+        assert self._file is not None, "MetricsLog.open() first"
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
         if self._tb is not None:
@@ -177,18 +182,25 @@ class MetricsLog:
     def rollback(self, step: int) -> None:
         """Back to STEP (a divergence rolled back): its later rows and TensorBoard events go, as
         a resumed run's do, so that no step appears twice; rollbacks.jsonl keeps the bad one."""
-        self._file.close()
+        self._reopen(step, tensorboard=self._tb is not None)
+
+    def _reopen(self, step: int, *, tensorboard: bool) -> MetricsLog:
+        self.close()
         runlog.truncate_after(self.run.metrics, step)
-        self._file = open(self.run.metrics, "a", encoding="utf-8")  # noqa: SIM115
+        self._file = open(self.run.metrics, "a", encoding="utf-8")  # noqa: SIM115 - in close()
         self.rows = [r for r in self.rows if r["step"] <= step]
-        if self._tb is not None:
-            self._tb.close()
+        if tensorboard:
             self._tb = _summary_writer(self.run.tensorboard, purge_step=step + 1)
+        return self
 
     def close(self) -> None:
-        self._file.close()
+        """Safe twice (the loop closes it at its end, the trainer's setup again)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         if self._tb is not None:
             self._tb.close()
+            self._tb = None
 
 
 def _after(row: dict[str, Any], step: int) -> bool:

@@ -127,7 +127,7 @@ class TrainerSetup:
                 world=rt.world,
                 global_batch=cfg.train.global_batch_size,
                 seq_len=cfg.data.seq_len,
-            )
+            ).open()
             self._describe()
 
     def _preflight(self) -> list[dict[str, Any]]:
