@@ -124,7 +124,8 @@ class BackgroundWriter:
         def failed(exc: BaseException) -> None:  # wait() raises it, as a failed write
             answers.put(("error", exc, "".join(traceback.format_exception(exc))))
 
-        self._fill = self._copying = staging.Fill(self._arena, tensors, then=send, failed=failed)
+        fill = staging.Fill(self._arena, tensors, then=send, failed=failed)
+        self._fill = self._copying = fill.start()
         self._step = staged.step  # once a Fill exists: an answer will come
 
     def before_update(self) -> float | None:

@@ -199,7 +199,7 @@ class Fill:
     On the CPU the copy runs in a thread (copy_ releases the GIL). From a GPU, a side stream
     copies, after the step's last kernels (an event on the training stream), into the pinned
     block; before_update() then makes the training stream wait on the GPU, not the host. XLA
-    tensors are copied right here, on the training thread: its lazy tensors are not for two
+    tensors are copied in start(), on the training thread: its lazy tensors are not for two
     threads."""
 
     def __init__(
@@ -214,11 +214,17 @@ class Fill:
         self._copied: Any = None  # the side stream's event after the copies (CUDA)
         self._stall: tuple[Any, Any] | None = None  # timing events around the stream's wait
         self._then, self._failed = then, failed
+        self._work: tuple[Arena, list[torch.Tensor]] | None = (arena, tensors)
+
+    def start(self) -> Fill:
+        """Begin the copy (once); the tensors are the copy's alone from here."""
+        assert self._work is not None, "a Fill starts once"
+        (arena, tensors), self._work = self._work, None
         devices = {t.device.type for t in tensors}
         cuda = next((t.device for t in tensors if t.is_cuda), None)
         if not devices <= {"cpu", "cuda"}:
             self._copy(arena, tensors, None)
-            return
+            return self
         ready = None
         if cuda is not None:
             arena.pin_for_cuda(cuda)
@@ -226,6 +232,7 @@ class Fill:
         threading.Thread(
             target=self._copy, args=(arena, tensors, ready), name="checkpoint-copy", daemon=True
         ).start()
+        return self
 
     def _copy(self, arena: Arena, tensors: list[torch.Tensor], ready: Any) -> None:
         try:
