@@ -21,8 +21,9 @@ Modules, in the order a run uses them:
   preempt     SIGTERM: a checkpoint of the current step, then stop (not a failure)
   rollback    divergence: the verdict of each window, the rollback in the running processes
   metrics     metrics.jsonl, TensorBoard, log lines, rank0.json and summary.json
-  trainsetup  the run's start-up: model, optimizer, data and writer, resumed exactly
-  loop        the training loop: steps, checkpoints, preemption, the summary
+  trainsetup  the run's start-up: model, optimizer and data resumed exactly (build), then
+              the writer process, SIGTERM handler and watchdog (start; close undoes it)
+  loop        the training loop on a started setup: steps, checkpoints, preemption, summary
 And beside them:
   env         what torchrun tells a worker, from its environment
   devices     the device table: precision, attention, compile per device kind

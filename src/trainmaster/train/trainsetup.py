@@ -1,10 +1,16 @@
 """The trainer's start-up: from the plan to a model, optimizer, schedule and data on the device,
-resumed exactly, and on rank 0 the checkpoint writer, the metrics log and the opening lines.
+resumed exactly (build), and the services a running trainer needs (TrainerSetup.start): the
+SIGTERM handler, the hang watchdog, and on rank 0 the checkpoint writer, the metrics log and
+the opening lines.
 
 The order matters for exact resumption: the model is built (same weights on every rank) and
 the checkpoint's weights loaded on the CPU, then moved to the device; every rank reseeds its
 RNGs for dropout, then a resumed run restores optimizer, schedule and each rank's RNG state.
-loop.py's Trainer is a TrainerSetup that runs the steps.
+Constructing a TrainerSetup only holds the parts: build() reads and talks to the other ranks
+before it, start() spawns, installs and writes after it, and close() undoes start(), also after
+a failure, so that no writer process or SIGTERM handler outlives a setup that failed
+(tests/train/test_constructors.py holds every constructor in train/ to this). loop.py's
+Trainer runs the steps on a started setup.
 """
 
 from __future__ import annotations
@@ -12,10 +18,14 @@ from __future__ import annotations
 import os
 import random
 import socket
+from types import TracebackType
 from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import BertForPreTraining
 
 from trainmaster.run import goodput
 from trainmaster.train import checkpoint, health, metrics, nodefault, preempt
@@ -30,125 +40,184 @@ from trainmaster.train.step import Stepper
 from trainmaster.train.watchdog import Watchdog
 
 
-class TrainerSetup:
-    """What a run holds before its first step; loop.Trainer adds the steps and the end."""
+def build(plan: Plan, started: float) -> TrainerSetup:
+    """Everything before the first step that reads (checkpoint, shards) or talks to the other
+    ranks (the process group, the resume agreement, the node preflight); nothing started yet."""
+    cfg = plan.cfg
+    rt = Runtime(plan.env, resolve_kind(cfg.train.device), bf16=cfg.train.precision == "bf16")
+    plan = checkpoint.agree_on_resume(plan, rt)
+    model = model_mod.build(
+        cfg,
+        plan.vocab_size,
+        rt.options.attn_implementation,
+        model_mod.home_of(rt.kind, rt.device),
+    )
+    if plan.resume is not None:
+        checkpoint.load_model(plan.resume.path, model)
+    nn.Module.to(model, device=rt.device, dtype=rt.model_dtype())
+    if rt.kind == "xla":
+        model.tie_weights()  # the XLA device unties them (docs/architecture.md 4)
+    checks = _preflight(plan, rt, model) if cfg.train.preflight else []
+    # Dropout differs per rank; the weights above are the same on every rank.
+    seed = cfg.train.seed + 1 + rt.rank
+    rt.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    optimizer = make_optimizer(cfg, model, rt.kind)
+    scheduler = make_scheduler(cfg, optimizer)
+    start_step = 0
+    if plan.resume is not None:
+        start_step = checkpoint.load_trainer(plan.resume.path, optimizer, scheduler)
+        checkpoint.load_rank(
+            plan.resume.path, rt, same_world=plan.resume.meta.get("world_size") == rt.world
+        )
+    stepper = Stepper(model, optimizer, scheduler, rt, compile=plan.compile)
+    loader = ShardLoader(
+        [s.path for s in plan.shards],
+        rank=rt.rank,
+        world=rt.world,
+        batch_size=cfg.train.batch_size,
+        seed=cfg.train.seed,
+        vocab_size=plan.vocab_size,
+        start=plan.position,
+        first_shard=plan.first_shard or None,
+    )
+    return TrainerSetup(
+        plan,
+        started,
+        rt=rt,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        stepper=stepper,
+        loader=loader,
+        start_step=start_step,
+        preflight=checks,
+    )
 
-    def __init__(self, plan: Plan, started: float) -> None:
-        self.plan, self.started = plan, started
-        cfg = plan.cfg
-        self.rt = Runtime(
-            plan.env, resolve_kind(cfg.train.device), bf16=cfg.train.precision == "bf16"
-        )
-        rt = self.rt
-        self.plan = plan = checkpoint.agree_on_resume(plan, rt)
-        self.model = model_mod.build(
-            cfg,
-            plan.vocab_size,
-            rt.options.attn_implementation,
-            model_mod.home_of(rt.kind, rt.device),
-        )
-        if plan.resume is not None:
-            checkpoint.load_model(plan.resume.path, self.model)
-        nn.Module.to(self.model, device=rt.device, dtype=rt.model_dtype())
-        if rt.kind == "xla":
-            self.model.tie_weights()  # the XLA device unties them (docs/architecture.md 4)
-        self.preflight = self._preflight() if cfg.train.preflight else []
-        # Dropout differs per rank; the weights above are the same on every rank.
-        seed = cfg.train.seed + 1 + rt.rank
-        rt.manual_seed(seed)
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        self.optimizer = make_optimizer(cfg, self.model, rt.kind)
-        self.scheduler = make_scheduler(cfg, self.optimizer)
-        self.start_step = 0
-        if plan.resume is not None:
-            self.start_step = checkpoint.load_trainer(
-                plan.resume.path, self.optimizer, self.scheduler
+
+def _preflight(p: Plan, rt: Runtime, model: BertForPreTraining) -> list[dict[str, Any]]:
+    """Every node's health checks (health.py), before anything is trained; rank 0 logs them."""
+    every = health.run(
+        rt,
+        inst=p.cfg.derived.instance,
+        node=p.env.node_rank,
+        local_rank=p.env.local_rank,
+        local_workers=p.env.local_world_size,
+        checkpoints=p.run.dir,
+        keep=p.cfg.train.keep_checkpoints,
+        params=sum(x.numel() for x in model.parameters()),
+        on_aws=health.on_aws_node(),
+    )
+    nodes = health.per_node(every)
+    if rt.rank == 0:
+        for node in nodes:
+            log(health.describe(node))
+    return nodes
+
+
+class TrainerSetup:
+    """What a run holds before its first step, and its services: `with build(...) as setup`
+    starts them (start) and stops them again (close), also when training fails."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        started: float,
+        *,
+        rt: Runtime,
+        model: BertForPreTraining,
+        optimizer: torch.optim.Optimizer,
+        scheduler: LambdaLR,
+        stepper: Stepper,
+        loader: ShardLoader,
+        start_step: int,
+        preflight: list[dict[str, Any]],
+    ) -> None:
+        self.plan, self.started, self.rt = plan, started, rt
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.stepper, self.loader, self.start_step = stepper, loader, start_step
+        self.preflight = preflight
+        self.flops = model_mod.flops_for(plan.cfg, plan.vocab_size)
+        self.metrics: MetricsLog | None = None  # rank 0's, opened by start()
+        self.writer: BackgroundWriter | None = None  # rank 0's; start() spawns its process
+        if rt.rank == 0:
+            self.writer = BackgroundWriter(
+                plan.run.checkpoints, plan.cfg.train.keep_checkpoints, on_written=self._written
             )
-            checkpoint.load_rank(
-                plan.resume.path, rt, same_world=plan.resume.meta.get("world_size") == rt.world
-            )
-        self.stepper = Stepper(self.model, self.optimizer, self.scheduler, rt, compile=plan.compile)
-        self.loader = ShardLoader(
-            [s.path for s in plan.shards],
-            rank=rt.rank,
-            world=rt.world,
-            batch_size=cfg.train.batch_size,
-            seed=cfg.train.seed,
-            vocab_size=plan.vocab_size,
-            start=plan.position,
-            first_shard=plan.first_shard or None,
-        )
-        self.flops = model_mod.flops_for(cfg, plan.vocab_size)
-        self.metrics: MetricsLog | None = None
-        self.writer: BackgroundWriter | None = None
-        self.saved = 0  # the step of the last checkpoint submitted to the writer
-        self.net_plugin: str | None = None
-        self.preempt = preempt.Preemption().install()
+        self.preempt = preempt.Preemption()  # start() installs its SIGTERM handler
         self.watchdog = Watchdog(
             logs=plan.run.logs,
             hangs=plan.run.hangs,
             rank=rt.rank,
             node=plan.env.node_rank,
-            configured=cfg.train.hang_timeout,
+            configured=plan.cfg.train.hang_timeout,
             on_hang=nodefault.hang_action(str(rt.device)),
         )
-        if rt.rank == 0:
-            # Goodput's events (run/goodput.py): this process began at `started`, before its imports.
-            goodput.record(
-                plan.run.timeline,
-                "start",
-                t=started,
-                step=self.start_step,
-                compiles=plan.compile or rt.kind == "xla",
-            )
-            self.writer = BackgroundWriter(
-                plan.run.checkpoints, cfg.train.keep_checkpoints, on_written=self._written
-            )
-            self.writer.start()  # its start-up overlaps ours, not the first save
-            device = rt.device_name
-            write_rank0(
-                plan.run,
-                node_rank=plan.env.node_rank,
-                local_rank=plan.env.local_rank,
-                device=device,
-            )
-            # The Kubernetes backend finds rank 0's pod by this exact line (backends/kubernetes/status.py).
-            pod = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
-            log(f"trainmaster: rank 0 on pod {pod}")
-            self.metrics = MetricsLog(
-                plan.run,
-                start_step=self.start_step,
-                started=started,
-                flops_per_seq=self.flops,
-                peak_tflops=metrics.peak_tflops_per_worker(
-                    cfg.derived.instance.peak_tflops_per_worker, device
-                ),
-                world=rt.world,
-                global_batch=cfg.train.global_batch_size,
-                seq_len=cfg.data.seq_len,
-            ).open()
-            self._describe()
 
-    def _preflight(self) -> list[dict[str, Any]]:
-        """Every node's health checks (health.py), before anything is trained; rank 0 logs them."""
-        p, rt = self.plan, self.rt
-        every = health.run(
-            rt,
-            inst=p.cfg.derived.instance,
-            node=p.env.node_rank,
-            local_rank=p.env.local_rank,
-            local_workers=p.env.local_world_size,
-            checkpoints=p.run.dir,
-            keep=p.cfg.train.keep_checkpoints,
-            params=sum(x.numel() for x in self.model.parameters()),
-            on_aws=health.on_aws_node(),
-        )
-        nodes = health.per_node(every)
-        if rt.rank == 0:
-            for node in nodes:
-                log(health.describe(node))
-        return nodes
+    def __enter__(self) -> TrainerSetup:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def start(self) -> TrainerSetup:
+        """SIGTERM noted from now on, the watchdog's thread (armed by the first step), and on
+        rank 0 goodput's start, the writer process (its start-up overlaps the first step, not
+        the first save), rank0.json, the metrics log and the opening lines."""
+        p, cfg, rt, started = self.plan, self.plan.cfg, self.rt, self.started
+        try:
+            self.preempt.install()
+            self.watchdog.start()
+            if rt.rank == 0:
+                # Goodput's events (run/goodput.py): this process began at `started`, before its imports.
+                goodput.record(
+                    p.run.timeline,
+                    "start",
+                    t=started,
+                    step=self.start_step,
+                    compiles=p.compile or rt.kind == "xla",
+                )
+                if self.writer is not None:
+                    self.writer.start()
+                device = rt.device_name
+                write_rank0(
+                    p.run, node_rank=p.env.node_rank, local_rank=p.env.local_rank, device=device
+                )
+                # The Kubernetes backend finds rank 0's pod by this exact line (backends/kubernetes/status.py).
+                pod = (
+                    os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
+                )
+                log(f"trainmaster: rank 0 on pod {pod}")
+                self.metrics = MetricsLog(
+                    p.run,
+                    start_step=self.start_step,
+                    started=started,
+                    flops_per_seq=self.flops,
+                    peak_tflops=metrics.peak_tflops_per_worker(
+                        cfg.derived.instance.peak_tflops_per_worker, device
+                    ),
+                    world=rt.world,
+                    global_batch=cfg.train.global_batch_size,
+                    seq_len=cfg.data.seq_len,
+                ).open()
+                self._describe()
+        except BaseException:
+            self.close()  # what did start: a failed start leaves no process or handler behind
+            raise
+        return self
+
+    def close(self) -> None:
+        """Undo start(), the last first; safe after a failure and twice. The writer process
+        ends without waiting for a write: the loop drains it first when the run ends well."""
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.writer is not None:
+            self.writer.close()
+        self.watchdog.stop()
+        self.preempt.uninstall()
 
     def _describe(self) -> None:
         p, cfg, rt = self.plan, self.plan.cfg, self.rt
