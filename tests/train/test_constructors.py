@@ -1,5 +1,5 @@
 """No constructor in train/ starts a process or thread, installs a signal handler or writes a
-file (issue 51): those live in explicit start()/open()/install() methods with their undoing
+file: those live in explicit start()/open()/install() methods with their undoing
 close(), so that an object can be made, inspected and thrown away without leaving a writer
 process, a SIGTERM handler or a half-written metrics log behind.
 
