@@ -62,6 +62,7 @@ def test_xla_resumes_from_its_checkpoint(pydoc_storage: Path, sets: tuple[str, .
     )
 
 
+@pytest.mark.timeout(900)  # three jobs of up to 600 s (trainer's timeout) on a shared machine
 def test_a_resumed_xla_run_keeps_finite_losses(pydoc_storage: Path) -> None:
     """Its losses are the uninterrupted run's. The background writer once saved one XLA tensor
     for all of a shape and dtype (they have no address to tell them apart: staging.flatten), so
