@@ -165,6 +165,7 @@ def _train(
     return losses, opt
 
 
+@pytest.mark.timeout(600)  # bf16 on a CPU without AMX: ~130 s alone, past 300 s on a busy machine
 def test_bf16_parameters_keep_fp32_adamw_state_and_train_like_fp32(
     shard: dict[str, np.ndarray],
 ) -> None:
