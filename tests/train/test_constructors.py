@@ -214,7 +214,7 @@ def test_the_trainer_setup_is_built_without_side_effects_then_started_and_closed
         pid = setup.writer.pid
         assert Path(f"/proc/{pid}").exists()
         assert setup.metrics is not None and plan.run.metrics.exists()
-        assert [e["event"] for e in goodput.read(plan.run.timeline)] == ["start"]
+        assert [e.KIND for e in goodput.read(plan.run.timeline)] == ["start"]
         assert any(t.name == "hang-watchdog-0" for t in threading.enumerate())
     assert signal.getsignal(signal.SIGTERM) == before
     assert setup.writer.pid is None and not Path(f"/proc/{pid}").exists()  # ended and reaped

@@ -40,6 +40,18 @@ def test_decide(outcome: Outcome, retries: int, max_retries: int, expected: obje
     assert decide(outcome, retries, max_retries) == expected
 
 
+def test_a_launch_stopped_for_divergence_is_not_retried() -> None:
+    """Its agents end on their own (each restart stops at once), and the last may end on a
+    rendezvous error that reads as a lost node: a job retry would only stop again."""
+    store = Lost(0, "rendezvous lost: RendezvousConnectionError")
+    assert decide(Outcome([1, -1], store), 0, 3, diverged=True) == GiveUp(store, diverged=True)
+    assert decide(Outcome([4, 4]), 0, 3, diverged=True) == Verdict([4, 4])
+    assert give_up_note(store, 23, 0, 3, diverged=True) == (
+        "node 0 lost at step 23 (rendezvous lost: RendezvousConnectionError); no job retry: "
+        "the launch stopped for divergence"
+    )
+
+
 def test_notes_are_what_status_shows() -> None:
     assert retry_note(LOST, 13, 1, 3) == "node 1 lost at step 13 (SIGKILL); job retry 1/3"
     assert retry_note(Lost(0, "rendezvous lost: DistStoreError"), None, 2, 3) == (
@@ -81,7 +93,10 @@ class Scripted:
         self.retries += 1
         self.calls.append(f"retry node {lost.node}")
 
-    def give_up(self, gang: str, lost: Lost) -> list[int]:
+    def diverged(self) -> bool:
+        return False
+
+    def give_up(self, gang: str, lost: Lost, diverged: bool = False) -> list[int]:
         self.calls.append(f"give_up node {lost.node}")
         return [0, -15]
 

@@ -52,15 +52,21 @@ class GiveUp:
     """A node was lost and no job retry is left: stop the rest, then ending.py judges."""
 
     lost: Lost
+    diverged: bool = False  # the launch stopped for divergence: a retry would stop at once
 
 
 Next = Verdict | Retry | GiveUp
 
 
-def decide(outcome: Outcome, retries: int, max_retries: int) -> Next:
-    """RETRIES: the job retries used so far in this launch; MAX_RETRIES: job.max_retries."""
+def decide(outcome: Outcome, retries: int, max_retries: int, diverged: bool = False) -> Next:
+    """RETRIES: the job retries used so far in this launch; MAX_RETRIES: job.max_retries.
+    DIVERGED: this launch stopped for divergence (run/divergence.refuse_restart). Its agents end
+    on their own, racing each other through torchrun's restarts, and the last may end on a
+    rendezvous error that reads as a lost node; a job retry would only stop again at once."""
     if outcome.lost is None:
         return Verdict(outcome.codes)
+    if diverged:
+        return GiveUp(outcome.lost, diverged=True)
     if retries >= max_retries:
         return GiveUp(outcome.lost)
     return Retry(outcome.lost)
@@ -77,7 +83,12 @@ def retry_note(lost: Lost, step: int | None, retry: int, max_retries: int) -> st
     return f"{_lost(lost, step)}; job retry {retry}/{max_retries}"
 
 
-def give_up_note(lost: Lost, step: int | None, retries: int, max_retries: int) -> str:
-    """state.json's message when a node is lost with every job retry used."""
+def give_up_note(
+    lost: Lost, step: int | None, retries: int, max_retries: int, diverged: bool = False
+) -> str:
+    """state.json's message when a node is lost with every job retry used, or after the launch
+    stopped for divergence."""
+    if diverged:
+        return f"{_lost(lost, step)}; no job retry: the launch stopped for divergence"
     used = f"{retries}/{max_retries} used, job.max_retries"
     return f"{_lost(lost, step)}; no job retry left ({used})"

@@ -57,7 +57,7 @@ from trainmaster.compile import cache, lock
 from trainmaster.config import JobConfig, jobfile
 from trainmaster.launch.torchrun import Rendezvous
 from trainmaster.monitor import exporter
-from trainmaster.run import goodput, state
+from trainmaster.run import divergence, goodput, state
 from trainmaster.run import metrics as runlog
 from trainmaster.run.goodput import JOB_RETRIES_ENV
 from trainmaster.storage import RunPaths, Storage
@@ -206,11 +206,16 @@ class Supervisor:
         self.watch.check()
         self.rdzv = agents.fresh(self.cfg, self.rdzv)
 
-    def give_up(self, gang: Gang, lost: Lost) -> list[int]:
-        """A node lost with no job retry left: stop the others; their exit codes."""
+    def diverged(self) -> bool:
+        """This launch stopped for divergence (its trainer recorded it: run/divergence.py)."""
+        env = {goodput.LAUNCHED_AT_ENV: self.env.get(goodput.LAUNCHED_AT_ENV, "")}
+        return divergence.refuse_restart(self.run.rollbacks, env) is not None
+
+    def give_up(self, gang: Gang, lost: Lost, diverged: bool = False) -> list[int]:
+        """A node lost with no job retry left (or none worth it): stop the others; their codes."""
         step = _last_step(self.run)
         codes = gang.stop()
-        note = give_up_note(lost, step, self.retries, self.cfg.job.max_retries)
+        note = give_up_note(lost, step, self.retries, self.cfg.job.max_retries, diverged)
         state.update(self.run.state, message=note)
         return codes
 
@@ -268,11 +273,11 @@ def supervise(run_dir: Path) -> int:
         sup.setup()
         while True:
             gang = sup.start()
-            match decide(sup.monitor(gang), sup.retries, sup.cfg.job.max_retries):
+            match decide(sup.monitor(gang), sup.retries, sup.cfg.job.max_retries, sup.diverged()):
                 case Retry(lost):
                     sup.retry(gang, lost)
-                case GiveUp(lost):
-                    codes = sup.give_up(gang, lost)
+                case GiveUp(lost, diverged):
+                    codes = sup.give_up(gang, lost, diverged)
                     break
                 case Verdict(ended):
                     codes = ended
