@@ -117,6 +117,7 @@ def job(img: str, steps: int, every: int) -> dict[str, Any]:
         "launch_to_first_step_s": out["launch_to_first_step_s"],
         "victim": out["victim"],
         "loss_phases_s": out["phases"],
+        "noticed_by": out["noticed_by"],  # the survivors' peer watch, or the node controller
         "final": {k: final[k] for k in ("phase", "step", "restarts", "job_retries", "goodput")},
         "resumed_from": [e["step"] for e in out["timeline"] if e["event"] == "start"][-1],
         "never_on_lost_node": all(p["node"] != out["victim"] for p in out["pods_after"]),

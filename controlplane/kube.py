@@ -167,6 +167,7 @@ def up(args: argparse.Namespace) -> int:
         "ports": ports,
         "nodes": args.nodes,
         "instance_type": args.instance_type,
+        "node_grace_s": args.node_grace_s,
         "bin_dir": str(bins),
         "run_dir": str(run),
     }
@@ -274,6 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help=f"API server port (TRAINMASTER_KUBE_PORT, default {DEFAULT_PORT}; 0: any free)",
+    )
+    p_up.add_argument(
+        "--node-grace-s",
+        type=int,
+        default=None,
+        help="the node controller's grace before a silent node is NotReady (default: "
+        "Kubernetes' own, 50 s); the kwok tests give 30 (three lease renewals), which only "
+        "shortens their waits",
     )
     p_up.set_defaults(func=up)
     sub.add_parser("down", help="stop everything and remove the run dir").set_defaults(func=down)

@@ -6,10 +6,13 @@ training pod that is not the system node (`kube.py kill-node`: its kubelet, cont
 containers SIGKILLed, its bridge gone), follows the job to its end, and lays out where the time
 from the loss to the first new training step went, each phase from the cluster's own record:
 
-    detection   the kill -> the node's Ready condition leaves True (node controller, its grace)
-    eviction    -> the gang's replacement pods are created (the not-ready taint, the pods'
-                   toleration kubernetes.node_lost_after_s, the node watcher's out-of-service
-                   taint, Volcano's RestartJob)
+    detection   the kill -> the first to notice: a surviving node's peer watch (its record in
+                   hangs.jsonl: the lost node's heartbeat stopped, run/peers.py), or the node
+                   controller (the node's Ready condition leaves True, after its grace)
+    eviction    -> the gang's replacement pods are created (the survivors' pods end, Volcano's
+                   RestartJob deletes the gang's pods, the node watcher lets the lost node's
+                   pod go once its kubelet's lease is stale; or, without the peers' notice, the
+                   not-ready taint, the toleration kubernetes.node_lost_after_s, out-of-service)
     scheduling  -> the last of them is bound to a node (Volcano's gang scheduling)
     start       -> the last container started (sandbox, CNI, the image already on the node)
     trainer     -> rank 0's trainer process began (torchrun's start, after its rendezvous)
@@ -46,6 +49,19 @@ def timeline(run_dir: Path, job: str) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return events
+
+
+def peer_lost(run_dir: Path, job: str, after: float) -> dict[str, Any] | None:
+    """The first record of a peer lost (run/peers.py: hangs.jsonl) after AFTER, if any."""
+    path = run_dir / "fsx" / "runs" / job / "hangs.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            hang = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if hang.get("t", 0) > after and "heartbeat stopped" in hang.get("where", ""):
+            return dict(hang)
+    return None
 
 
 def _t(stamp: datetime | None) -> float | None:
@@ -131,7 +147,11 @@ def run(
     )
     after = [_placed(p) for p in kube_job.pods(kubeconfig, job)]
     events = timeline(run_dir, job)
-    phases = _phases(t_kill, _not_ready_at(kubeconfig, victim), before, after, events)
+    noticed = peer_lost(run_dir, job, t_kill)
+    not_ready = _not_ready_at(kubeconfig, victim)
+    marks = [x for x in (noticed and noticed["t"], not_ready) if x]
+    first_notice = min(marks) if marks else None
+    phases = _phases(t_kill, first_notice, before, after, events)
     return {
         "handle": handle,
         "job": job,
@@ -143,12 +163,15 @@ def run(
         "pods_after": after,
         "timeline": events,
         "phases": phases,
+        "noticed_by": "peers" if noticed and noticed["t"] == first_notice else "kubernetes",
+        "peer_lost": noticed,
+        "not_ready_at": not_ready,
     }
 
 
 def _phases(
     t_kill: float,
-    not_ready: float | None,
+    noticed: float | None,
     before: list[dict[str, Any]],
     after: list[dict[str, Any]],
     events: list[dict[str, Any]],
@@ -161,7 +184,7 @@ def _phases(
         (e for e in events if e["event"] == "steps" and starts and e["t"] >= starts[0]["t"]), None
     )
     marks = [
-        ("detection", not_ready),
+        ("detection", noticed),
         ("eviction", min((p["created"] for p in new if p["created"]), default=None)),
         ("scheduling", max((p["scheduled"] for p in new if p["scheduled"]), default=None)),
         ("start", max((p["started"] for p in new if p["started"]), default=None)),

@@ -98,6 +98,11 @@ def start(procs: kube_procs.Processes, share: Path, state: dict[str, Any]) -> No
         f"--cluster-signing-cert-file={pki}/ca.crt",
         f"--cluster-signing-key-file={pki}/ca.key",
         f"--service-cluster-ip-range={kube_pki.SERVICE_CIDR}",
+        *(
+            [f"--node-monitor-grace-period={state['node_grace_s']}s"]
+            if state.get("node_grace_s")
+            else []
+        ),
     )
 
     api = config.new_client_from_config(config_file=str(run / "kubeconfig"))

@@ -113,6 +113,17 @@ class RunPaths:
         return self.dir / "hangs.jsonl"
 
     @property
+    def heartbeats(self) -> Path:
+        """One folder per attempt of the trainer, a file per node that its local rank 0 rewrites
+        every few seconds: how the nodes see that a peer stopped answering (run/peers.py)."""
+        return self.dir / "heartbeats"
+
+    @property
+    def fence(self) -> Path:
+        """The attempt that holds the run now (run/peers.py): an older one may not write."""
+        return self.dir / "fence"
+
+    @property
     def rollbacks(self) -> Path:
         """One JSON line per divergence the trainer met: rolled back or stopped (run/divergence.py)."""
         return self.dir / "rollbacks.jsonl"

@@ -154,8 +154,11 @@ def real_kube() -> Iterator[RealKube]:
             subprocess.run(["bash", str(CONTROLPLANE / "build.sh")], check=True)
         # a plane of our own needs no fixed port: any free one, unless TRAINMASTER_KUBE_PORT says
         port = [] if os.environ.get("TRAINMASTER_KUBE_PORT") else ["--port", "0"]
+        # the node controller's grace 30 s, not 50: the node-loss tests wait for it four times,
+        # and what they prove does not depend on its length (bench/k8s_node_loss.py keeps 50)
+        grace = ["--node-grace-s", "30"]
         up = subprocess.run(
-            [sys.executable, str(KUBE_PY), "up", *port], capture_output=True, text=True
+            [sys.executable, str(KUBE_PY), "up", *port, *grace], capture_output=True, text=True
         )
         if up.returncode != 0:
             pytest.fail(f"kube.py up failed:\n{up.stdout}\n{up.stderr}")

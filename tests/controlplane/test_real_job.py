@@ -7,7 +7,8 @@ pydoc shards on the claim, then `trainmaster launch --backend kubernetes` of ber
 nodes with the etcd rendezvous (controlplane/kube_job.py). After a complete checkpoint one
 training node is killed (never real-6, the system node) (kubelet, containerd and containers SIGKILLed, its network gone:
 controlplane/kube_job_loss.py); the job must come back on the spare from that checkpoint and
-finish. Minutes: the node controller's 50 s grace before it says NotReady is most of it. Then
+finish, with trainmaster's defaults: the surviving node notices first (run/peers.py) and the
+node watcher lets the lost pod go when its kubelet's lease is stale. Then
 the job again, and the node under one of its pods given a Spot notice as AWS Node Termination
 Handler gives it (tainted, cordoned, its pods evicted): the trainer saves its current step and
 leaves inside the notice, and the restart avoids that node.
@@ -82,6 +83,21 @@ def test_a_lost_node_ends_in_succeeded_resumed_from_a_checkpoint_elsewhere(
     assert summary["steps"] == STEPS and summary["ranks_agree"]
     phases = lost_node_run["phases"]
     assert phases["loss_to_first_new_step_s"] and phases["loss_to_first_new_step_s"] > 0
+
+
+def test_the_job_notices_the_lost_node_first_and_the_watcher_lets_its_pod_go(
+    real_nodes: RealNodes, lost_node_run: dict[str, Any]
+) -> None:
+    """With the defaults: the surviving node's peer watch saw the lost node's heartbeat stop
+    (its record in hangs.jsonl) before the node controller said NotReady, and its pod ended, so
+    Volcano restarted the gang; the node watcher let the lost node's pod go once its kubelet's
+    lease was stale (its mark's detail says so), not after the toleration."""
+    noticed = lost_node_run["peer_lost"]
+    assert noticed is not None and lost_node_run["noticed_by"] == "peers", lost_node_run["phases"]
+    assert "heartbeat stopped" in noticed["where"]
+    node = real_nodes.core.read_node(lost_node_run["victim"])
+    detail = (node.metadata.annotations or {}).get("trainmaster.io/unhealthy-detail", "")
+    assert "kubelet silent" in detail and "given up by its job" in detail, detail
 
 
 def test_logs_follow_rank_0_and_report_reads_the_claim(
@@ -162,3 +178,90 @@ def test_a_node_given_notice_is_left_with_a_fresh_checkpoint_before_the_notice_e
     assert len(starts) >= 2 and starts[-1]["step"] == saved["step"]
     # the restart avoided the node given notice: it is cordoned, as the handler leaves it
     assert run["victim"] and all(p["node"] != run["victim"] for p in run["pods_after"])
+
+
+# 12 GiB a pod: two do not fit on one real node (23.4 GiB allocatable), so a lost node's pod
+# has nowhere to go until a node joins the pool
+ELASTIC_SETS = ["job.nnodes=3", "job.min_nnodes=2", "train.batch_size=8",
+                "train.global_batch_size=48", "train.max_steps=5000",
+                "kubernetes.memory_gib=12"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def elastic_run(real_nodes: RealNodes, noticed_node_run: dict[str, Any]) -> Iterator[dict]:
+    """An elastic job (3 nodes, at least 2) with no spare: one of its nodes killed, then a new
+    node labelled into the pool (capacity that returns, as a node group's new instance). Runs
+    after the notice test (module order) on the nodes left: three for the job, the system
+    node, one held back; the node killed is one of POOL (test_real_nodes.py uses real-1..3)."""
+    kubeconfig, run_dir = real_nodes.run_dir / "kubeconfig", real_nodes.run_dir
+    live = kube_job.live_nodes(run_dir)
+    system = POOL[-1]
+    spare_pool = [n for n in POOL[:-1] if n in live]
+    others = [n for n in live if n not in POOL]
+    if len(spare_pool) < 1 or len(others) < 3:
+        pytest.skip(f"an elastic job here needs 5 live real nodes, one of {POOL[:-1]}: {live}")
+    victim, returning = spare_pool[0], others[2]
+    training = [others[0], others[1], victim]
+    kube_job.setup(kubeconfig, run_dir, real_nodes.image, [*training, system])
+    sets = kube_job.job_sets(real_nodes.image, "tiny-elastic", 5000, EVERY) + ELASTIC_SETS
+    handle = kube_job.launch(kubeconfig, run_dir, sets)
+    rows = lambda: kube_job.metrics_rows(run_dir, "tiny-elastic")  # noqa: E731
+    out: dict[str, Any] = {"handle": handle, "victim": victim, "returning": returning}
+    try:
+        kube_job.wait_for(
+            lambda: (s := kube_job.status(kubeconfig, handle)).get("last_checkpoint") and s,
+            600, "a complete checkpoint on 3 nodes", every=2,
+        )  # fmt: skip
+        kill_step = rows()[-1]["step"]
+        out["pods_before"] = [
+            kube_job_loss._placed(p) for p in kube_job.pods(kubeconfig, "tiny-elastic")
+        ]
+        kube_job_loss.kill_node(run_dir, victim)
+        on_two = kube_job.wait_for(
+            lambda: len([r for r in rows() if r["world"] == 2 and r["step"] > kill_step]) >= 5,
+            600, "five steps on the 2 nodes left", every=2,
+        )  # fmt: skip
+        assert on_two
+        out["two_seen_at_step"] = rows()[-1]["step"]
+        real_nodes.core.patch_node(returning, {"metadata": {"labels": dict([kube_job.POOL_LABEL])}})
+        kube_job.wait_for(
+            lambda: any(r["world"] == 3 and r["step"] > out["two_seen_at_step"] for r in rows()),
+            900, "the job on 3 nodes again", every=3,
+        )  # fmt: skip
+        out["status"] = kube_job.status(kubeconfig, handle)
+        out["rows"], out["kill_step"] = rows(), kill_step
+        out["pods"] = [kube_job_loss._placed(p) for p in kube_job.pods(kubeconfig, "tiny-elastic")]
+        yield out
+    finally:
+        kube_job.tm(kubeconfig, "cancel", handle, check=False)
+        kube_job.wait_for(
+            lambda: not kube_job.pods(kubeconfig, "tiny-elastic"),
+            300,
+            "the elastic job's pods gone",
+        )
+        real_nodes.core.patch_node(
+            returning, {"metadata": {"labels": {kube_job.POOL_LABEL[0]: None}}}
+        )
+
+
+def test_an_elastic_job_trains_on_the_survivors_and_takes_a_node_back(
+    real_nodes: RealNodes, elastic_run: dict[str, Any]
+) -> None:
+    """world 3 -> 2 after the kill, without a spare and without a restart of the gang, the
+    global batch kept (48 = 8 x 2 x 3 = 8 x 3 x 2) -> 3 once a node can take the replaced pod;
+    status shows the world size and the batch of the newest step."""
+    rows, kill = elastic_run["rows"], elastic_run["kill_step"]
+    worlds = [r["world"] for r in rows]
+    first_two = next(i for i, r in enumerate(rows) if r["world"] == 2)
+    back = next(i for i, r in enumerate(rows) if i > first_two and r["world"] == 3)
+    assert set(worlds[:first_two]) == {3} and rows[first_two]["step"] > kill - EVERY
+    assert back > first_two + 4
+    assert {r["global_batch"] for r in rows} == {48}  # the accumulation made up for the node
+    st = elastic_run["status"]
+    assert st["phase"] == "running" and st["metrics"]["world"] == 3
+    assert st["metrics"]["global_batch"] == 48
+    nodes = {p["node"] for p in elastic_run["pods"]}
+    assert elastic_run["returning"] in nodes and elastic_run["victim"] not in nodes
+    # the survivors' pods are the same pods throughout: the lost one alone was replaced
+    kept = {p["uid"] for p in elastic_run["pods_before"] if p["node"] != elastic_run["victim"]}
+    assert len(kept) == 2 and kept <= {p["uid"] for p in elastic_run["pods"]}

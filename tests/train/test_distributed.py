@@ -72,8 +72,12 @@ def test_metrics_rows_and_schedule(straight: Path) -> None:
         "tokens_per_s",
         "mfu",
         "elapsed_s",
+        "world",
+        "global_batch",
     }
     assert all(keys <= set(r) for r in rows)
+    # every step's batch is the configured global batch: micro-batch x accumulation x workers
+    assert {(r["world"], r["global_batch"]) for r in rows} == {(2, 16)}
     assert all(math.isclose(r["loss"], r["mlm_loss"] + r["nsp_loss"], rel_tol=1e-5) for r in rows)
     assert all(r["mfu"] is None for r in rows)  # a generic CPU host has no catalog peak
     assert all(r["tokens_per_s"] == pytest.approx(r["seq_per_s"] * 128, rel=1e-3) for r in rows)

@@ -143,7 +143,9 @@ def admission_policy(
 
 # The node watcher (backends/kubernetes/nodewatch.py): a lost node lets go of its gang without a
 # person. It reads nodes and trainmaster's pods and patches nodes (its mark and Kubernetes'
-# out-of-service taint); it runs from the training image on a system node. k8s/node-watcher.yaml.
+# out-of-service taint), reads the nodes' leases and deletes a pod given up by its job on a node
+# whose kubelet went silent; it runs from the training image on a system node.
+# k8s/node-watcher.yaml.
 WATCHER = "trainmaster-node-watcher"
 WATCHER_NAMESPACE = "trainmaster-system"
 WATCHER_COMMAND = ["python", "-m", "trainmaster.backends.kubernetes.nodewatch"]
@@ -175,7 +177,9 @@ def watcher(image: str, node_selector: dict[str, str]) -> list[dict[str, Any]]:
             meta,
             [
                 {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+                # delete: a pod given up by its job on a node whose kubelet went silent
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list"]},
             ],
             WATCHER,
             ns,

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator
 from trainmaster.config.base import (
     S3_BUCKET,
     S3_READER,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     Section,
@@ -43,6 +44,10 @@ class KubernetesSection(Section):
     node_lost_after_s: PositiveInt = Field(
         60,
         description="seconds a training pod stays bound to a node that stopped answering (NotReady or unreachable) before it is evicted and Volcano restarts the gang elsewhere (Kubernetes' default: 300); trainmaster's node watcher then takes the node out of service, so pods the node cannot confirm gone do not hold the gang",
+    )
+    peer_lost_after_s: NonNegativeInt = Field(
+        10,
+        description="seconds the pods of a multi-node job wait for a node whose heartbeat on the shared storage stopped while the job made no progress, before they end their command (a fixed-size job's pods, so that Volcano restarts the gang at once, well before Kubernetes says the node is NotReady; an elastic job's workers, which go on without it): run/peers.py; 0: off",
     )
     stop_grace_s: PositiveInt = Field(
         90,

@@ -13,6 +13,7 @@ Modules:
   checkpoints  checkpoints/step_N: which are complete, whose (config hash), atomic publish,
              pruning (the writing is the trainer's: train/checkpoint/)
   divergence rollbacks.jsonl: the divergence detector, its verdicts, the stop a restart keeps
+  peers      heartbeats/ and fence: a node lost, seen by its peers; an attempt given up, fenced
   ranklog    logs/rankR.log, one per rank
   processes  a local run's agents and workers, found through /proc
   pids       whether a process is alive (standard library only)

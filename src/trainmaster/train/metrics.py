@@ -133,6 +133,10 @@ class MetricsLog:
             "nsp_loss": nsp_loss,
             "lr": lr,
             "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+            # workers of this step and its batch (micro-batch x accumulation x workers): an
+            # elastic job keeps the batch when it runs on fewer nodes
+            "world": self.world,
+            "global_batch": self.global_batch,
             "seq_per_s": round(seq_per_s, 3),
             "tokens_per_s": round(seq_per_s * self.seq_len, 1),
             "mfu": mfu(seq_per_s, self.flops, self.world, self.peak),

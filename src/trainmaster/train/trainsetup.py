@@ -27,10 +27,10 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import BertForPreTraining
 
-from trainmaster.run import goodput
+from trainmaster.run import goodput, peers
 from trainmaster.train import checkpoint, health, metrics, nodefault, preempt
 from trainmaster.train import model as model_mod
-from trainmaster.train.checkpoint import BackgroundWriter, Written
+from trainmaster.train.checkpoint import BackgroundWriter, Written, saving
 from trainmaster.train.data import ShardLoader
 from trainmaster.train.device import Runtime, resolve_kind
 from trainmaster.train.metrics import MetricsLog, log, write_rank0
@@ -154,6 +154,11 @@ class TrainerSetup:
             configured=plan.cfg.train.hang_timeout,
             on_hang=nodefault.hang_action(str(rt.device)),
         )
+        # On Kubernetes the run has a fence: a pod given up for lost may yet be alive, and its
+        # attempt (the rendezvous id) must not publish a checkpoint over the next one's.
+        attempt = os.environ.get("TORCHELASTIC_RUN_ID", "")
+        on_k8s = plan.cfg.job.backend == "kubernetes" and attempt
+        self.fence = peers.Fence(plan.run.fence, attempt) if on_k8s else None
 
     def __enter__(self) -> TrainerSetup:
         return self.start()
@@ -171,6 +176,9 @@ class TrainerSetup:
         try:
             self.preempt.install()
             self.watchdog.start()
+            if self.fence is not None and rt.rank == 0:
+                self.fence.claim()
+                saving.publish_guards[:] = [self.fence]
             if rt.rank == 0:
                 # Goodput's events (run/goodput.py): this process began at `started`, before its imports.
                 goodput.record(
@@ -200,7 +208,7 @@ class TrainerSetup:
                         cfg.derived.instance.peak_tflops_per_worker, device
                     ),
                     world=rt.world,
-                    global_batch=cfg.train.global_batch_size,
+                    global_batch=cfg.train.batch_size * p.grad_accum * rt.world,
                     seq_len=cfg.data.seq_len,
                 ).open()
                 self._describe()
@@ -217,6 +225,8 @@ class TrainerSetup:
         if self.writer is not None:
             self.writer.close()
         self.watchdog.stop()
+        if self.fence is not None:
+            saving.publish_guards[:] = []
         self.preempt.uninstall()
 
     def _describe(self) -> None:

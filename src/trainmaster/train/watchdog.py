@@ -63,10 +63,8 @@ class Hang:
         where = self.where
         if not where.startswith("after "):
             where = f"after step {self.step}, last in {where}"
-        return (
-            f"rank {self.rank} on node {self.node}: no step for {self.no_step_s:.0f} s "
-            f"(timeout {self.timeout_s:.0f} s) {where}"
-        )
+        who = f"rank {self.rank} on node {self.node}" if self.rank >= 0 else f"node {self.node}"
+        return f"{who}: no step for {self.no_step_s:.0f} s (timeout {self.timeout_s:.0f} s) {where}"
 
 
 def read_hangs(path: Path) -> list[Hang]:
@@ -76,6 +74,12 @@ def read_hangs(path: Path) -> list[Hang]:
         with contextlib.suppress(TypeError):  # another shape
             out.append(Hang(**obj))
     return out
+
+
+def record(path: Path, hang: Hang) -> None:
+    """One line of hangs.jsonl (a pod records a lost peer so too: backends/kubernetes/publish.py)."""
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(asdict(hang)) + "\n")
 
 
 def derived_timeout(step_s: list[float], configured: float | None) -> float | None:
@@ -159,8 +163,7 @@ class Watchdog:
             f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} hang: {hang.describe()}\n")
             f.flush()
             faulthandler.dump_traceback(file=f, all_threads=True)
-        with self.hangs.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(asdict(hang)) + "\n")
+        record(self.hangs, hang)
         print(
             f"trainmaster: hang: {hang.describe()}; stacks in logs/{dump.name}; exiting so "
             "that torchrun restarts from the last checkpoint",

@@ -109,3 +109,59 @@ def test_the_gang_tolerates_a_lost_node_for_node_lost_after_s() -> None:
     tols = podspec.node_lost_tolerations(cfg)
     assert {t["key"] for t in tols} == set(podspec.NODE_LOST_TAINTS)
     assert all(t["effect"] == "NoExecute" and t["tolerationSeconds"] == 45 for t in tols)
+
+
+def renewed(seconds_ago: float) -> datetime:
+    return NOW - timedelta(seconds=seconds_ago)
+
+
+def test_a_pod_its_job_gave_up_on_a_node_whose_kubelet_went_silent_is_let_go() -> None:
+    """Before Kubernetes' verdict (the node still Ready): the job's RestartJob asked for the
+    pod's deletion, and the kubelet missed two lease renewals."""
+    nodes = [node("n0"), node("n1"), node("n2")]
+    pods = [pod("bert-worker-0", "n0", evicted_s=90), pod("bert-worker-1", "n1", evicted_s=90)]
+    leases = {"n0": renewed(21), "n1": renewed(3), "n2": renewed(5)}
+    (action,) = nodewatch.decide(nodes, pods, NOW, leases)
+    assert (action.node, action.kind, action.pod, action.job) == (
+        "n0",
+        "let-go",
+        "ml/bert-worker-0",
+        "ml/bert",
+    )
+    assert "silent for 21 s" in action.detail
+
+
+@pytest.mark.parametrize(
+    ("lease_age", "evicted_s", "phase"),
+    [
+        (nodewatch.LEASE_STALE_S - 1, 90, "Running"),  # one renewal missed: may be late only
+        (60, None, "Running"),  # nobody gave the pod up: the node controller's rules decide
+        (60, 90, "Failed"),  # ended: nothing holds the gang
+    ],
+    ids=["fresh-lease", "not-given-up", "finished"],
+)
+def test_nothing_is_let_go_without_a_silent_kubelet_and_a_pod_given_up(
+    lease_age: float, evicted_s: float | None, phase: str
+) -> None:
+    pods = [pod("bert-worker-0", "n0", evicted_s=evicted_s, phase=phase)]
+    leases = {"n0": renewed(lease_age), "n1": renewed(1), "n2": renewed(1)}
+    actions = nodewatch.decide([node("n0"), node("n1"), node("n2")], pods, NOW, leases)
+    assert [a for a in actions if a.kind == "let-go"] == []
+
+
+def test_nothing_is_let_go_when_most_ready_nodes_went_silent_at_once() -> None:
+    """The control plane cut off from the nodes looks like every kubelet silent: hold back."""
+    nodes = [node(f"n{i}") for i in range(4)]
+    pods = [pod(f"bert-worker-{i}", f"n{i}", evicted_s=90) for i in range(4)]
+    leases = {"n0": renewed(30), "n1": renewed(30), "n2": renewed(30), "n3": renewed(1)}
+    assert nodewatch.decide(nodes, pods, NOW, leases) == []
+    leases["n1"] = leases["n2"] = renewed(1)  # one of four: the node, not the plane
+    assert [a.node for a in nodewatch.decide(nodes, pods, NOW, leases)] == ["n0"]
+
+
+def test_once_kubernetes_judged_the_node_its_own_out_of_service_path_applies() -> None:
+    lost = node("n0", "Unknown", (NO_SCHEDULE, UNREACHABLE, MARKED))
+    pods = [pod("bert-worker-0", "n0", evicted_s=-5)]
+    leases = {"n0": renewed(90), "n1": renewed(1), "n2": renewed(1)}
+    actions = nodewatch.decide([lost, node("n1"), node("n2")], pods, NOW, leases)
+    assert [a.kind for a in actions] == ["take-out"]

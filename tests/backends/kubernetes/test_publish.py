@@ -102,3 +102,49 @@ def test_the_policy_knows_the_names_the_builders_use() -> None:
 
     pod = names.pod_name("demo", pod_script.TASK, 7)
     assert pod == f"demo{progressguard.WORKER}7"
+
+
+# A stand-in for torchrun: starts a "worker" that sleeps, writes its pid, and exits 7 once that
+# worker is gone (torchrun would restart it into a new rendezvous round).
+AGENT = """
+import subprocess, sys
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(sys.argv[1], "w").write(str(worker.pid))
+worker.wait()
+raise SystemExit(7)
+"""
+
+
+@pytest.mark.parametrize("elastic", [False, True], ids=["fixed", "elastic"])
+def test_a_peer_whose_heartbeat_stopped_ends_the_pod_or_its_workers(
+    tmp_path: Path, elastic: bool
+) -> None:
+    """The peer watch (podpeers.py) in a real publisher: node 0 beat once long ago and the job
+    makes no progress. A fixed-size job's pod ends (torchrun killed, exit EXIT_PEER_LOST) so
+    that Volcano restarts the gang; an elastic job's workers alone are killed, and the command
+    goes on (its own exit code is the pod's)."""
+    from trainmaster.run import peers
+
+    folder = tmp_path / "heartbeats" / "demo-0123-v0"
+    folder.mkdir(parents=True)
+    (folder / "node-0").write_text("5\n")
+    pid_file = tmp_path / "worker.pid"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", PUBLISH, "--run", str(tmp_path), "--job", "demo"]
+        + ["--namespace", "default", "--nodes", "2", "--peer-lost-after-s", "1"]
+        + (["--elastic"] if elastic else [])
+        + ["--", sys.executable, "-c", AGENT, str(pid_file)],
+        env={**os.environ, "KUBECONFIG": str(tmp_path / "none"), "POD_NAME": "demo-worker-1",
+             "TRAINMASTER_PODGROUP": "demo-0123", "TRAINMASTER_JOB_VERSION": "0"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == (7 if elastic else peers.EXIT_PEER_LOST), out + err
+    worker = int(pid_file.read_text())
+    stat = Path(f"/proc/{worker}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"  # killed
+    (hang,) = [json.loads(x) for x in (tmp_path / "hangs.jsonl").read_text().splitlines()]
+    assert hang["node"] == 1 and "node 0 silent for" in hang["where"]
+    assert (folder / "node-1").read_text().strip().isdigit()  # it beat meanwhile, not "done"

@@ -159,7 +159,9 @@ def test_every_pod_runs_the_local_backends_command_line() -> None:
     expected = command(cfg, rdzv, job_file="/data/runs/bert-large-p5/job.toml", storage="/data")
     last = script_of(job).strip().splitlines()[-1]
     publisher = ["python3", "-m", volcano.PUBLISH, "--run", "/data/runs/bert-large-p5"]
-    publisher += ["--job", "bert-large-p5", "--namespace", "default", "--"]
+    publisher += ["--job", "bert-large-p5", "--namespace", "default"]
+    # the peer watch: the job's nodes and kubernetes.peer_lost_after_s (podpeers.py)
+    publisher += ["--nodes", str(cfg.job.nnodes), "--peer-lost-after-s", "10", "--"]
     # "$@": pod 0's cache lock holder, if any
     assert shlex.split(last) == ["exec", *publisher, "$@", *expected]
 
@@ -217,6 +219,19 @@ def test_elastic_and_no_restarts() -> None:
     # Volcano turns maxRetry 0 into 3: without restarts a failure terminates the job.
     assert {p["action"] for p in job["spec"]["policies"]} == {"TerminateJob"}
     assert k8s_names.webhook_problems(job) == []
+
+
+def test_an_elastic_gang_replaces_a_lost_pod_alone() -> None:
+    """min_nnodes < nnodes: Volcano's RestartPod keeps the job version (the rendezvous id), so
+    the survivors train on and the new pod's agent joins them; the pods watch as elastic."""
+    *_, job = volcano.objects(job_cfg("cpu", ["job.min_nnodes=1"]))
+    assert {p["action"] for p in job["spec"]["policies"]} == {"RestartPod"}
+    assert "--nodes 2 --peer-lost-after-s 10 --elastic --" in script_of(job)
+    validate_volcano_job(job)
+    assert k8s_names.webhook_problems(job) == []
+    *_, fixed = volcano.objects(job_cfg("cpu"))
+    assert {p["action"] for p in fixed["spec"]["policies"]} == {"RestartJob"}
+    assert "--elastic" not in script_of(fixed)
 
 
 def test_precompile_job() -> None:
@@ -302,7 +317,7 @@ def test_script_writes_the_job_file_and_execs_torchrun(tmp_path: Path) -> None:
     # the pod's first process publishes the progress (publish.py) and runs torchrun under it
     assert result.stdout.startswith(
         f"torchrun -m {volcano.PUBLISH} --run {mount}/runs/demo --job demo --namespace default "
-        "-- python3 -m torch.distributed.run --nnodes=1 --nproc-per-node=1"
+        "--nodes 1 --peer-lost-after-s 10 -- python3 -m torch.distributed.run --nnodes=1 --nproc-per-node=1"
     )
     assert f"--job {mount}/runs/demo/job.toml --storage {mount}" in result.stdout
 

@@ -19,5 +19,6 @@ Modules, from the commands down to the client:
   client       the connection to a cluster and the errors its API answers
   cache_hold   in pod 0: hold a cacheset's lock around the command
   podproc      a pod's first process running its command as a child, signals passed on
+  podpeers     in every pod: the peer watch and the fence (run/peers.py), and what the pod does
   names        Kubernetes names, and what Volcano's admission webhook checks
 """

@@ -57,6 +57,10 @@ class Cluster:
         return k8s.CoreV1Api(self.api)
 
     @property
+    def coordination(self) -> k8s.CoordinationV1Api:
+        return k8s.CoordinationV1Api(self.api)
+
+    @property
     def custom(self) -> k8s.CustomObjectsApi:
         return k8s.CustomObjectsApi(self.api)
 

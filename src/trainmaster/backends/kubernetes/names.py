@@ -26,13 +26,15 @@ from trainmaster.naming import (
 GROUP, VERSION, PLURAL = "batch.volcano.sh", "v1alpha1", "jobs"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-# Volcano's policy events and actions that a user may set (policyEventMap / policyActionMap).
+# Volcano's policy events and actions that a user may set (policyEventMap / policyActionMap,
+# pkg/webhooks/admission/jobs/validate/util.go at v1.15.1).
 POLICY_EVENTS = frozenset(
     {"*", "PodFailed", "PodEvicted", "Unknown", "TaskCompleted", "TaskFailed", "JobUpdated"}
 )
 POLICY_ACTIONS = frozenset(
-    {"AbortJob", "RestartJob", "RestartTask", "TerminateJob", "CompleteJob", "ResumeJob"}
-)
+    {"AbortJob", "RestartJob", "RestartTask", "RestartPod", "RestartPartition", "TerminateJob",
+     "CompleteJob", "ResumeJob"}
+)  # fmt: skip
 TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect"})
 # The taints the node lifecycle controller puts on a node that stopped answering (NoExecute:
 # they evict; nodemark.given_up reads them); Kubernetes gives every pod a 300 s toleration of

@@ -1,6 +1,6 @@
 """The node watcher: a gang leaves a node that stopped answering by itself, with nobody at hand.
 
-    python -m trainmaster.backends.kubernetes.nodewatch [--period 5] [--once]
+    python -m trainmaster.backends.kubernetes.nodewatch [--period 2] [--once]
 
 runs in the cluster (k8s/node-watcher.yaml of `cluster plan`: a Deployment on the system nodes,
 under a role that may read nodes and pods and patch nodes). Why it is needed: an instance that
@@ -29,6 +29,17 @@ hand, only where Kubernetes itself has already given up on the pods:
 - a node it took out of service that is Ready again gets that taint back off (Kubernetes
   leaves it to whoever set it); trainmaster's mark stays until someone clears it.
 
+Before all that, and faster: a trainmaster pod whose deletion was asked (Volcano's RestartJob,
+once the pod's peers ended theirs because its node stopped answering them: run/peers.py) on a
+node whose kubelet has not renewed its lease for LEASE_STALE_S (two renewals missed) is let go:
+the node marked first (the restarted gang must not land there), then the pod deleted with no
+grace, so that Volcano can create its replacement now rather than after the node controller's
+grace and the pods' toleration. Only while the node is still Ready: once the node controller
+has judged it, the rules above apply. What makes that safe is the run's fence (run/peers.py): if
+the node was only cut off, its old ranks write nothing to the run once the new attempt started.
+Kubernetes' own safeguard is kept in spirit: when more than half of the Ready nodes went silent
+at once (the control plane cut off, not the nodes), nothing is let go.
+
 decide() is pure (nodes, pods, now -> actions) and tested like completion.py; the loop applies
 what it returns.
 """
@@ -50,15 +61,25 @@ OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshut
 OURS = "trainmaster.io/out-of-service-since"  # annotation: the watcher set the taint, when
 JOB_LABEL = "trainmaster.io/job"
 FINISHED = ("Succeeded", "Failed")
-VERBS = {"mark": "marked unhealthy", "take-out": "out of service", "bring-back": "back in service"}
+VERBS = {
+    "mark": "marked unhealthy",
+    "take-out": "out of service",
+    "bring-back": "back in service",
+    "let-go": "let go of its pod",
+}
+# The kubelet renews its node's lease every 10 s (nodeLeaseDurationSeconds 40 x 0.25): a lease
+# this old has missed two renewals.
+LEASE_STALE_S = 20.0
+NODE_LEASES = "kube-node-lease"
 
 
 @dataclass(frozen=True)
 class Action:
     node: str
-    kind: Literal["mark", "take-out", "bring-back"]
+    kind: Literal["mark", "take-out", "bring-back", "let-go"]
     detail: str
     job: str = ""  # NAMESPACE/JOB the node's mark names: `status` of that job shows it
+    pod: str = ""  # let-go: NAMESPACE/NAME of the pod deleted
 
 
 def _tainted(node: Any, keys: tuple[str, ...], effect: str) -> bool:
@@ -84,8 +105,52 @@ def _names(pods: list[Any]) -> str:
     return ", ".join(sorted(f"{p.metadata.namespace}/{p.metadata.name}" for p in pods))
 
 
-def decide(nodes: list[Any], pods: list[Any], now: datetime) -> list[Action]:
-    """What to do now, from the cluster's nodes and trainmaster's pods (label JOB_LABEL)."""
+def silent(nodes: list[Any], leases: dict[str, datetime], now: datetime) -> dict[str, float]:
+    """Node -> seconds since its kubelet last renewed its lease, for the nodes still Ready
+    whose lease is past LEASE_STALE_S: silent, and not judged by Kubernetes yet (once it has,
+    its own out-of-service path below applies). Empty when more than half of the Ready nodes
+    went silent at once (the control plane is cut off, not the nodes)."""
+    ready = [n for n in nodes if nodemark.ready(n) == "True"]
+    out = {}
+    for node in ready:
+        renewed = leases.get(node.metadata.name)
+        age = (now - renewed).total_seconds() if renewed else None
+        if age is not None and age >= LEASE_STALE_S:
+            out[node.metadata.name] = age
+    return {} if len(out) > max(1, len(ready) // 2) else out
+
+
+def let_go(nodes: list[Any], pods: list[Any], leases: dict[str, datetime], now: datetime) -> list[Action]:  # fmt: skip
+    """A pod given up (its deletion asked) on a node whose kubelet went silent: let it go."""
+    quiet = silent(nodes, leases, now)
+    actions = []
+    for pod in sorted(pods, key=lambda p: (p.metadata.namespace, p.metadata.name)):
+        node = pod.spec.node_name
+        finished = pod.status is not None and pod.status.phase in FINISHED
+        if node not in quiet or pod.metadata.deletion_timestamp is None or finished:
+            continue
+        name = f"{pod.metadata.namespace}/{pod.metadata.name}"
+        detail = f"its kubelet silent for {quiet[node]:.0f} s; {name} given up by its job"
+        actions.append(Action(node, "let-go", detail, _job([pod]), pod=name))
+    return actions
+
+
+def decide(
+    nodes: list[Any],
+    pods: list[Any],
+    now: datetime,
+    leases: dict[str, datetime] | None = None,
+) -> list[Action]:
+    """What to do now, from the cluster's nodes, trainmaster's pods (label JOB_LABEL) and the
+    nodes' lease renewals (node -> renewTime; None: not read)."""
+    released = let_go(nodes, pods, leases or {}, now)
+    gone = {a.pod for a in released}
+    pods = [p for p in pods if f"{p.metadata.namespace}/{p.metadata.name}" not in gone]
+    return released + _verdicts(nodes, pods, now)
+
+
+def _verdicts(nodes: list[Any], pods: list[Any], now: datetime) -> list[Action]:
+    """The actions that wait for Kubernetes' verdict on a node (the module's doc)."""
     by_node: dict[str, list[Any]] = {}
     for pod in pods:
         if pod.spec.node_name:
@@ -122,6 +187,15 @@ def apply(cluster: Cluster, action: Action, now: str) -> None:
     if action.kind == "mark":
         nodemark.mark(cluster, action.node, nodemark.NOT_READY, action.detail, action.job)
         return
+    if action.kind == "let-go":
+        with call(cluster, "get", "nodes", action.node):
+            node = cluster.core.read_node(action.node)
+        if not nodemark.is_marked(node):  # first: the restarted gang must not land there
+            nodemark.mark(cluster, action.node, nodemark.NOT_READY, action.detail, action.job)
+        namespace, name = action.pod.split("/", 1)
+        with call(cluster, "delete", "pods", name):
+            cluster.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        return
     with call(cluster, "get", "nodes", action.node):
         node = cluster.core.read_node(action.node)
     if action.kind == "take-out":
@@ -145,12 +219,23 @@ def apply(cluster: Cluster, action: Action, now: str) -> None:
         cluster.core.patch_node(action.node, patch)
 
 
+def leases(cluster: Cluster) -> dict[str, datetime]:
+    """Node -> when its kubelet last renewed its lease (kube-node-lease)."""
+    try:
+        with call(cluster, "list", "leases", NODE_LEASES):
+            items = cluster.coordination.list_namespaced_lease(NODE_LEASES).items
+    except ApiError as exc:  # a plan from before the watcher read leases: its other rules hold
+        print(f"node watcher: node leases not read, nothing let go early: {exc}", file=sys.stderr)
+        return {}
+    return {x.metadata.name: x.spec.renew_time for x in items if x.spec and x.spec.renew_time}
+
+
 def once(cluster: Cluster, now: datetime) -> list[Action]:
     with call(cluster, "list", "nodes", ""):
         nodes = list(cluster.core.list_node().items)
     with call(cluster, "list", "pods", ""):
         pods = list(cluster.core.list_pod_for_all_namespaces(label_selector=JOB_LABEL).items)
-    actions = decide(nodes, pods, now)
+    actions = decide(nodes, pods, now, leases(cluster))
     stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for action in actions:
         apply(cluster, action, stamp)
@@ -161,7 +246,7 @@ def once(cluster: Cluster, now: datetime) -> list[Action]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="nodewatch", description=__doc__.split("\n")[0])
-    ap.add_argument("--period", type=float, default=5.0, help="seconds between looks (5)")
+    ap.add_argument("--period", type=float, default=2.0, help="seconds between looks (2)")
     ap.add_argument("--once", action="store_true", help="look once and exit")
     a = ap.parse_args(argv)
     try:

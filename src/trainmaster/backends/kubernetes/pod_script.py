@@ -8,6 +8,7 @@ Volcano puts on the pods (the rendezvous id) and the cache lock held around the 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 from trainmaster.backends.kubernetes import names as k8s_names
@@ -52,6 +53,13 @@ def rdzv_id_lines(job: str) -> list[str]:
         f'rdzv_id="${{{ENV_PODGROUP}}}-v${{{ENV_JOB_VERSION}}}"',
         RDZV_ID_END,
     ]
+
+
+def attempt_id(environ: Mapping[str, str]) -> str:
+    """The attempt's rendezvous id as rdzv_id_lines builds it, from the same environment ("" if
+    the annotations are missing): every pod of one attempt has the same, the next a new one."""
+    group, version = environ.get(ENV_PODGROUP, ""), environ.get(ENV_JOB_VERSION, "")
+    return f"{group}-v{version}" if group and version else ""
 
 
 def lock_lines(cfg: JobConfig, purpose: str) -> list[str]:

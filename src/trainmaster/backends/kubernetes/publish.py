@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from trainmaster.backends.kubernetes import names as k8s_names
-from trainmaster.backends.kubernetes import podproc, progressmap
+from trainmaster.backends.kubernetes import podpeers, podproc, progressmap
 from trainmaster.backends.kubernetes.client import Cluster, connect
-from trainmaster.backends.kubernetes.pod_script import ENV_JOB_VERSION, PUBLISH, TASK
+from trainmaster.backends.kubernetes.pod_script import ENV_JOB_VERSION, PUBLISH, TASK, attempt_id
 from trainmaster.cluster.progressguard import PUBLISH_S
 from trainmaster.errors import JobFailed, UserError
 from trainmaster.monitor import exporter, progress
@@ -99,6 +99,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--run", required=True, type=Path)
     parser.add_argument("--job", required=True)
     parser.add_argument("--namespace", required=True)
+    # the peer watch (podpeers.py): the job's nodes, kubernetes.peer_lost_after_s, elastic
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--peer-lost-after-s", type=float, default=0.0)
+    parser.add_argument("--elastic", action="store_true")
     return parser.parse_args(argv[:cut]), argv[cut + 1 :]
 
 
@@ -128,6 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     child = podproc.start(command)
     if child is None:
         return podproc.CANNOT_START
+    watched = podpeers.start(
+        pub.run,
+        child,
+        attempt=attempt_id(os.environ),
+        pod=pub.pod,
+        nodes=args.nodes,
+        lost_after_s=args.peer_lost_after_s,
+        elastic=args.elastic,
+    )
     done = threading.Event()
 
     def loop() -> None:
@@ -138,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     ticker.start()
     code = child.wait()
     pub.phase = "succeeded" if code == 0 else "failed"
+    if watched is not None:
+        watched[1].stop(done=code == 0)
+        pub.off = pub.off or watched[0].ended == "fenced"  # the run is another attempt's now
     done.set()
     ticker.join(FINAL_WAIT_S)
     final = threading.Thread(target=pub.once, daemon=True)
@@ -145,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     final.join(FINAL_WAIT_S)
     if metrics is not None:
         metrics()
-    return podproc.exit_code(code)
+    code = podproc.exit_code(code)
+    return watched[0].exit_code(code) if watched is not None else code
 
 
 if __name__ == "__main__":

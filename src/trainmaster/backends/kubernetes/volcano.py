@@ -168,7 +168,10 @@ def container_script(
         raise AssertionError(f"--rdzv-id not found once in {line!r}")
     line = line.replace(mark, '"--rdzv-id=$rdzv_id"')
     publisher = ["python3", "-m", PUBLISH, "--run", str(run.dir), "--job", name]
-    publisher += ["--namespace", cfg.kubernetes.namespace]
+    publisher += ["--namespace", cfg.kubernetes.namespace, "--nodes", str(cfg.job.nnodes)]
+    publisher += ["--peer-lost-after-s", str(cfg.kubernetes.peer_lost_after_s)]
+    if cfg.job.min_nnodes and cfg.job.min_nnodes < cfg.job.nnodes:
+        publisher.append("--elastic")
     late = q(f"trainmaster: {host} did not resolve to the rendezvous host within {timeout} s")
     return (
         "\n".join(
@@ -224,7 +227,11 @@ def _build(
     inst, image = check(cfg, image)
     name, job, k = cfg.job.name, cfg.job, cfg.kubernetes
     gang = job.min_nnodes or job.nnodes
-    action = "RestartJob" if job.max_restarts else "TerminateJob"
+    # A fixed-size gang restarts whole (a new rendezvous id); an elastic one replaces the pod
+    # alone (the job version, so the rendezvous id, stays): the others train on, and the new
+    # pod's agent joins them at a later round when a node can take it.
+    whole = "RestartPod" if gang < job.nnodes else "RestartJob"
+    action = whole if job.max_restarts else "TerminateJob"
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         # a drain, a Spot notice or `cancel`: the trainer saves its step and leaves in this time

@@ -110,7 +110,7 @@ class BackgroundWriter:
             self._arena = staging.Arena(self._fd, size, layout)
         assert self._commands is not None
         request = (staged.step, str(self.folder), self.keep, size, layout, skeleton)
-        message = pickle.dumps((*request, saving.mid_save_hooks))
+        message = pickle.dumps((*request, saving.mid_save_hooks, saving.publish_guards))
         commands, answers = self._commands, self._answers
 
         def send() -> None:  # the bytes are in the block: the writer may take them

@@ -49,6 +49,11 @@ MODEL, TRAINER, RANKS = "model.pt", "trainer.pt", "ranks.pt"
 MidSaveHook = Callable[[Path, int], None]
 mid_save_hooks: list[MidSaveHook] = []
 
+# Checked on rank 0 just before a checkpoint is published, in the process that writes it (the
+# writer process gets them pickled with each write): the run's fence on Kubernetes
+# (run/peers.py), so that an attempt given up for lost never publishes over its successor's.
+publish_guards: list[Any] = []
+
 # In a checkpoint writer process, the pid of the trainer it writes for (writerproc sets it): what
 # "kill rank 0" means to a fault hook that runs there.
 writing_for: int | None = None
@@ -207,6 +212,8 @@ def write(
     files.write_json(tmp / checkpoints.META, {**staged.meta, "written_at": time.time()}, indent=1)
     if before_publish is not None:
         before_publish()
+    for guard in publish_guards:
+        guard.check()  # raises: the temporary folder stays unpublished, as after a kill
     final = checkpoints.publish(tmp, folder, staged.step)
     checkpoints.prune(folder, keep)
     return final, size

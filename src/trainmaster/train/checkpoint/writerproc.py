@@ -74,13 +74,14 @@ def _serve(requests: queue.Queue[Any], results: Connection, arena_fd: int, train
         request = requests.get()
         started, t0 = time.time(), time.perf_counter()
         try:
-            step, folder, keep, size, layout, skeleton, hooks = pickle.loads(request)
+            step, folder, keep, size, layout, skeleton, hooks, guards = pickle.loads(request)
             if arena is None or (arena.size, arena.layout) != (size, layout):
                 if arena is not None:
                     arena.close()
                 arena = staging.Arena(arena_fd, size, layout)
             model, trainer_state, ranks, meta = staging.unflatten(skeleton, arena.views)
             saving.mid_save_hooks[:] = hooks
+            saving.publish_guards[:] = guards
             staged = saving.Staged(step, model, trainer_state, ranks, meta)
             path, nbytes = saving.write(Path(folder), staged, keep, trainer_alive, arena)
             seconds = time.perf_counter() - t0
