@@ -123,7 +123,9 @@ NOTICE_S = 120  # EC2 reclaims a Spot instance two minutes after its notice
 
 
 @pytest.fixture(scope="module")
-def noticed_node_run(real_nodes: RealNodes, lost_node_run: dict[str, Any]) -> Iterator[dict]:
+def noticed_node_run(
+    real_nodes: RealNodes, lost_node_run: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
     """The job again (after lost_node_run: module order) on what is left of POOL plus real-1 as
     the spare, and the node under one of its pods given a Spot notice as AWS Node Termination
     Handler gives it: the node tainted and cordoned, then its pods evicted (`kubectl drain`).
@@ -151,12 +153,12 @@ def noticed_node_run(real_nodes: RealNodes, lost_node_run: dict[str, Any]) -> It
 
     try:
         out = kube_job_loss.run(kubeconfig, run_dir, sets, pool[-1], kill=notice)
-        yield dict(out, noticed_at=noticed[0][1])
-    finally:
-        for node, _ in noticed:  # give the node back to the tests after (test_real_nodes.py)
+    finally:  # the node back to the tests after this (elastic_run, test_real_nodes.py)
+        for node, _ in noticed:
             taints = real_nodes.core.read_node(node).spec.taints or []
             kept = [x for x in taints if x.key != SPOT_NOTICE_TAINT["key"]]
             real_nodes.core.patch_node(node, {"spec": {"unschedulable": False, "taints": kept}})
+    yield dict(out, noticed_at=noticed[0][1])
 
 
 def test_a_node_given_notice_is_left_with_a_fresh_checkpoint_before_the_notice_ends(
@@ -188,21 +190,29 @@ ELASTIC_SETS = ["job.nnodes=3", "job.min_nnodes=2", "train.batch_size=8",
 
 
 @pytest.fixture(scope="module")
-def elastic_run(real_nodes: RealNodes, noticed_node_run: dict[str, Any]) -> Iterator[dict]:
+def elastic_run(real_nodes: RealNodes) -> Iterator[dict[str, Any]]:
     """An elastic job (3 nodes, at least 2) with no spare: one of its nodes killed, then a new
-    node labelled into the pool (capacity that returns, as a node group's new instance). Runs
-    after the notice test (module order) on the nodes left: three for the job, the system
-    node, one held back; the node killed is one of POOL (test_real_nodes.py uses real-1..3)."""
+    node labelled into the pool (capacity that returns, as a node group's new instance). On the
+    nodes left by the tests before it (module order): three for the job, one held back, the
+    system node out of the pool; the node killed is one of POOL (test_real_nodes.py uses
+    real-1..3)."""
     kubeconfig, run_dir = real_nodes.run_dir / "kubeconfig", real_nodes.run_dir
-    live = kube_job.live_nodes(run_dir)
     system = POOL[-1]
-    spare_pool = [n for n in POOL[:-1] if n in live]
+    ready = [
+        n.metadata.name
+        for n in real_nodes.core.list_node().items
+        if not n.spec.unschedulable and not n.spec.taints and n.metadata.name != system
+    ]
+    live = [n for n in kube_job.live_nodes(run_dir) if n in ready]
+    victims = [n for n in POOL[:-1] if n in live]
     others = [n for n in live if n not in POOL]
-    if len(spare_pool) < 1 or len(others) < 3:
-        pytest.skip(f"an elastic job here needs 5 live real nodes, one of {POOL[:-1]}: {live}")
-    victim, returning = spare_pool[0], others[2]
+    if not victims or len(others) < 3:
+        pytest.skip(f"an elastic job here needs 4 free real nodes, one of {POOL[:-1]}: {live}")
+    victim, returning = victims[0], others[2]
     training = [others[0], others[1], victim]
     kube_job.setup(kubeconfig, run_dir, real_nodes.image, [*training, system])
+    for node in (system, returning):  # the job's pods may land on the three alone
+        real_nodes.core.patch_node(node, {"metadata": {"labels": {kube_job.POOL_LABEL[0]: None}}})
     sets = kube_job.job_sets(real_nodes.image, "tiny-elastic", 5000, EVERY) + ELASTIC_SETS
     handle = kube_job.launch(kubeconfig, run_dir, sets)
     rows = lambda: kube_job.metrics_rows(run_dir, "tiny-elastic")  # noqa: E731
@@ -228,7 +238,11 @@ def elastic_run(real_nodes: RealNodes, noticed_node_run: dict[str, Any]) -> Iter
             lambda: any(r["world"] == 3 and r["step"] > out["two_seen_at_step"] for r in rows()),
             900, "the job on 3 nodes again", every=3,
         )  # fmt: skip
-        out["status"] = kube_job.status(kubeconfig, handle)
+        out["status"] = kube_job.wait_for(  # rank 0's pod publishes every 15 s
+            lambda: (s := kube_job.status(kubeconfig, handle)).get("metrics", {}).get("world") == 3
+            and s,
+            120, "status to show the 3 nodes", every=3,
+        )  # fmt: skip
         out["rows"], out["kill_step"] = rows(), kill_step
         out["pods"] = [kube_job_loss._placed(p) for p in kube_job.pods(kubeconfig, "tiny-elastic")]
         yield out
