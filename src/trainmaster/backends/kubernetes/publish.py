@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     code = child.wait()
     pub.phase = "succeeded" if code == 0 else "failed"
     if watched is not None:
-        watched[1].stop(done=code == 0)
+        # an ended command is no lost node (a preempted or failed pod restarts the job its own
+        # way): "done", unless another attempt holds the run
+        watched[1].stop(done=watched[0].ended != "fenced")
         pub.off = pub.off or watched[0].ended == "fenced"  # the run is another attempt's now
     done.set()
     ticker.join(FINAL_WAIT_S)
