@@ -60,11 +60,13 @@ class Hang:
         # A label between steps ("after step 4", "after the checkpoint of step 4": the
         # trainer's and a script's) already says where the rank stood; a phase of the next
         # step ("step 5: loss all_reduce") is said after the last step done.
-        where = self.where
+        where, idle = self.where, f"no step for {self.no_step_s:.0f} s"
+        if self.rank < 0:  # a pod's record of a lost peer (backends/kubernetes/podpeers.py)
+            return f"node {self.node}: {idle} after step {self.step}; {where}"
         if not where.startswith("after "):
             where = f"after step {self.step}, last in {where}"
-        who = f"rank {self.rank} on node {self.node}" if self.rank >= 0 else f"node {self.node}"
-        return f"{who}: no step for {self.no_step_s:.0f} s (timeout {self.timeout_s:.0f} s) {where}"
+        who = f"rank {self.rank} on node {self.node}"
+        return f"{who}: {idle} (timeout {self.timeout_s:.0f} s) {where}"
 
 
 def read_hangs(path: Path) -> list[Hang]:

@@ -147,4 +147,8 @@ def test_a_peer_whose_heartbeat_stopped_ends_the_pod_or_its_workers(
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"  # killed
     (hang,) = [json.loads(x) for x in (tmp_path / "hangs.jsonl").read_text().splitlines()]
     assert hang["node"] == 1 and "node 0 silent for" in hang["where"]
+    from trainmaster.train.watchdog import read_hangs
+
+    (said,) = [h.describe() for h in read_hangs(tmp_path / "hangs.jsonl")]  # as `status` says it
+    assert said.startswith("node 1: no step for ") and said.endswith("(its heartbeat stopped)")
     assert (folder / "node-1").read_text().strip() == "done"  # ended: no lost node to its peers
