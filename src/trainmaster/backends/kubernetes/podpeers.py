@@ -21,7 +21,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainmaster.run import peers
@@ -36,7 +36,6 @@ class PodPeers:
     child: subprocess.Popen[bytes]
     elastic: bool
     ended: str | None = None  # "peer-lost" or "fenced" once this pod ended its command for it
-    lost: list[int] = field(default_factory=list)
 
     def on_lost(self, peer: int, silent: float) -> None:
         where = f"node {peer} silent for {silent:.0f} s (its heartbeat stopped)"
@@ -44,7 +43,6 @@ class PodPeers:
         hang = Hang(time.time(), -1, self.node, step, round(silent, 1), where, silent, "")
         with contextlib.suppress(OSError):
             record(self.run.hangs, hang)
-        self.lost.append(peer)
         if self.elastic:
             print(f"trainmaster: peer lost: {where}; restarting this node's workers into a "
                   "rendezvous of the nodes left", flush=True)  # fmt: skip

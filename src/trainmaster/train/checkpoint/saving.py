@@ -33,7 +33,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from trainmaster import files
 from trainmaster.errors import UserError
-from trainmaster.run import checkpoints
+from trainmaster.run import checkpoints, peers
 from trainmaster.train.checkpoint import odirect, staging
 from trainmaster.train.dataset import Position
 from trainmaster.train.device import Runtime
@@ -52,7 +52,7 @@ mid_save_hooks: list[MidSaveHook] = []
 # Checked on rank 0 just before a checkpoint is published, in the process that writes it (the
 # writer process gets them pickled with each write): the run's fence on Kubernetes
 # (run/peers.py), so that an attempt given up for lost never publishes over its successor's.
-publish_guards: list[Any] = []
+publish_guards: list[peers.Fence] = []
 
 # In a checkpoint writer process, the pid of the trainer it writes for (writerproc sets it): what
 # "kill rank 0" means to a fault hook that runs there.
